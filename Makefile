@@ -1,0 +1,44 @@
+# The two commands of the README:
+#   make demo   trains the built-in demo model end to end (no network beyond the package registries)
+#   make test   lint, type check and the whole test suite (what CI runs, through .ci/run)
+# Both create or update the local virtual environment .venv first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PACKAGE_DIRS := $(sort $(dir $(wildcard packages/*/pyproject.toml)))
+STAMP := $(VENV)/.installed
+# Simulated devices so sharding code runs on a CPU-only machine.
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck pytest venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
+	# A CPU build of torch, from local disk where available (only the tests use it, as the
+	# reference implementation for Hugging Face parity); installed first so that nothing pulls a CUDA build.
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet $(foreach p,$(PACKAGE_DIRS),-e $(p)) --group dev
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/halyard train --config demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
