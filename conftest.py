@@ -1,0 +1,11 @@
+"""Test-wide settings: 8 simulated CPU devices unless the caller chose otherwise.
+
+XLA reads XLA_FLAGS when jax initialises its backend, so this must run before any test imports jax.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
