@@ -56,7 +56,7 @@ def test_known_packages_only() -> None:
 
 @pytest.mark.parametrize("folder", [p.name for p in _package_dirs()])
 def test_no_upward_imports(folder: str) -> None:
-    own, allowed = ALLOWED[folder]
+    _, allowed = ALLOWED[folder]
     source = ROOT / "packages" / folder / "src" / "halyard"
     assert not (source / "__init__.py").exists(), "halyard is a PEP 420 namespace: no src/halyard/__init__.py"
     violations = []
