@@ -1,0 +1,170 @@
+"""The training state and the one compiled train step (gradient accumulation, precision, NaN policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from halyard.train.trainer.precision import Precision
+
+# loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
+# batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
+# too. Sums (not means) make accumulated gradients exactly the token mean over the whole batch.
+LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+class TrainState(eqx.Module):
+    """Everything a step changes: the step count, parameters, optimizer state and the RNG key.
+
+    ``key`` is raw key data (uint32), so checkpoints hold plain arrays. ``nonfinite_steps`` counts
+    updates skipped because the loss or the gradients were not finite.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    nonfinite_steps: jax.Array
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation, key: jax.Array) -> TrainState:
+    """A step-0 state for ``params`` (already in the parameter dtype)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        key=key,
+        nonfinite_steps=jnp.zeros((), jnp.int32),
+    )
+
+
+def split_microbatches(batch: dict[str, jax.Array], accumulation: int) -> dict[str, jax.Array]:
+    """``[B, ...] -> [accumulation, B / accumulation, ...]``, microbatch ``i`` taking rows ``i::accumulation``.
+
+    Strided rows keep each device's rows on that device when the batch is sharded in contiguous
+    blocks (each block of ``B / devices`` rows holds an equal share of every microbatch).
+    """
+
+    def split(x: jax.Array) -> jax.Array:
+        rows = x.shape[0]
+        if rows % accumulation:
+            raise ValueError(
+                f"batch of {rows} rows does not split into trainer.accumulation={accumulation} microbatches"
+            )
+        x = x.reshape((rows // accumulation, accumulation) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    accumulation: int = 1,
+    precision: Precision = Precision(),
+    learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+    skip_nonfinite: bool = True,
+    microbatch_sharding: Any = None,
+    optimizer_extra_args: Callable[[Any, dict[str, jax.Array], jax.Array], dict[str, Any]] | None = None,
+) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+    """Build ``train_step(state, batch) -> (state, metrics)``; jit it with the state donated.
+
+    Args:
+        loss_fn: see `LossFn`; called with parameters cast to ``precision.compute``.
+        optimizer: an optax transformation (clipping, schedules and masks live inside it).
+        accumulation: microbatches per step; the gradient equals the full batch's token mean.
+        precision: the mixed-precision policy.
+        learning_rate: the schedule, only to report ``learning_rate`` in the metrics.
+        skip_nonfinite: when the loss or gradient norm is NaN/Inf, keep the old parameters and optimizer
+            state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
+            order stays a function of the step).
+        microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
+        optimizer_extra_args: ``(params, batch, key) -> kwargs`` passed to ``optimizer.update`` (Sophia's
+            Hessian estimate needs the loss function).
+
+    Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
+    ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
+    means of the other stats of ``loss_fn``.
+    """
+
+    def compute_loss(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, Any]:
+        loss_sum, stats = loss_fn(precision.cast_to_compute(params), batch, key)
+        return loss_sum.astype(jnp.float32), stats
+
+    grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+
+    def accumulate(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[Any, jax.Array, Any]:
+        if accumulation == 1:
+            (loss_sum, stats), grads = grad_fn(params, batch, key)
+            return grads, loss_sum, stats
+        micro = split_microbatches(batch, accumulation)
+        keys = jax.random.split(key, accumulation)
+        first = jax.tree_util.tree_map(lambda x: x[0], micro)
+        (_, stats_shape), _ = jax.eval_shape(grad_fn, params, first, keys[0])
+        zero_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+        zero_stats = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), stats_shape)
+
+        def body(carry: Any, inputs: Any) -> tuple[Any, None]:
+            grads, loss_sum, stats = carry
+            microbatch, micro_key = inputs
+            if microbatch_sharding is not None:
+                microbatch = jax.lax.with_sharding_constraint(microbatch, microbatch_sharding)
+            (mb_loss, mb_stats), mb_grads = grad_fn(params, microbatch, micro_key)
+            grads = jax.tree_util.tree_map(jnp.add, grads, mb_grads)
+            stats = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), stats, mb_stats)
+            return (grads, loss_sum + mb_loss, stats), None
+
+        (grads, loss_sum, stats), _ = jax.lax.scan(
+            body, (zero_grads, jnp.zeros((), jnp.float32), zero_stats), (micro, keys)
+        )
+        return grads, loss_sum, stats
+
+    def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+        loss_key, optimizer_key = jax.random.split(key)
+        grad_sums, loss_sum, stats = accumulate(state.params, batch, loss_key)
+        num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
+        grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
+        extra = optimizer_extra_args(state.params, batch, optimizer_key) if optimizer_extra_args else {}
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
+        params = optax.apply_updates(state.params, updates)
+        params = precision.cast_to_params(params)
+
+        loss = loss_sum / num_tokens
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if skip_nonfinite:
+            keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+            params = keep(params, state.params)
+            opt_state = keep(opt_state, state.opt_state)
+        metrics = {
+            "loss": loss,
+            "num_tokens": stats["num_tokens"].astype(jnp.float32),
+            "grad_norm": grad_norm,
+            "param_norm": optax.tree.norm(params),
+            "update_norm": optax.tree.norm(updates),
+            "nonfinite": (~finite).astype(jnp.int32),
+        }
+        for name, value in stats.items():
+            if name != "num_tokens":
+                metrics[name] = value / num_tokens
+        if learning_rate is not None:
+            metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            key=state.key,
+            nonfinite_steps=state.nonfinite_steps + (~finite).astype(jnp.int32),
+        )
+        return new_state, precision.cast_to_output(metrics)
+
+    return train_step

@@ -1,0 +1,99 @@
+"""The compiled train step: accumulation equals the full batch, NaN steps are skipped, precision casts."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from halyard.train.trainer.precision import Precision
+from halyard.train.trainer.step import init_state, make_train_step, split_microbatches
+
+
+def toy_loss(params, batch, key):
+    """Token-summed squared error of a linear map, with a mask that gives rows unequal token counts."""
+    pred = batch["x"] @ params["w"] + params["b"]
+    err = ((pred - batch["y"]) ** 2).sum(-1) * batch["mask"]
+    return err.sum(), {"num_tokens": batch["mask"].sum(), "abs_err": jnp.abs(err).sum()}
+
+
+def toy_batch(rows: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, 5)) > 0.3).astype(np.float32)
+    return {
+        "x": jnp.asarray(rng.normal(size=(rows, 5, 3)), jnp.float32),
+        "y": jnp.asarray(rng.normal(size=(rows, 5, 2)), jnp.float32),
+        "mask": jnp.asarray(mask),
+    }
+
+
+def toy_params():
+    return {"w": jnp.ones((3, 2)) * 0.1, "b": jnp.zeros((2,))}
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_accumulation_equals_full_batch(accumulation: int) -> None:
+    optimizer = optax.adamw(1e-2)
+    batch = toy_batch()
+    state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
+    full = jax.jit(make_train_step(toy_loss, optimizer, accumulation=1))
+    accum = jax.jit(make_train_step(toy_loss, optimizer, accumulation=accumulation))
+    s1, m1 = full(state, batch)
+    s2, m2 = accum(state, batch)
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(s1.params), jax.tree_util.tree_leaves(s2.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert float(m1["num_tokens"]) == float(batch["mask"].sum())
+
+
+def test_loss_is_token_mean_and_matches_numpy() -> None:
+    batch = toy_batch()
+    params = toy_params()
+    step = jax.jit(make_train_step(toy_loss, optax.sgd(0.0)))
+    _, metrics = step(init_state(params, optax.sgd(0.0), jax.random.PRNGKey(0)), batch)
+    x, y, mask = (np.asarray(batch[k]) for k in ("x", "y", "mask"))
+    err = (((x @ np.asarray(params["w"])) - y) ** 2).sum(-1)
+    np.testing.assert_allclose(metrics["loss"], (err * mask).sum() / mask.sum(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["abs_err"], (err * mask).sum() / mask.sum(), rtol=1e-6)
+
+
+def test_nonfinite_update_is_skipped_and_counted() -> None:
+    optimizer = optax.adam(1e-2)
+    state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
+    bad = toy_batch()
+    bad["x"] = bad["x"].at[0, 0, 0].set(jnp.nan)
+    step = jax.jit(make_train_step(toy_loss, optimizer))
+    new_state, metrics = step(state, bad)
+    assert int(metrics["nonfinite"]) == 1
+    assert int(new_state.nonfinite_steps) == 1
+    assert int(new_state.step) == 1
+    np.testing.assert_array_equal(new_state.params["w"], state.params["w"])
+    good_state, good_metrics = step(new_state, toy_batch())
+    assert int(good_metrics["nonfinite"]) == 0
+    assert not np.array_equal(good_state.params["w"], state.params["w"])
+
+
+def test_compute_precision_casts_parameters_inside_the_loss() -> None:
+    seen = {}
+
+    def loss(params, batch, key):
+        seen["dtype"] = params["w"].dtype
+        return toy_loss(params, batch, key)
+
+    optimizer = optax.sgd(0.1)
+    state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
+    step = jax.jit(make_train_step(loss, optimizer, precision=Precision(compute="bfloat16")))
+    new_state, metrics = step(state, toy_batch())
+    assert seen["dtype"] == jnp.bfloat16
+    assert new_state.params["w"].dtype == jnp.float32
+    assert metrics["loss"].dtype == jnp.float32
+
+
+def test_bad_precision_and_indivisible_batch_are_named() -> None:
+    with pytest.raises(ValueError, match="precision.compute"):
+        Precision(compute="fp7")
+    with pytest.raises(ValueError, match="trainer.accumulation=3"):
+        split_microbatches({"x": jnp.zeros((8, 2))}, 3)
