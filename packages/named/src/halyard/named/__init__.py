@@ -4,8 +4,10 @@ Conventions: an `Axis` object held in a variable is a CamelCase noun (``Embed = 
 the axis *names* are lower case (``"embed"``, ``"heads"``, ``"head_size"``, ``"pos"``, ``"key_pos"``).
 """
 
+from halyard.named import random
 from halyard.named.axis import Axis, AxisSelection, AxisSelector, AxisSpec
 from halyard.named.broadcast import broadcast_arrays, broadcast_axis, broadcast_to
+from halyard.named.constructors import arange, full, full_like, one_hot, ones, ones_like, zeros, zeros_like
 from halyard.named.contraction import dot, einsum
 from halyard.named.core import NamedArray, is_named, named
 from halyard.named.elementwise import (
@@ -36,9 +38,11 @@ from halyard.named.elementwise import (
     tanh,
     where,
 )
+from halyard.named.functional import fold, scan, vmap
 from halyard.named.indexing import dynamic_slice, dynamic_update_slice, index, take
 from halyard.named.reductions import all, any, argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
 from halyard.named.shape_ops import rearrange_axes, rename, unwrap
+from halyard.named.softmax import log_softmax, softmax
 
 __all__ = [
     "Axis",
@@ -49,6 +53,7 @@ __all__ = [
     "abs",
     "all",
     "any",
+    "arange",
     "argmax",
     "argmin",
     "broadcast_arrays",
@@ -64,12 +69,16 @@ __all__ = [
     "exp",
     "expm1",
     "floor",
+    "fold",
+    "full",
+    "full_like",
     "index",
     "is_named",
     "isfinite",
     "isnan",
     "log",
     "log1p",
+    "log_softmax",
     "logical_and",
     "logical_not",
     "logical_or",
@@ -80,15 +89,21 @@ __all__ = [
     "min",
     "minimum",
     "named",
+    "one_hot",
+    "ones",
+    "ones_like",
     "power",
     "prod",
+    "random",
     "rearrange_axes",
     "reciprocal",
     "rename",
     "round",
     "rsqrt",
+    "scan",
     "sign",
     "sin",
+    "softmax",
     "sqrt",
     "square",
     "std",
@@ -97,5 +112,8 @@ __all__ = [
     "tanh",
     "unwrap",
     "var",
+    "vmap",
     "where",
+    "zeros",
+    "zeros_like",
 ]

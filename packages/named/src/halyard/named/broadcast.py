@@ -66,8 +66,10 @@ def broadcast_to(x: NamedArray | Any, axes: Sequence[Axis], *, allow_extra: bool
         t = target.get(axis.name)
         if t is None:
             if not allow_extra:
-                raise ValueError(f"Cannot broadcast {format_axes(x.axes)} to {format_axes(axes)}: "
-                                 f"axis {axis.name!r} is not in the target")
+                raise ValueError(
+                    f"Cannot broadcast {format_axes(x.axes)} to {format_axes(axes)}: "
+                    f"axis {axis.name!r} is not in the target"
+                )
         elif t.size != axis.size:
             raise ValueError(
                 f"Axis {axis.name!r} has size {axis.size} in {format_axes(x.axes)} "
@@ -141,4 +143,3 @@ __all__ = [
     "elementwise",
     "union_axes",
 ]
-

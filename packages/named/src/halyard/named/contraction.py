@@ -84,8 +84,10 @@ def _einsum_by_names(
     return NamedArray(result, tuple(out))
 
 
-def einsum(spec: str, *arrays: NamedArray, precision: Any = None, preferred_element_type: Any = None) -> NamedArray:
-    """Einstein summation with axis names: ``einsum("batch pos embed, embed vocab -> batch pos vocab", x, w)``.
+def einsum(
+    spec: str, *arrays: NamedArray, precision: Any = None, preferred_element_type: Any = None
+) -> NamedArray:
+    """Einstein summation over axis names: ``einsum("batch embed, embed vocab -> batch vocab", x, w)``.
 
     Each operand's term lists its axis names (in any order: operands are matched by name, not
     position). Names absent from the output are summed over. The output term fixes the result's order.
@@ -99,7 +101,9 @@ def einsum(spec: str, *arrays: NamedArray, precision: Any = None, preferred_elem
     lhs, rhs = spec.split("->")
     terms = [t.split() for t in lhs.split(",")]
     if len(terms) != len(arrays):
-        raise ValueError(f"einsum spec {spec!r} has {len(terms)} input terms but {len(arrays)} arrays were given")
+        raise ValueError(
+            f"einsum spec {spec!r} has {len(terms)} input terms but {len(arrays)} arrays were given"
+        )
     for i, (term, arr) in enumerate(zip(terms, arrays)):
         if sorted(term) != sorted(arr.axis_names) or len(set(term)) != len(term):
             raise ValueError(
@@ -114,4 +118,6 @@ def einsum(spec: str, *arrays: NamedArray, precision: Any = None, preferred_elem
             raise ValueError(f"einsum output axis {name!r} is in none of the inputs {sorted(by_name)}")
     if len(set(out_names)) != len(out_names):
         raise ValueError(f"einsum output {rhs!r} repeats an axis")
-    return _einsum_by_names(arrays, [by_name[n] for n in out_names], all_axes, precision, preferred_element_type)
+    return _einsum_by_names(
+        arrays, [by_name[n] for n in out_names], all_axes, precision, preferred_element_type
+    )

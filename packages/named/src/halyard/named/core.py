@@ -149,7 +149,7 @@ class NamedArray:
 
     # -- indexing ------------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> NamedArray:
-        """``x["pos", 3:7]``, ``x["batch", 0, "pos", 1:]``, ``x[{"batch": 0}]``; see `halyard.named.indexing`."""
+        """``x["pos", 3:7]``, ``x["batch", 0, "pos", 1:]``, ``x[{"batch": 0}]``; see `named.indexing`."""
         from halyard.named.indexing import index as _index
 
         return _index(self, index)
@@ -188,38 +188,94 @@ class NamedArray:
 
         return binary_op(op, other, self) if reverse else binary_op(op, self, other)
 
-    def __add__(self, o: Any) -> NamedArray: return self._binary(o, jnp.add)
-    def __radd__(self, o: Any) -> NamedArray: return self._binary(o, jnp.add, True)
-    def __sub__(self, o: Any) -> NamedArray: return self._binary(o, jnp.subtract)
-    def __rsub__(self, o: Any) -> NamedArray: return self._binary(o, jnp.subtract, True)
-    def __mul__(self, o: Any) -> NamedArray: return self._binary(o, jnp.multiply)
-    def __rmul__(self, o: Any) -> NamedArray: return self._binary(o, jnp.multiply, True)
-    def __truediv__(self, o: Any) -> NamedArray: return self._binary(o, jnp.true_divide)
-    def __rtruediv__(self, o: Any) -> NamedArray: return self._binary(o, jnp.true_divide, True)
-    def __floordiv__(self, o: Any) -> NamedArray: return self._binary(o, jnp.floor_divide)
-    def __rfloordiv__(self, o: Any) -> NamedArray: return self._binary(o, jnp.floor_divide, True)
-    def __mod__(self, o: Any) -> NamedArray: return self._binary(o, jnp.mod)
-    def __rmod__(self, o: Any) -> NamedArray: return self._binary(o, jnp.mod, True)
-    def __pow__(self, o: Any) -> NamedArray: return self._binary(o, jnp.power)
-    def __rpow__(self, o: Any) -> NamedArray: return self._binary(o, jnp.power, True)
-    def __and__(self, o: Any) -> NamedArray: return self._binary(o, jnp.logical_and if self.dtype == bool else jnp.bitwise_and)
-    def __rand__(self, o: Any) -> NamedArray: return self._binary(o, jnp.logical_and if self.dtype == bool else jnp.bitwise_and, True)
-    def __or__(self, o: Any) -> NamedArray: return self._binary(o, jnp.logical_or if self.dtype == bool else jnp.bitwise_or)
-    def __ror__(self, o: Any) -> NamedArray: return self._binary(o, jnp.logical_or if self.dtype == bool else jnp.bitwise_or, True)
-    def __xor__(self, o: Any) -> NamedArray: return self._binary(o, jnp.logical_xor if self.dtype == bool else jnp.bitwise_xor)
-    def __lt__(self, o: Any) -> NamedArray: return self._binary(o, jnp.less)
-    def __le__(self, o: Any) -> NamedArray: return self._binary(o, jnp.less_equal)
-    def __gt__(self, o: Any) -> NamedArray: return self._binary(o, jnp.greater)
-    def __ge__(self, o: Any) -> NamedArray: return self._binary(o, jnp.greater_equal)
-    def __eq__(self, o: Any) -> NamedArray: return self._binary(o, jnp.equal)  # type: ignore[override]
-    def __ne__(self, o: Any) -> NamedArray: return self._binary(o, jnp.not_equal)  # type: ignore[override]
+    def __add__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.add)
+
+    def __radd__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.add, True)
+
+    def __sub__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.subtract)
+
+    def __rsub__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.subtract, True)
+
+    def __mul__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.multiply)
+
+    def __rmul__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.multiply, True)
+
+    def __truediv__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.true_divide)
+
+    def __rtruediv__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.true_divide, True)
+
+    def __floordiv__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.floor_divide)
+
+    def __rfloordiv__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.floor_divide, True)
+
+    def __mod__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.mod)
+
+    def __rmod__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.mod, True)
+
+    def __pow__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.power)
+
+    def __rpow__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.power, True)
+
+    def __and__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.logical_and if self.dtype == bool else jnp.bitwise_and)
+
+    def __rand__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.logical_and if self.dtype == bool else jnp.bitwise_and, True)
+
+    def __or__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.logical_or if self.dtype == bool else jnp.bitwise_or)
+
+    def __ror__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.logical_or if self.dtype == bool else jnp.bitwise_or, True)
+
+    def __xor__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.logical_xor if self.dtype == bool else jnp.bitwise_xor)
+
+    def __lt__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.less)
+
+    def __le__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.less_equal)
+
+    def __gt__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.greater)
+
+    def __ge__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.greater_equal)
+
+    def __eq__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.equal)  # type: ignore[override]
+
+    def __ne__(self, o: Any) -> NamedArray:
+        return self._binary(o, jnp.not_equal)  # type: ignore[override]
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __neg__(self) -> NamedArray: return NamedArray(-self.array, self.axes)
-    def __pos__(self) -> NamedArray: return self
-    def __abs__(self) -> NamedArray: return NamedArray(jnp.abs(self.array), self.axes)
-    def __invert__(self) -> NamedArray: return NamedArray(~self.array, self.axes)
+    def __neg__(self) -> NamedArray:
+        return NamedArray(-self.array, self.axes)
+
+    def __pos__(self) -> NamedArray:
+        return self
+
+    def __abs__(self) -> NamedArray:
+        return NamedArray(jnp.abs(self.array), self.axes)
+
+    def __invert__(self) -> NamedArray:
+        return NamedArray(~self.array, self.axes)
 
     def __bool__(self) -> bool:
         return bool(self.array)
@@ -247,7 +303,10 @@ def named(array: Any, axes: AxisSelector | Sequence[AxisSelector]) -> NamedArray
         axes = (axes,)
     axes = tuple(axes)
     if len(axes) != array.ndim:
-        raise ValueError(f"Array of shape {tuple(array.shape)} has {array.ndim} dimensions, but axes {axes!r} name {len(axes)}")
+        raise ValueError(
+            f"Array of shape {tuple(array.shape)} has {array.ndim} dimensions, "
+            f"but axes {axes!r} name {len(axes)}"
+        )
     resolved = tuple(a if isinstance(a, Axis) else Axis(a, int(s)) for a, s in zip(axes, array.shape))
     return NamedArray(array, resolved)
 

@@ -107,7 +107,9 @@ def take(x: NamedArray, axis: AxisSelector, indices: NamedArray) -> NamedArray:
     k = x.axis_index(axis)
     name = x.axes[k].name
     if indices.has_axis(name):
-        raise ValueError(f"take: the index {format_axes(indices.axes)} must not have the indexed axis {name!r}")
+        raise ValueError(
+            f"take: the index {format_axes(indices.axes)} must not have the indexed axis {name!r}"
+        )
     shared = [a for a in indices.axes if x.has_axis(a.name)]
     for a in shared:
         if x.axis(a.name).size != a.size:
@@ -147,13 +149,18 @@ def dynamic_update_slice(x: NamedArray, starts: Mapping[AxisSelector, Any], upda
     ``update`` must have exactly ``x``'s axis names (any order), each no larger than in ``x``.
     """
     if sorted(update.axis_names) != sorted(x.axis_names):
-        raise ValueError(f"dynamic_update_slice: update {format_axes(update.axes)} must have the axes of {format_axes(x.axes)}")
+        raise ValueError(
+            f"dynamic_update_slice: update {format_axes(update.axes)} "
+            f"must have the axes of {format_axes(x.axes)}"
+        )
     update = update.rearrange(*x.axis_names)
     names = {axis_name(k): v for k, v in starts.items()}
     for n in names:
         x.axis_index(n)
     start_indices = [names.get(a.name, 0) for a in x.axes]
-    return NamedArray(jax.lax.dynamic_update_slice(x.array, update.array.astype(x.dtype), start_indices), x.axes)
+    return NamedArray(
+        jax.lax.dynamic_update_slice(x.array, update.array.astype(x.dtype), start_indices), x.axes
+    )
 
 
 class AtIndexer:

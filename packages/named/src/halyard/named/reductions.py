@@ -8,21 +8,33 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from halyard.named.axis import AxisSelector
+from halyard.named.axis import Axis, AxisSelector, format_axes
 from halyard.named.broadcast import broadcast_to
 from halyard.named.core import NamedArray
 
 AxisArg = AxisSelector | Sequence[AxisSelector] | None
 
 
-def _reduce(fn: Callable[..., Any], x: NamedArray, axis: AxisArg, where: Any = None, **kwargs: Any) -> NamedArray:
+def reduction_indices(x: NamedArray, axis: AxisArg) -> tuple[int, ...]:
+    """Positions in ``x`` of ``axis`` (a name, an Axis, several, or None for all).
+
+    Raises:
+        KeyError: a name is not an axis of ``x`` (the message lists ``x``'s axes).
+        ValueError: an axis is named twice.
+    """
     if axis is None:
-        indices = tuple(range(x.ndim))
-    else:
-        selection = (axis,) if isinstance(axis, str) or not isinstance(axis, Sequence) else axis
-        indices = tuple(x.axis_index(a) for a in selection)
-        if len(set(indices)) != len(indices):
-            raise ValueError(f"Reduction names an axis twice: {axis!r}")
+        return tuple(range(x.ndim))
+    selection = (axis,) if isinstance(axis, Axis | str) else tuple(axis)
+    indices = tuple(x.axis_index(a) for a in selection)
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"Reduction names an axis twice: {axis!r} over {format_axes(x.axes)}")
+    return indices
+
+
+def _reduce(
+    fn: Callable[..., Any], x: NamedArray, axis: AxisArg, where: Any = None, **kwargs: Any
+) -> NamedArray:
+    indices = reduction_indices(x, axis)
     if where is not None:
         where = broadcast_to(where, x.axes).array if isinstance(where, NamedArray) else where
         kwargs["where"] = where
@@ -93,5 +105,3 @@ def argmax(x: NamedArray, axis: AxisSelector | None) -> NamedArray:
 
 def argmin(x: NamedArray, axis: AxisSelector | None) -> NamedArray:
     return _arg_reduce(jnp.argmin, x, axis)
-
-

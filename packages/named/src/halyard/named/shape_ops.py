@@ -29,7 +29,9 @@ def rename(x: NamedArray, renames: Mapping[AxisSelector, str | Axis]) -> NamedAr
         index = x.axis_index(old)
         new_name = axis_name(new)
         if isinstance(new, Axis) and new.size != x.axes[index].size:
-            raise ValueError(f"Cannot rename {axis_name(old)!r} (size {x.axes[index].size}) to {new!r}: sizes differ")
+            raise ValueError(
+                f"Cannot rename {axis_name(old)!r} (size {x.axes[index].size}) to {new!r}: sizes differ"
+            )
         mapping[axis_name(old)] = new_name
     axes = tuple(Axis(mapping.get(a.name, a.name), a.size) for a in x.axes)
     return NamedArray(x.array, axes)
@@ -56,7 +58,9 @@ def rearrange_axes(x: NamedArray, order: Sequence[Any]) -> NamedArray:
     else:
         if rest:
             missing = [x.axes[i].name for i in rest]
-            raise ValueError(f"Axis order {order!r} leaves out {missing} of {format_axes(x.axes)}; add ... to keep them")
+            raise ValueError(
+                f"Axis order {order!r} leaves out {missing} of {format_axes(x.axes)}; add ... to keep them"
+            )
         perm = indices
     if perm == list(range(x.ndim)):
         return x

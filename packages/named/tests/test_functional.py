@@ -1,0 +1,139 @@
+"""vmap / scan / fold over named axes, against jax.vmap / jax.lax.scan on the raw arrays."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import halyard.named as hn
+from halyard.named import Axis, NamedArray
+
+Batch, Pos, Embed, Layers = Axis("batch", 3), Axis("pos", 4), Axis("embed", 5), Axis("layers", 6)
+Hidden = Embed.alias("hidden")
+
+
+def test_vmap_maps_by_name_whatever_the_position():
+    x = hn.random.normal(jax.random.key(0), (Pos, Batch, Embed))
+    bias = hn.random.normal(jax.random.key(1), Embed)
+    seen = []
+
+    def center(row: NamedArray, b: NamedArray) -> NamedArray:
+        seen.append(row.axis_names)
+        return row - row.mean("embed") + b
+
+    out = hn.vmap(center, "batch")(x, bias)
+    assert seen == [("pos", "embed")]
+    assert out.axes == (Batch, Pos, Embed)
+    raw = np.asarray(x.unwrap("batch", "pos", "embed"))
+    np.testing.assert_allclose(
+        out.array, raw - raw.mean(-1, keepdims=True) + np.asarray(bias.array), rtol=1e-5
+    )
+
+
+def test_vmap_axis_name_is_the_collective_name_and_plain_arrays():
+    x = hn.arange(Batch, dtype=jnp.float32)
+
+    def share(v: NamedArray, key: jax.Array) -> tuple[NamedArray, jax.Array]:
+        return v / jax.lax.psum(v.array, "batch"), jax.random.normal(key, ())
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    out, noise = hn.vmap(share, "batch", unnamed_axis=0)(x, keys)
+    np.testing.assert_allclose(out.array, np.arange(3) / 3.0)
+    assert noise.shape == (3,) and len(set(np.asarray(noise).tolist())) == 3
+
+
+def test_vmap_with_an_axis_no_argument_has():
+    key = jax.random.key(0)
+    out = hn.vmap(lambda: hn.random.normal(key, Embed), Layers)()
+    assert out.axes == (Layers, Embed)
+    with pytest.raises(ValueError, match="no argument has axis 'layers'"):
+        hn.vmap(lambda: hn.zeros(Embed), "layers")()
+
+
+def test_vmap_size_clash_names_the_axes():
+    a = hn.zeros((Batch, Embed))
+    b = hn.zeros((Batch.resize(4), Pos))
+    with pytest.raises(ValueError, match=r"axis 'batch' must have one size.*batch=3.*batch=4"):
+        hn.vmap(lambda u, v: u, "batch")(a, b)
+
+
+def _block(h: NamedArray, weight: NamedArray) -> NamedArray:
+    return hn.tanh(hn.dot(h, weight, axis="embed").rename({"hidden": "embed"}))
+
+
+def _stack():
+    key1, key2 = jax.random.split(jax.random.key(0))
+    weights = hn.random.normal(key1, (Embed, Layers, Hidden)) * 0.5  # layers axis in the middle on purpose
+    h = hn.random.normal(key2, (Batch, Embed))
+    return h, weights
+
+
+def _reference(h, weights):
+    raw_h = np.asarray(h.unwrap("batch", "embed"))
+    raw_w = np.asarray(weights.unwrap("layers", "embed", "hidden"))
+    outs = []
+    for w in raw_w:
+        outs.append(raw_h.sum())
+        raw_h = np.tanh(raw_h @ w)
+    return raw_h, np.array(outs)
+
+
+@pytest.mark.parametrize("remat", [None, True, jax.checkpoint_policies.dots_saveable])
+def test_scan_equals_the_unrolled_loop(remat):
+    h, weights = _stack()
+
+    def step(carry, w):
+        assert w.axis_names == ("embed", "hidden")
+        return _block(carry, w), carry.sum()
+
+    carry, ys = hn.scan(step, "layers", remat=remat)(h, weights)
+    expected_carry, expected_ys = _reference(h, weights)
+    assert carry.axes == (Batch, Embed) and ys.axes == (Layers,)
+    np.testing.assert_allclose(carry.array, expected_carry, rtol=1e-5)
+    np.testing.assert_allclose(ys.array, expected_ys, rtol=1e-5)
+
+
+@pytest.mark.parametrize("remat", [None, True, jax.checkpoint_policies.nothing_saveable])
+def test_fold_gradients_equal_the_unrolled_loop(remat):
+    h, weights = _stack()
+
+    def loss_fold(w):
+        return hn.fold(_block, "layers", remat=remat)(h, w).sum().array
+
+    def loss_loop(w):
+        carry = h
+        for i in range(Layers.size):
+            carry = _block(carry, w["layers", i])
+        return carry.sum().array
+
+    g_fold = jax.jit(jax.grad(loss_fold))(weights)
+    g_loop = jax.grad(loss_loop)(weights)
+    assert g_fold.axes == weights.axes
+    np.testing.assert_allclose(g_fold.array, g_loop.array, rtol=1e-4, atol=1e-6)
+
+
+def test_scan_reverse_and_pytrees_of_xs():
+    xs = {"value": hn.arange(Layers, dtype=jnp.float32), "scale": jnp.arange(6.0)}
+    const = hn.full(Embed, 2.0)
+
+    def step(total, item, broadcast):
+        assert broadcast.axes == (Embed,)
+        new = total + (item["value"] * item["scale"]).array
+        return new, {"running": new, "seen": item["value"]}
+
+    total, ys = hn.scan(step, "layers", reverse=True)(jnp.float32(0), xs, const)
+    np.testing.assert_allclose(total, float(np.sum(np.arange(6.0) ** 2)))
+    running = np.cumsum((np.arange(6.0) ** 2)[::-1])[::-1]
+    np.testing.assert_allclose(ys["running"], running)
+    assert ys["seen"].axes == (Layers,)
+
+
+def test_scan_with_only_an_axis_is_a_loop():
+    total, ys = hn.scan(lambda c: (c + 1, c), Layers)(jnp.int32(0))
+    assert int(total) == 6 and ys.shape == (6,)
+
+
+def test_scan_remat_policy_must_be_valid():
+    h, weights = _stack()
+    with pytest.raises(TypeError, match="remat must be"):
+        hn.fold(_block, "layers", remat="full")(h, weights)
