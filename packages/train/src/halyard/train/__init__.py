@@ -1,0 +1,1 @@
+"""Halyard training: the Trainer, configs, optimizers, checkpoints, trackers and the CLI."""
