@@ -9,7 +9,8 @@ from halyard.named.axis import Axis, AxisSelection, AxisSelector, AxisSpec
 from halyard.named.broadcast import broadcast_arrays, broadcast_axis, broadcast_to
 from halyard.named.constructors import arange, full, full_like, one_hot, ones, ones_like, zeros, zeros_like
 from halyard.named.contraction import dot, einsum
-from halyard.named.core import NamedArray, is_named, named
+from halyard.named.core import NamedArray, is_named, named, wrap
+from halyard.named.cumulative import cummax, cummin, cumprod, cumsum
 from halyard.named.elementwise import (
     abs,
     ceil,
@@ -35,14 +36,19 @@ from halyard.named.elementwise import (
     sin,
     sqrt,
     square,
+    stop_gradient,
     tanh,
     where,
 )
 from halyard.named.functional import fold, scan, vmap
 from halyard.named.indexing import dynamic_slice, dynamic_update_slice, index, take
+from halyard.named.joining import concatenate, split, stack, unstack
+from halyard.named.padding import flip, pad, roll
+from halyard.named.rearrange import rearrange
 from halyard.named.reductions import all, any, argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
-from halyard.named.shape_ops import rearrange_axes, rename, unwrap
+from halyard.named.shape_ops import flatten_axes, rearrange_axes, rename, unflatten_axis, unwrap
 from halyard.named.softmax import log_softmax, softmax
+from halyard.named.sorting import argsort, sort, top_k
 
 __all__ = [
     "Axis",
@@ -56,18 +62,26 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "argsort",
     "broadcast_arrays",
     "broadcast_axis",
     "broadcast_to",
     "ceil",
     "clip",
+    "concatenate",
     "cos",
+    "cummax",
+    "cummin",
+    "cumprod",
+    "cumsum",
     "dot",
     "dynamic_slice",
     "dynamic_update_slice",
     "einsum",
     "exp",
     "expm1",
+    "flatten_axes",
+    "flip",
     "floor",
     "fold",
     "full",
@@ -92,28 +106,39 @@ __all__ = [
     "one_hot",
     "ones",
     "ones_like",
+    "pad",
     "power",
     "prod",
     "random",
+    "rearrange",
     "rearrange_axes",
     "reciprocal",
     "rename",
+    "roll",
     "round",
     "rsqrt",
     "scan",
     "sign",
     "sin",
     "softmax",
+    "sort",
+    "split",
     "sqrt",
     "square",
+    "stack",
     "std",
+    "stop_gradient",
     "sum",
     "take",
     "tanh",
+    "top_k",
+    "unflatten_axis",
+    "unstack",
     "unwrap",
     "var",
     "vmap",
     "where",
+    "wrap",
     "zeros",
     "zeros_like",
 ]

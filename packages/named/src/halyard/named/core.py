@@ -129,8 +129,16 @@ class NamedArray:
 
         return rename(self, renames)
 
-    def rearrange(self, *axes: AxisSelector | Any) -> NamedArray:
-        """Transpose to the given axis order; ``...`` stands for the remaining axes in their order."""
+    def rearrange(self, *axes: AxisSelector | Any, **sizes: int) -> NamedArray:
+        """Transpose to the given axis order (``...`` stands for the remaining axes in their order), or,
+        given one string with ``->``, split/merge/transpose as `halyard.named.rearrange` does:
+        ``x.rearrange("... (embed: heads head_size) -> ... heads head_size", heads=8)``."""
+        if len(axes) == 1 and isinstance(axes[0], str) and "->" in axes[0]:
+            from halyard.named.rearrange import rearrange
+
+            return rearrange(self, axes[0], **sizes)
+        if sizes:
+            raise TypeError(f"rearrange: sizes {sorted(sizes)} are only used with a 'lhs -> rhs' spec string")
         from halyard.named.shape_ops import rearrange_axes
 
         return rearrange_axes(self, axes)
@@ -277,6 +285,13 @@ class NamedArray:
     def __invert__(self) -> NamedArray:
         return NamedArray(~self.array, self.axes)
 
+    def __iter__(self) -> Any:
+        # Without this, Python would iterate through __getitem__ with positional ints.
+        raise TypeError(
+            f"A NamedArray {format_axes(self.axes)} is not iterable by position; use "
+            f"halyard.named.unstack(x, axis) or index by name, x[axis, i]"
+        )
+
     def __bool__(self) -> bool:
         return bool(self.array)
 
@@ -309,6 +324,9 @@ def named(array: Any, axes: AxisSelector | Sequence[AxisSelector]) -> NamedArray
         )
     resolved = tuple(a if isinstance(a, Axis) else Axis(a, int(s)) for a, s in zip(axes, array.shape))
     return NamedArray(array, resolved)
+
+
+wrap = named  # the inverse of `unwrap`, for symmetry: wrap(x, ("batch", "embed"))
 
 
 def is_named(x: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from halyard.named.broadcast import elementwise
@@ -50,6 +51,7 @@ isnan = _unary(jnp.isnan, "x is NaN")
 isfinite = _unary(jnp.isfinite, "x is neither inf nor NaN")
 logical_not = _unary(jnp.logical_not, "not x")
 reciprocal = _unary(jnp.reciprocal, "1 / x")
+stop_gradient = _unary(jax.lax.stop_gradient, "x, with a zero gradient (jax.lax.stop_gradient)")
 
 maximum = _binary(jnp.maximum, "elementwise maximum, broadcasting by name")
 minimum = _binary(jnp.minimum, "elementwise minimum, broadcasting by name")

@@ -95,11 +95,17 @@ def index(x: NamedArray, idx: Any) -> NamedArray:
     return x
 
 
+def _wrap_negative(indices: jax.Array, size: int) -> jax.Array:
+    """Python's meaning for negative positions (-1 is the last); what stays out of range is clamped later."""
+    return jnp.where(indices < 0, indices + size, indices)
+
+
 def take(x: NamedArray, axis: AxisSelector, indices: NamedArray) -> NamedArray:
     """Select along ``axis`` with an integer NamedArray; ``axis`` is replaced by the index's axes.
 
     Axes shared by ``x`` and ``indices`` (other than ``axis``) are batch axes: element ``b`` of the
-    index picks from element ``b`` of ``x``.
+    index picks from element ``b`` of ``x``. Negative indices count from the end; indices still out
+    of range are clamped to the nearest valid position (XLA gathers cannot raise).
 
     Raises:
         ValueError: ``indices`` has the axis being indexed, or a shared axis has another size.
@@ -118,7 +124,7 @@ def take(x: NamedArray, axis: AxisSelector, indices: NamedArray) -> NamedArray:
                 f"but size {a.size} in the index {format_axes(indices.axes)}"
             )
     if not shared:
-        result = jnp.take(x.array, indices.array, axis=k, mode="clip")
+        result = jnp.take(x.array, _wrap_negative(indices.array, x.axes[k].size), axis=k, mode="clip")
         return NamedArray(result, x.axes[:k] + indices.axes + x.axes[k + 1 :])
     # Batched gather: the result has x's axes with `axis` replaced by the index's new axes.
     new = tuple(a for a in indices.axes if not x.has_axis(a.name))
@@ -127,7 +133,8 @@ def take(x: NamedArray, axis: AxisSelector, indices: NamedArray) -> NamedArray:
     raw_index = []
     for i, a in enumerate(x.axes):
         if i == k:
-            raw_index.append(jnp.clip(broadcast_to(indices, out_axes).array, -a.size, a.size - 1))
+            position = _wrap_negative(broadcast_to(indices, out_axes).array, a.size)
+            raw_index.append(jnp.clip(position, 0, a.size - 1))
         else:
             position = out_axes.index(a)
             shape = [1] * len(out_axes)
@@ -185,7 +192,7 @@ class _AtRef:
         return NamedArray(self._x.array[self._raw], self._axes)
 
     def _apply(self, method: str, value: Any) -> NamedArray:
-        raw_value = broadcast_to(value, self._axes).array if isinstance(value, NamedArray) else value
+        raw_value = broadcast_to(value, self._axes).array
         ref = self._x.array.at[self._raw]
         return NamedArray(getattr(ref, method)(raw_value), self._x.axes)
 

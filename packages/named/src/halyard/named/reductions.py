@@ -36,8 +36,8 @@ def _reduce(
 ) -> NamedArray:
     indices = reduction_indices(x, axis)
     if where is not None:
-        where = broadcast_to(where, x.axes).array if isinstance(where, NamedArray) else where
-        kwargs["where"] = where
+        # broadcast_to refuses plain arrays with dimensions: a mask must be matched by name too.
+        kwargs["where"] = broadcast_to(where, x.axes).array
     out = fn(x.array, axis=indices, **kwargs)
     kept = tuple(a for i, a in enumerate(x.axes) if i not in indices)
     return NamedArray(out, kept)

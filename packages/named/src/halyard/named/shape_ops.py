@@ -72,3 +72,69 @@ def unwrap(x: NamedArray, *axes: AxisSelector) -> jax.Array:
     if not axes:
         return x.array
     return rearrange_axes(x, axes).array
+
+
+def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector) -> NamedArray:
+    """Merge ``axes`` (in the given order, the first varying slowest) into one axis ``new_axis``.
+
+    The merged axis takes the place of the first of ``axes`` in ``x``'s order; the other axes keep theirs.
+
+    Args:
+        x: the array.
+        axes: the names to merge (at least one), e.g. ``("heads", "head_size")``.
+        new_axis: the merged axis' name, or an `Axis` whose size is then checked.
+
+    Raises:
+        KeyError: an axis is not in ``x``.
+        ValueError: an axis is named twice, or ``new_axis`` has the wrong size or clashes with a kept axis.
+    """
+    names = [axis_name(a) for a in axes]
+    if not names:
+        raise ValueError("flatten_axes needs at least one axis to merge")
+    indices = [x.axis_index(a) for a in axes]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"flatten_axes: {names} names an axis twice")
+    size = 1
+    for i in indices:
+        size *= x.axes[i].size
+    if isinstance(new_axis, Axis) and new_axis.size != size:
+        raise ValueError(
+            f"flatten_axes: merging {names} of {format_axes(x.axes)} gives size {size}, not {new_axis.size}"
+        )
+    merged = Axis(axis_name(new_axis), size)
+    first = min(indices)
+    kept = [i for i in range(x.ndim) if i not in indices]
+    before = [i for i in kept if i < first]
+    after = [i for i in kept if i > first]
+    moved = rearrange_axes(x, [x.axes[i].name for i in before + indices + after])
+    out_axes = tuple(x.axes[i] for i in before) + (merged,) + tuple(x.axes[i] for i in after)
+    return NamedArray(jnp.reshape(moved.array, tuple(a.size for a in out_axes)), out_axes)
+
+
+def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
+    """Split ``axis`` into ``new_axes`` (row-major: the first varies slowest), in its place.
+
+    Args:
+        x: the array.
+        axis: the axis to split.
+        new_axes: the parts, whose sizes multiply to the size of ``axis``.
+
+    Raises:
+        KeyError: ``axis`` is not in ``x``.
+        ValueError: the sizes do not multiply to the axis' size, or a part's name clashes.
+    """
+    index = x.axis_index(axis)
+    new_axes = tuple(new_axes)
+    for part in new_axes:
+        if not isinstance(part, Axis):
+            raise TypeError(f"unflatten_axis: parts must be Axis objects (a name and a size), got {part!r}")
+    size = 1
+    for part in new_axes:
+        size *= part.size
+    if size != x.axes[index].size:
+        raise ValueError(
+            f"unflatten_axis: cannot split {x.axes[index]!r} of {format_axes(x.axes)} into "
+            f"{format_axes(new_axes)}: the sizes multiply to {size}"
+        )
+    out_axes = x.axes[:index] + new_axes + x.axes[index + 1 :]
+    return NamedArray(jnp.reshape(x.array, tuple(a.size for a in out_axes)), out_axes)
