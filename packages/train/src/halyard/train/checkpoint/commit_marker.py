@@ -1,0 +1,175 @@
+"""The commit marker: the file whose presence (and validity) makes a checkpoint complete.
+
+Protocol (one step):
+
+1. orbax writes the arrays into ``step_N/arrays``. On a POSIX file system orbax itself writes into a
+   temporary ``arrays.orbax-checkpoint-tmp*`` directory and renames it when every process has finished
+   (TensorStore fsyncs the data files); we do not depend on that: the marker below is what counts.
+2. After orbax reports the write finished, process 0 lists every file of ``step_N`` with its size and
+   writes ``halyard_checkpoint.json`` atomically (temporary name, fsync, rename, fsync of the directory).
+   It holds the step, the leaf records (path, kind, shape, dtype), the caller's JSON metadata and the
+   file sizes.
+3. Only after the marker is durable may older checkpoints be deleted.
+
+A reader trusts a step directory only if the marker parses, names the same step and every listed file
+exists with the recorded size; anything else (no marker: a crash mid-save; garbage marker; a truncated or
+missing array file) is a `DamagedCheckpointError` naming the path and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from halyard.train.checkpoint.durable_files import file_sizes, write_file_atomically
+from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY, COMMIT_MARKER, parse_step_directory
+from halyard.train.checkpoint.leaves import LeafRecord
+
+MARKER_FORMAT = "halyard-checkpoint"
+MARKER_VERSION = 1
+
+
+class DamagedCheckpointError(RuntimeError):
+    """A step directory that is not a complete, readable checkpoint.
+
+    Attributes:
+        path: the step directory.
+        reason: what is wrong with it, in words.
+    """
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"Checkpoint {path} is incomplete or damaged: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CommitMarker:
+    """The content of ``halyard_checkpoint.json``.
+
+    Attributes:
+        step: the training step the checkpoint holds.
+        leaves: one record per leaf of the saved state, in pytree order.
+        extra_metadata: the caller's JSON metadata (data position, seed, config hash, ...).
+        files: size in bytes of every file of the step directory (except the marker), by relative path.
+        saved_at_unix: wall-clock time the marker was written (seconds since the epoch).
+        process_count: how many JAX processes wrote the checkpoint.
+    """
+
+    step: int
+    leaves: tuple[LeafRecord, ...]
+    extra_metadata: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    saved_at_unix: float = 0.0
+    process_count: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": MARKER_FORMAT,
+                "version": MARKER_VERSION,
+                "step": self.step,
+                "saved_at_unix": self.saved_at_unix,
+                "process_count": self.process_count,
+                "extra_metadata": self.extra_metadata,
+                "leaves": [leaf.to_json() for leaf in self.leaves],
+                "files": self.files,
+            },
+            indent=1,
+        )
+
+
+def write_commit_marker(
+    step_dir: Path,
+    step: int,
+    leaves: tuple[LeafRecord, ...],
+    extra_metadata: dict[str, Any],
+    process_count: int,
+) -> CommitMarker:
+    """Seal a step directory whose arrays are fully written: list its files, then write the marker last.
+
+    Args:
+        step_dir: the step directory (``<root>/step_00000100``) holding the finished ``arrays``.
+        step: the training step.
+        leaves: records from `flatten_for_save`.
+        extra_metadata: JSON-serialisable metadata of the caller.
+        process_count: number of processes that wrote the arrays.
+
+    Raises:
+        DamagedCheckpointError: when the arrays directory is missing (the write did not happen).
+    """
+    if not (step_dir / ARRAYS_DIRECTORY).is_dir():
+        raise DamagedCheckpointError(step_dir, f"no {ARRAYS_DIRECTORY}/ directory to seal")
+    marker = CommitMarker(
+        step=step,
+        leaves=leaves,
+        extra_metadata=extra_metadata,
+        files=file_sizes(step_dir, exclude=frozenset({COMMIT_MARKER})),
+        saved_at_unix=time.time(),
+        process_count=process_count,
+    )
+    write_file_atomically(step_dir / COMMIT_MARKER, marker.to_json().encode())
+    return marker
+
+
+def read_commit_marker(step_dir: str | Path, *, check_files: bool = True) -> CommitMarker:
+    """Read and verify the marker of a step directory.
+
+    Args:
+        step_dir: a step directory (``<root>/step_00000100``).
+        check_files: also check that every recorded file exists with its recorded size (cheap: one
+            ``stat`` per file, no data read).
+
+    Raises:
+        DamagedCheckpointError: for a missing, unreadable or inconsistent marker, or a missing or
+            truncated file; the message names the path and what is wrong.
+    """
+    step_dir = Path(step_dir)
+    marker_path = step_dir / COMMIT_MARKER
+    if not step_dir.is_dir():
+        raise DamagedCheckpointError(step_dir, "the directory does not exist")
+    if not marker_path.is_file():
+        raise DamagedCheckpointError(
+            step_dir, f"no commit marker {COMMIT_MARKER} (the save did not finish, e.g. a crash mid-save)"
+        )
+    try:
+        content = json.loads(marker_path.read_text())
+        if content.get("format") != MARKER_FORMAT:
+            raise ValueError(f"format is {content.get('format')!r}, expected {MARKER_FORMAT!r}")
+        if int(content["version"]) > MARKER_VERSION:
+            raise ValueError(f"version {content['version']} is newer than this reader ({MARKER_VERSION})")
+        marker = CommitMarker(
+            step=int(content["step"]),
+            leaves=tuple(LeafRecord.from_json(entry) for entry in content["leaves"]),
+            extra_metadata=dict(content["extra_metadata"]),
+            files={str(name): int(size) for name, size in content["files"].items()},
+            saved_at_unix=float(content["saved_at_unix"]),
+            process_count=int(content["process_count"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DamagedCheckpointError(step_dir, f"unreadable commit marker {marker_path}: {error}") from error
+    named_step = parse_step_directory(step_dir)
+    if named_step is not None and named_step != marker.step:
+        raise DamagedCheckpointError(
+            step_dir, f"the marker says step {marker.step}, the directory name differs"
+        )
+    if check_files:
+        _check_files(step_dir, marker.files)
+    return marker
+
+
+def _check_files(step_dir: Path, expected: dict[str, int]) -> None:
+    if not expected:
+        raise DamagedCheckpointError(step_dir, "the commit marker lists no files")
+    for relative, size in expected.items():
+        path = step_dir / relative
+        if not path.is_file():
+            raise DamagedCheckpointError(step_dir, f"file {path} is missing")
+        actual = path.stat().st_size
+        if actual != size:
+            raise DamagedCheckpointError(
+                step_dir, f"file {path} has {actual} bytes, the commit marker recorded {size} (truncated?)"
+            )

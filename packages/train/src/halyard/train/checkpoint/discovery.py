@@ -1,0 +1,68 @@
+"""Finding the checkpoints of a run: which steps are complete, which are damaged, which is the latest."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from halyard.train.checkpoint.commit_marker import DamagedCheckpointError, read_commit_marker
+from halyard.train.checkpoint.layout import step_directories
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """Issued when a directory named like a checkpoint is skipped because it is incomplete or damaged."""
+
+
+@dataclass(frozen=True)
+class CheckpointScan:
+    """The state of a checkpoint root.
+
+    Attributes:
+        complete: step -> directory of every complete checkpoint, ascending.
+        damaged: step -> the error explaining why that step directory is not usable.
+    """
+
+    complete: dict[int, Path]
+    damaged: dict[int, DamagedCheckpointError]
+
+
+def scan_checkpoints(root: str | Path, *, warn: bool = True) -> CheckpointScan:
+    """Classify every ``step_*`` directory under ``root`` as complete or damaged.
+
+    Args:
+        root: the checkpoint root; a missing root is empty.
+        warn: issue a `DamagedCheckpointWarning` naming the path and the reason for each damaged one.
+    """
+    complete: dict[int, Path] = {}
+    damaged: dict[int, DamagedCheckpointError] = {}
+    for step, path in step_directories(root).items():
+        try:
+            read_commit_marker(path)
+        except DamagedCheckpointError as error:
+            damaged[step] = error
+            if warn:
+                warnings.warn(f"Skipping {error}", DamagedCheckpointWarning, stacklevel=2)
+        else:
+            complete[step] = path
+    return CheckpointScan(complete, damaged)
+
+
+def latest_complete(root: str | Path) -> int | None:
+    """The step of the newest complete checkpoint under ``root``, or None when there is none.
+
+    Incomplete or damaged step directories (no commit marker, garbage marker, missing or truncated
+    files, an empty directory) are skipped with a `DamagedCheckpointWarning` naming the path, so a crash
+    mid-save falls back to the previous checkpoint.
+
+    Args:
+        root: the checkpoint root (e.g. ``<run_dir>/checkpoints``).
+    """
+    for step, path in sorted(step_directories(root).items(), reverse=True):
+        try:
+            read_commit_marker(path)
+        except DamagedCheckpointError as error:
+            warnings.warn(f"Skipping {error}", DamagedCheckpointWarning, stacklevel=2)
+        else:
+            return step
+    return None

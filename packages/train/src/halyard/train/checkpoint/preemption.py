@@ -1,0 +1,88 @@
+"""Preemption: SIGTERM sets a flag; the training loop polls it, saves synchronously and exits with 143.
+
+The handler only sets a flag, because a signal can arrive in the middle of a device computation or of a
+checkpoint write, where neither saving nor exiting is safe. The trainer checks the flag between steps::
+
+    flag = install_preemption_handler()
+    for step in ...:
+        state = train_step(state, batch)
+        if flag.requested_on_any_process():
+            manager.save(step, state, extra_metadata, wait=True)
+            raise SystemExit(PREEMPTION_EXIT_CODE)
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from halyard.train.checkpoint.process_agreement import true_on_any_process
+
+PREEMPTION_EXIT_CODE = 143
+"""Exit status after a preemption save: 128 + SIGTERM (15), what a process killed by SIGTERM reports,
+so schedulers (Slurm, Kubernetes) treat it as the preemption it was."""
+
+
+class PreemptionFlag:
+    """Set when a preemption signal arrived; safe to poll from the training loop at every step."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_number: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a preemption signal arrived on this process."""
+        return self._event.is_set()
+
+    def set(self, signal_number: int | None = None) -> None:
+        """Mark preemption as requested (what the signal handler does; also usable by tests or a watchdog).
+
+        Args:
+            signal_number: the signal that asked for it, if any.
+        """
+        self.signal_number = signal_number
+        self._event.set()
+
+    def requested_on_any_process(self, agree: Callable[[bool], bool] = true_on_any_process) -> bool:
+        """Whether any process received the signal, agreed on by all (call it on every process together).
+
+        Args:
+            agree: the collective that combines the processes' flags; the default is a no-op with one
+                process and an all-gather otherwise.
+        """
+        return agree(self.requested)
+
+    def uninstall(self) -> None:
+        """Put back the signal handlers that were there before `install_preemption_handler`."""
+        for signal_number, handler in self._previous_handlers.items():
+            signal.signal(signal_number, handler)
+        self._previous_handlers.clear()
+
+    def _handle(self, signal_number: int, frame: FrameType | None) -> None:
+        self.set(signal_number)
+
+
+def install_preemption_handler(signals: Sequence[int] = (signal.SIGTERM,)) -> PreemptionFlag:
+    """Install handlers that turn the given signals into a `PreemptionFlag` instead of a sudden death.
+
+    Args:
+        signals: the signals meaning "you are about to be preempted" (SIGTERM by default; add
+            ``signal.SIGUSR1`` for schedulers configured to send it ahead of time).
+
+    Returns:
+        The flag to poll; ``flag.uninstall()`` restores the previous handlers.
+
+    Raises:
+        ValueError: when called outside the main thread (Python only lets the main thread set handlers).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("install_preemption_handler must be called from the main thread (Python's rule)")
+    flag = PreemptionFlag()
+    for signal_number in signals:
+        flag._previous_handlers[signal_number] = signal.signal(signal_number, flag._handle)
+    return flag
