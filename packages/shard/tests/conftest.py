@@ -1,0 +1,28 @@
+"""Eight simulated CPU devices for every test of halyard.shard."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import jax
+import pytest
+
+DEVICES = 8
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # Only possible before anything used a device; otherwise the check in `devices8` explains the fix.
+    with contextlib.suppress(RuntimeError):
+        jax.config.update("jax_num_cpu_devices", DEVICES)
+
+
+@pytest.fixture(scope="session")
+def devices8() -> list:
+    """The eight devices the sharding tests place on."""
+    devices = jax.devices()
+    if len(devices) < DEVICES:
+        pytest.fail(
+            f"halyard.shard tests need {DEVICES} devices, found {len(devices)}: run them with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES}"
+        )
+    return devices[:DEVICES]
