@@ -1,0 +1,164 @@
+"""Model configurations: the `ModelConfig` base and the registry of families by name.
+
+A family is a frozen dataclass registered with ``@register_model("llama")``; ``model_config("llama",
+num_layers=2)`` builds one with overrides, and ``config.init(key)`` (or `init_model`) builds the model.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import difflib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from halyard.models.model import CausalLM
+
+REMAT_POLICIES = ("none", "full", "save_dots", "nested", "offload")
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(abc.ABC):
+    """Fields every family shares: the performance knobs and the dtype policy.
+
+    Attributes:
+        attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn``; changes
+            numerics only within float tolerance and never the parameter tree.
+        scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
+            depth); ``False`` unrolls them (same parameters, same results).
+        remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
+            matmul outputs), ``nested`` (sqrt(L) checkpoints) or ``offload`` (matmul outputs to host).
+        param_dtype: dtype the parameters are created in.
+        compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
+            cast to it on use, the loss is always computed in float32.
+        loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once).
+    """
+
+    family: ClassVar[str] = ""
+
+    attention_implementation: str = "auto"
+    scan_layers: bool = True
+    remat: str = "none"
+    param_dtype: str = "float32"
+    compute_dtype: str | None = None
+    loss_block_size: int | None = 2048
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
+        _check_choice(self, "remat", REMAT_POLICIES)
+        for name in ("param_dtype", "compute_dtype"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    jnp.dtype(value)
+                except TypeError as error:
+                    raise ValueError(f"{type(self).__name__}.{name}={value!r} is not a dtype name") from error
+
+    @abc.abstractmethod
+    def init(self, key: jax.Array) -> CausalLM:
+        """Build the model with freshly initialised parameters.
+
+        Args:
+            key: PRNG key; the same key gives the same parameters.
+        """
+
+    @abc.abstractmethod
+    def num_params(self) -> int:
+        """Number of parameters of the model this config builds (tied weights counted once)."""
+
+    @abc.abstractmethod
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per token at ``seq_len``; see `halyard.models.flops`."""
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        """A copy with ``overrides`` applied; an unknown field is an error with a suggestion."""
+        _check_fields(type(self), overrides)
+        return dataclasses.replace(self, **overrides)
+
+    @property
+    def compute(self) -> Any:
+        """The activation dtype as a numpy dtype."""
+        return jnp.dtype(self.compute_dtype or self.param_dtype)
+
+    @property
+    def params(self) -> Any:
+        """The parameter dtype as a numpy dtype."""
+        return jnp.dtype(self.param_dtype)
+
+
+def _check_choice(config: Any, field: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, field)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{field}={value!r}; choose one of {', '.join(choices)}")
+
+
+def _check_fields(cls: type, overrides: dict[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in overrides:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; fields are {', '.join(names)}"
+            raise TypeError(f"{cls.__name__} has no field {key!r}{hint}")
+
+
+_REGISTRY: dict[str, type[ModelConfig]] = {}
+
+C = TypeVar("C", bound=type[ModelConfig])
+
+
+def register_model(name: str) -> Callable[[C], C]:
+    """Class decorator registering a config class under ``name`` (``@register_model("llama")``).
+
+    Raises:
+        ValueError: ``name`` is already registered to another class.
+    """
+
+    def decorate(cls: C) -> C:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"Model family {name!r} is already registered to {existing.__name__}")
+        _REGISTRY[name] = cls
+        cls.family = name
+        return cls
+
+    return decorate
+
+
+def registered_models() -> tuple[str, ...]:
+    """Names of the registered model families, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def config_class(name: str) -> type[ModelConfig]:
+    """The config class registered as ``name``.
+
+    Raises:
+        KeyError: no such family (the message lists the known ones and the closest name).
+    """
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"Unknown model family {name!r}; known: {', '.join(registered_models())}.{hint}")
+    return _REGISTRY[name]
+
+
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+    """The config of family ``name`` with its defaults replaced by ``overrides``.
+
+    Args:
+        name: a registered family (`registered_models`), e.g. ``"llama"``.
+        overrides: field values, e.g. ``num_layers=2, hidden_size=64``.
+
+    Raises:
+        KeyError: unknown family.
+        TypeError: unknown field (with a suggestion).
+        ValueError: an inconsistent value (the family's checks name the field).
+    """
+    cls = config_class(name)
+    _check_fields(cls, overrides)
+    return cls(**overrides)

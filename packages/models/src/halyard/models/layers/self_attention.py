@@ -1,0 +1,149 @@
+"""`SelfAttention`: projections to queries, keys and values, rotary positions, attention, output projection.
+
+Shared by every family. Grouped-query attention follows the Hugging Face convention (query head ``h``
+reads key/value head ``h // (num_heads // num_kv_heads)``). With a `KVCache` the new keys and values are
+written at ``cache_index`` and the queries attend over the whole cache; the mask then carries the slot
+indices (``query_positions``/``key_positions``) and which slots are valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+
+import halyard.named as hn
+from halyard.models._sharding import constrain
+from halyard.models.attention import AttentionMask, attention
+from halyard.models.rotary import RotaryConfig, apply_rotary
+from halyard.named import Axis, NamedArray
+from halyard.named.nn import Linear
+
+HEADS = "heads"
+KV_HEADS = "kv_heads"
+HEAD_SIZE = "head_size"
+
+
+class SelfAttention(eqx.Module):
+    """Multi-head (grouped-query) causal self-attention.
+
+    Attributes:
+        q_proj: ``embed -> (heads, head_size)``; k_proj, v_proj: ``embed -> (kv_heads, head_size)``;
+        o_proj: ``(heads, head_size) -> embed``.
+        rope: rotary configuration, or None for models with learned positions (static).
+        max_position: the longest position the model was configured for (static; rotary scaling).
+        scale: attention logit scale, None for ``1/sqrt(head_size)`` (static; muP uses ``1/head_size``).
+        implementation: attention kernel name (static).
+    """
+
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    rope: RotaryConfig | None = eqx.field(static=True)
+    max_position: int = eqx.field(static=True)
+    scale: float | None = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
+
+    @classmethod
+    def init(
+        cls,
+        Embed: Axis,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        key: jax.Array,
+        qkv_bias: bool,
+        out_bias: bool,
+        init_std: float,
+        out_init_std: float,
+        rope: RotaryConfig | None,
+        max_position: int,
+        scale: float | None = None,
+        implementation: str = "auto",
+        query_init_std: float | None = None,
+        dtype: Any,
+    ) -> SelfAttention:
+        """Create the four projections (N(0, std**2) weights, zero biases).
+
+        Args:
+            Embed: the model axis.
+            num_heads, num_kv_heads: query heads and key/value heads (``num_heads % num_kv_heads == 0``).
+            head_size: size of one head (independent of the model width).
+            key: PRNG key.
+            qkv_bias, out_bias: biases on the q/k/v projections and on the output projection.
+            init_std, out_init_std: weight std of q/k/v and of the output projection.
+            query_init_std: weight std of the query projection when it differs (muP zero-init: 0.0).
+            rope: rotary configuration, or None (learned absolute positions handled by the model).
+            max_position: longest configured position.
+            scale: logit scale, None for ``1/sqrt(head_size)``.
+            implementation: attention kernel (`halyard.models.attention.attention`).
+            dtype: parameter dtype.
+
+        Raises:
+            ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``.
+        """
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads} (grouped-query attention)"
+            )
+        Heads, KVHeads, HeadSize = (
+            Axis(HEADS, num_heads),
+            Axis(KV_HEADS, num_kv_heads),
+            Axis(HEAD_SIZE, head_size),
+        )
+        q_key, k_key, v_key, o_key = jax.random.split(key, 4)
+        q_std = init_std if query_init_std is None else query_init_std
+        q_proj = Linear.init(
+            Embed, (Heads, HeadSize), key=q_key, use_bias=qkv_bias, init_std=q_std, dtype=dtype
+        )
+        k_proj = Linear.init(
+            Embed, (KVHeads, HeadSize), key=k_key, use_bias=qkv_bias, init_std=init_std, dtype=dtype
+        )
+        v_proj = Linear.init(
+            Embed, (KVHeads, HeadSize), key=v_key, use_bias=qkv_bias, init_std=init_std, dtype=dtype
+        )
+        o_proj = Linear.init(
+            (Heads, HeadSize), Embed, key=o_key, use_bias=out_bias, init_std=out_init_std, dtype=dtype
+        )
+        return cls(q_proj, k_proj, v_proj, o_proj, rope, max_position, scale, implementation)
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: AttentionMask,
+        positions: NamedArray,
+        cache: tuple[NamedArray, NamedArray] | None = None,
+        cache_index: Any = None,
+    ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
+        """Attend from every position of ``x`` to the visible keys.
+
+        Args:
+            x: hidden states ``(batch..., pos, embed)``.
+            mask: which keys each query sees (causal, window, segments; slots when decoding).
+            positions: rotary position of each token ``(batch..., pos)``.
+            cache: this layer's ``(key, value)`` cache ``(batch, key_pos, kv_heads, head_size)``, or None.
+            cache_index: slot where ``x``'s first token is written (scalar int; with ``cache`` only).
+
+        Returns:
+            ``(output (batch..., pos, embed), updated cache or None)``.
+        """
+        query = constrain(self.q_proj(x))
+        key = constrain(self.k_proj(x))
+        value = constrain(self.v_proj(x))
+        if self.rope is not None:
+            query = apply_rotary(query, positions, self.rope, max_position=self.max_position)
+            key = apply_rotary(key, positions, self.rope, max_position=self.max_position)
+        key = key.rename({"pos": "key_pos"})
+        value = value.rename({"pos": "key_pos"})
+        if cache is not None:
+            key_cache, value_cache = cache
+            key = hn.dynamic_update_slice(key_cache, {"key_pos": cache_index}, key.astype(key_cache.dtype))
+            value = hn.dynamic_update_slice(
+                value_cache, {"key_pos": cache_index}, value.astype(value_cache.dtype)
+            )
+            cache = (key, value)
+        attended = attention(query, key, value, mask, implementation=self.implementation, scale=self.scale)
+        return self.o_proj(constrain(attended)), cache

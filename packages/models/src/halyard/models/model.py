@@ -1,0 +1,237 @@
+"""`CausalLM`: the interface every family implements (forward to logits, loss, incremental decode).
+
+A family provides `CausalLM.decoder` (token ids -> final hidden states, plus auxiliary losses and the
+updated KV cache) and `CausalLM.unembedding` (the ``(vocab, embed)`` output matrix). The rest is shared:
+
+- ``model(tokens, mask=..., positions=...)`` returns float32 logits ``(batch, pos, vocab)``;
+- ``model.loss(batch)`` computes next-token cross-entropy in vocabulary blocks (full logits never
+  materialised) plus the family's auxiliary losses (MoE load balancing, router z-loss);
+- ``model.decode_step(...)`` runs new tokens against a `KVCache` (used by `halyard.models.sampling`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import halyard.named as hn
+from halyard.models.attention import AttentionMask
+from halyard.models.batch import LmBatch
+from halyard.models.layers.kv_cache import KVCache
+from halyard.named import NamedArray
+
+
+class DecoderOutput(NamedTuple):
+    """What `CausalLM.decoder` returns.
+
+    Attributes:
+        hidden: final hidden states ``(batch..., pos, embed)`` (after the last norm).
+        aux_loss: scalar added to the training loss (0.0 for dense families).
+        metrics: scalars to report (e.g. ``load_balancing_loss``).
+        cache: the updated KV cache, or None when none was given.
+    """
+
+    hidden: NamedArray
+    aux_loss: jax.Array
+    metrics: dict[str, jax.Array]
+    cache: KVCache | None
+
+
+def default_positions(tokens: NamedArray) -> NamedArray:
+    """``0, 1, ..., len(pos) - 1`` for every row of ``tokens`` (axes of ``tokens``)."""
+    arange = NamedArray(jnp.arange(tokens.axis_size("pos"), dtype=jnp.int32), (tokens.axis("pos"),))
+    return hn.broadcast_to(arange, tokens.axes)
+
+
+def cast_floating(tree: Any, dtype: Any) -> Any:
+    """``tree`` with every floating array (plain or named) cast to ``dtype``; other leaves unchanged."""
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, NamedArray) and jnp.issubdtype(x.dtype, jnp.floating):
+            return x.astype(dtype)
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating):
+            return x.astype(dtype)
+        return x
+
+    return jax.tree.map(cast, tree, is_leaf=hn.is_named)
+
+
+class CausalLM(eqx.Module):
+    """A decoder-only language model over named axes (``batch``, ``pos``, ``embed``, ``vocab``...)."""
+
+    @property
+    @abc.abstractmethod
+    def model_config(self) -> Any:
+        """The family config this model was built from."""
+
+    @abc.abstractmethod
+    def decoder(
+        self,
+        tokens: NamedArray,
+        *,
+        mask: AttentionMask,
+        positions: NamedArray,
+        cache: KVCache | None = None,
+        cache_index: Any = None,
+    ) -> DecoderOutput:
+        """Token ids ``(batch, pos)`` to final hidden states; see `DecoderOutput`.
+
+        Args:
+            tokens: int token ids ``(batch..., pos)``.
+            mask: the attention mask, already completed with the family's sliding window.
+            positions: position of each token ``(batch..., pos)`` (rotary / learned positions).
+            cache: KV cache to read and extend (decoding), or None.
+            cache_index: slot of ``tokens``' first position in the cache (scalar int).
+        """
+
+    @property
+    @abc.abstractmethod
+    def unembedding(self) -> NamedArray:
+        """The output matrix with axes ``vocab`` and ``embed`` (the input embedding when tied)."""
+
+    @property
+    def logit_scale(self) -> float:
+        """Multiplier on the logits (1.0 except where a family's parametrisation says otherwise)."""
+        return 1.0
+
+    # -- shared behaviour ---------------------------------------------------------------------------
+    def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
+        """``mask`` (causal by default) with the config's sliding window filled in when it has one."""
+        mask = AttentionMask(causal=True) if mask is None else mask
+        window = getattr(self.model_config, "sliding_window", None)
+        if window is not None and mask.sliding_window is None:
+            mask = dataclasses.replace(mask, sliding_window=window)
+        return mask
+
+    def in_compute_dtype(self) -> CausalLM:
+        """This model with floating parameters cast to the config's compute dtype (for mixed precision)."""
+        config = self.model_config
+        if config.compute_dtype is None or jnp.dtype(config.compute_dtype) == jnp.dtype(config.param_dtype):
+            return self
+        return cast_floating(self, jnp.dtype(config.compute_dtype))
+
+    def __call__(
+        self,
+        tokens: NamedArray,
+        *,
+        mask: AttentionMask | None = None,
+        positions: NamedArray | None = None,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """Logits for every position.
+
+        Args:
+            tokens: int token ids ``(batch..., pos)``.
+            mask: attention mask (default: causal); the config's sliding window is added.
+            positions: ``(batch..., pos)`` positions, default ``arange`` per row.
+            key: randomness for stochastic layers; the current families have none (no dropout), so it
+                is accepted for interface stability and unused.
+
+        Returns:
+            float32 logits ``(batch..., pos, vocab)``.
+        """
+        model = self.in_compute_dtype()
+        positions = default_positions(tokens) if positions is None else positions
+        output = model.decoder(tokens, mask=self.complete_mask(mask), positions=positions)
+        return model.logits(output.hidden)
+
+    def logits(self, hidden: NamedArray) -> NamedArray:
+        """float32 logits ``(batch..., pos, vocab)`` from final hidden states."""
+        unembedding = self.unembedding
+        logits = hn.dot(hidden, unembedding.astype(hidden.dtype), axis="embed")
+        return (logits * self.logit_scale).astype(jnp.float32)
+
+    def loss(
+        self,
+        batch: LmBatch,
+        *,
+        key: jax.Array | None = None,
+        z_loss_weight: float = 0.0,
+        reduction: str = "mean",
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Next-token loss of ``batch`` (see `LmBatch` for the convention) plus auxiliary losses.
+
+        Args:
+            batch: tokens, labels, positions, segment ids and loss mask.
+            key: unused (no dropout in the current families); kept for interface stability.
+            z_loss_weight: weight of ``logsumexp(logits)**2`` (PaLM's z-loss); 0 disables it.
+            reduction: ``"mean"`` over unmasked tokens or ``"sum"`` (for token-weighted accumulation).
+
+        Returns:
+            ``(loss, metrics)``; metrics hold ``cross_entropy``, ``z_loss``, ``num_tokens`` and the
+            family's auxiliary terms (``load_balancing_loss``, ``router_z_loss`` for MoE).
+        """
+        from halyard.models.loss import next_token_loss  # TEMP until loss.py lands
+
+        model = self.in_compute_dtype()
+        mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
+        output = model.decoder(batch.tokens, mask=mask, positions=batch.positions)
+        loss, metrics = next_token_loss(
+            output.hidden,
+            model.unembedding.astype(output.hidden.dtype),
+            batch.labels,
+            loss_mask=batch.loss_mask,
+            block_size=self.model_config.loss_block_size,
+            z_loss_weight=z_loss_weight,
+            logit_scale=self.logit_scale,
+            reduction=reduction,
+        )
+        metrics = dict(metrics)
+        metrics.update(output.metrics)
+        # A summed loss is divided by the token count later (token-weighted accumulation): scale the
+        # auxiliary term so that the division gives back mean + aux.
+        aux = output.aux_loss * metrics["num_tokens"] if reduction == "sum" else output.aux_loss
+        return loss + aux, metrics
+
+    def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
+        config = self.model_config
+        return KVCache.zeros(
+            num_layers=config.num_layers,
+            batch_size=batch_size,
+            max_length=max_length,
+            num_kv_heads=config.kv_heads,
+            head_size=config.head_size,
+            dtype=config.compute,
+        )
+
+    def decode_step(
+        self,
+        tokens: NamedArray,
+        cache: KVCache,
+        *,
+        cache_index: Any,
+        positions: NamedArray,
+        key_valid: NamedArray,
+    ) -> tuple[NamedArray, KVCache]:
+        """Run ``tokens`` (the next ``pos`` tokens of every sequence) against ``cache``.
+
+        Args:
+            tokens: int ``(batch, pos)``; written to slots ``cache_index ... cache_index + len(pos) - 1``.
+            cache: the cache so far.
+            cache_index: scalar slot of the first token.
+            positions: ``(batch, pos)`` model positions of the tokens (rotary / learned).
+            key_valid: bool ``(batch, key_pos)``: slots holding real tokens (False for left padding).
+
+        Returns:
+            ``(float32 logits (batch, pos, vocab), updated cache)``.
+        """
+        model = self.in_compute_dtype()
+        Pos, KeyPos = tokens.axis("pos"), cache.key.axis("key_pos")
+        slots = NamedArray(cache_index + jnp.arange(Pos.size, dtype=jnp.int32), (Pos,))
+        mask = AttentionMask(
+            causal=True,
+            query_positions=slots,
+            key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
+            key_valid=key_valid,
+        )
+        output = model.decoder(
+            tokens, mask=self.complete_mask(mask), positions=positions, cache=cache, cache_index=cache_index
+        )
+        assert output.cache is not None
+        return model.logits(output.hidden), output.cache
