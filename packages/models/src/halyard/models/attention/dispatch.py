@@ -1,0 +1,90 @@
+"""`attention`: one entry point, several implementations behind the ``implementation`` switch.
+
+The ``auto`` rule:
+
+1. on an NVIDIA GPU, when cuDNN supports the inputs (bfloat16/float16, head_size <= 128 and a multiple
+   of 8): ``cudnn``;
+2. otherwise, when ``num_queries * num_keys <= AUTO_XLA_MAX_SCORES`` (``2048 * 2048``): ``xla``, whose
+   quadratic mask and scores are cheap at that size and fuse well;
+3. otherwise: ``blocked``, whose memory is linear in sequence length.
+
+Switching implementation never changes parameters: every implementation computes the same function
+(tested against ``reference`` in values and gradients).
+"""
+
+from __future__ import annotations
+
+import math
+
+from halyard.models.attention.blocked import blocked_attention
+from halyard.models.attention.cudnn import cudnn_attention, cudnn_unsupported_reason
+from halyard.models.attention.layout import FlatAttention, flatten_inputs, unflatten_output
+from halyard.models.attention.mask import AttentionMask
+from halyard.models.attention.reference import reference_attention
+from halyard.models.attention.xla import xla_attention
+from halyard.named import NamedArray
+
+IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "auto")
+AUTO_XLA_MAX_SCORES = 2048 * 2048
+"""Above this many query-key pairs per head, ``auto`` (off cuDNN) switches from ``xla`` to ``blocked``."""
+
+
+def attention(
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask,
+    *,
+    implementation: str = "auto",
+    scale: float | None = None,
+    block_size: int = 128,
+) -> NamedArray:
+    """Scaled dot-product attention over named axes, with grouped-query support.
+
+    Args:
+        query: ``(batch..., "pos", "heads", "head_size")``.
+        key: ``(batch..., "key_pos", "kv_heads", "head_size")``; ``heads`` must be a multiple of
+            ``kv_heads``: query head ``h`` reads kv head ``h // (heads // kv_heads)`` (Hugging Face's
+            convention; ``kv_heads=1`` is multi-query attention).
+        value: ``(batch..., "key_pos", "kv_heads", "head_size")``.
+        mask: an `AttentionMask` (causal, sliding window, segment ids, positions, key validity).
+        implementation: ``reference`` | ``xla`` | ``blocked`` | ``cudnn`` | ``auto`` (see the module
+            docstring for the rule ``auto`` follows).
+        scale: the logit multiplier; default ``1/sqrt(head_size)`` (muP passes ``1/head_size``).
+        block_size: queries and keys per block for ``blocked``.
+
+    Returns:
+        ``(batch..., "pos", "heads", "head_size")`` in the query's axis order and dtype. Rows whose
+        every key is masked are zeros.
+
+    Raises:
+        ValueError: an unknown implementation, missing or mismatched axes, heads not a multiple of
+            kv_heads, a mask array with the wrong axes, or ``cudnn`` where cuDNN cannot run.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention: unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}"
+        )
+    if not isinstance(mask, AttentionMask):
+        raise TypeError(f"attention: mask must be an AttentionMask, got {type(mask).__name__}")
+    flat = flatten_inputs(query, key, value, mask)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.axis_size("head_size"))
+    chosen = choose_implementation(flat) if implementation == "auto" else implementation
+    if chosen == "reference":
+        return reference_attention(query, key, value, mask, scale=scale)
+    if chosen == "xla":
+        output = xla_attention(flat, scale=scale)
+    elif chosen == "blocked":
+        output = blocked_attention(flat, scale=scale, block_size=block_size)
+    else:
+        output = cudnn_attention(flat, scale=scale)
+    return unflatten_output(flat, output)
+
+
+def choose_implementation(flat: FlatAttention) -> str:
+    """The implementation ``auto`` picks for these inputs (see the module docstring)."""
+    if cudnn_unsupported_reason(flat) is None:
+        return "cudnn"
+    num_queries, num_keys = flat.query.shape[1], flat.key.shape[1]
+    return "xla" if num_queries * num_keys <= AUTO_XLA_MAX_SCORES else "blocked"
