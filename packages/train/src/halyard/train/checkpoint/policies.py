@@ -3,9 +3,10 @@
 Saving: a checkpoint is due every ``every_steps`` steps and/or when ``every_seconds`` have passed since
 the last save (time-based saves bound the work lost to a crash when steps are slow or irregular).
 
-Keeping: checkpoints whose step is a multiple of ``keep_every_steps`` are *permanent*; the others are
-*temporary* and only the newest ``keep_last`` of them survive. The newest complete
-checkpoint is never deleted, whatever the rules say.
+Keeping: the newest ``keep_last`` complete checkpoints are kept; older ones survive only if they are
+*permanent* (their step is a multiple of ``keep_every_steps``); the others are *temporary* and are deleted
+once ``keep_last`` newer checkpoints are durable. As ``keep_last >= 1``, the newest complete checkpoint
+is never deleted (and the manager deletes only after a newer one is durable).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class KeepPolicy:
     """Which complete checkpoints survive once a newer one is durable.
 
     Attributes:
-        keep_last: how many of the newest temporary (not permanent) checkpoints to keep (at least 1).
+        keep_last: how many of the newest complete checkpoints to keep, of any kind (at least 1).
         keep_every_steps: keep forever every checkpoint whose step is a multiple of this (None: none).
     """
 
@@ -83,6 +84,5 @@ class KeepPolicy:
             complete_steps: steps of the complete checkpoints on disk.
         """
         ordered = sorted(set(complete_steps))
-        temporary = [step for step in ordered if not self.is_permanent(step)]
-        kept = set(temporary[-self.keep_last :]) | set(ordered[-1:])
-        return [step for step in temporary if step not in kept]
+        recent = set(ordered[-self.keep_last :])
+        return [step for step in ordered if step not in recent and not self.is_permanent(step)]
