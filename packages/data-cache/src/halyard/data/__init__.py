@@ -1,0 +1,20 @@
+"""halyard.data: raw text shards -> a parallel, resumable tokenization cache -> deterministic batches.
+
+No JAX needed: batches are numpy arrays, usable from any framework.
+"""
+
+from halyard.data.builders import BuildHandle, CacheMismatchError, build_cache
+from halyard.data.cache import TokenCache
+from halyard.data.processing import Processor
+from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec
+
+__all__ = [
+    "BadRecordError",
+    "BuildHandle",
+    "CacheMismatchError",
+    "MissingFieldError",
+    "Processor",
+    "SourceSpec",
+    "TokenCache",
+    "build_cache",
+]

@@ -1,0 +1,203 @@
+"""``build_cache``: sources + tokenizer -> a token cache, resumable, in the foreground or the background."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from halyard.data.builders.local import default_num_workers, run_local
+from halyard.data.builders.progress import BuildProgress
+from halyard.data.builders.ray_builder import run_ray
+from halyard.data.builders.shard_worker import ShardJob, ensure_folder, shard_is_finished
+from halyard.data.cache.ledger import (
+    ShardProgress,
+    build_identity,
+    identity_differences,
+    load_cache_ledger,
+    save_cache_ledger,
+)
+from halyard.data.cache.reader import TokenCache
+from halyard.data.processing.processor import Processor
+from halyard.data.sources.shards import SourceSpec, resolve_shards
+
+DEFAULT_CHUNK_TOKENS = 1 << 19
+
+
+class CacheMismatchError(ValueError):
+    """The folder holds a cache built with other settings (tokenizer, BOS/EOS policy, sources, chunk size)."""
+
+
+@dataclass
+class BuildHandle:
+    """A build running in a background thread of this process.
+
+    ``cache`` is readable at once: reads wait for tokens that are not committed yet.
+    """
+
+    cache: TokenCache
+    thread: threading.Thread
+    errors: list[BaseException] = field(default_factory=list)
+
+    def done(self) -> bool:
+        """True when the build stopped (finished or failed)."""
+        return not self.thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> TokenCache:
+        """Wait for the build to end and return the refreshed cache.
+
+        Raises:
+            TimeoutError: still running after ``timeout`` seconds.
+            the build's own exception, if it failed.
+        """
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the build of {self.cache.root} is still running after {timeout} s")
+        if self.errors:
+            raise self.errors[0]
+        self.cache.refresh()
+        return self.cache
+
+
+def build_cache(
+    sources: SourceSpec | str | list[SourceSpec | str],
+    tokenizer: Any,
+    out_dir: str,
+    *,
+    text_field: str = "text",
+    format: str = "auto",
+    text_mode: str = "document",
+    bos: bool | str = "auto",
+    eos: bool | str = "auto",
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    split_chars: int = 100_000,
+    strict: bool = False,
+    num_workers: int | None = None,
+    builder: str = "local",
+    ray_address: str | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+    background: bool = False,
+) -> TokenCache | BuildHandle:
+    """Tokenize ``sources`` into a token cache at ``out_dir``; resume it if a build was interrupted.
+
+    Args:
+        sources: patterns (paths/URLs with braces and globs, folders), ``SourceSpec`` objects, or a list.
+        tokenizer: a tokenizer.json path/URL, a tokenizer folder, or a tokenizer object.
+        out_dir: the cache folder (local path or fsspec URL reachable by every worker).
+        text_field: JSON key / column of the text, for patterns given as strings.
+        format: ``"auto"`` (by suffix) or a format name, for patterns given as strings.
+        text_mode: ``"document"`` or ``"line"`` for text files given as strings.
+        bos: BOS policy: ``"auto"`` (what the tokenizer adds by itself), ``True``, ``False``, or a token.
+        eos: EOS token: ``"auto"`` (detected) or a token; an EOS always ends each document.
+        chunk_tokens: a chunk closes at the first document end at or after this many tokens.
+        split_chars: documents longer than this are tokenized in pieces (bounded memory).
+        strict: fail with file:line on a malformed record or invalid UTF-8 instead of skipping/counting.
+        num_workers: processes (local) or CPUs (Ray); default one per CPU; 0 builds in this process.
+        builder: ``"local"`` (process pool, no Ray) or ``"ray"``.
+        ray_address: the Ray cluster for ``builder="ray"`` (None: a local Ray).
+        rebuild: delete a cache built with other settings instead of refusing it.
+        progress: show a progress bar.
+        background: return a ``BuildHandle`` at once and build in a thread (training can start reading).
+
+    Returns:
+        The finished ``TokenCache``, or a ``BuildHandle`` when ``background``.
+
+    Raises:
+        CacheMismatchError: ``out_dir`` holds a cache with other settings (the differences are listed).
+        FileNotFoundError, ValueError, BadRecordError, MissingFieldError: bad sources or records.
+    """
+    if builder not in ("local", "ray"):
+        raise ValueError(f"builder {builder!r} is not known; use 'local' or 'ray'")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    processor = Processor.create(tokenizer, bos=bos, eos=eos, split_chars=split_chars)
+    if isinstance(sources, str | SourceSpec):
+        sources = [sources]
+    specs = [
+        SourceSpec((source,), format=format, text_field=text_field, text_mode=text_mode)
+        if isinstance(source, str)
+        else source
+        for source in sources
+    ]
+    shards = resolve_shards(specs)
+    identity = build_identity(processor.metadata(), chunk_tokens, [shard.describe() for shard in shards])
+    root = out_dir.rstrip("/")
+    stored = load_cache_ledger(root)
+    if stored is not None and stored["identity"] != identity:
+        differences = identity_differences(stored["identity"], identity)
+        if not rebuild:
+            raise CacheMismatchError(
+                f"{root} holds a cache built with other settings:\n  "
+                + "\n  ".join(differences)
+                + "\nUse another output folder, or pass rebuild=True (--rebuild) to delete it and build again."
+            )
+        _delete_cache(root)
+        stored = None
+    ensure_folder(root)
+    if stored is None:
+        save_cache_ledger(root, identity, None)
+    cache = TokenCache.open(root)
+    if stored is not None and stored["finished"]:
+        if not background:
+            return cache
+        already_done = BuildHandle(cache, threading.Thread(target=lambda: None))
+        already_done.thread.start()
+        return already_done
+    if num_workers is None:
+        num_workers = default_num_workers()
+    jobs = [
+        ShardJob(root, index, shard, chunk_tokens, strict)
+        for index, shard in enumerate(shards)
+        if not shard_is_finished(root, index)
+    ]
+
+    def run() -> None:
+        bar = BuildProgress(root, len(shards), enabled=progress)
+        try:
+            if builder == "local":
+                run_local(jobs, processor, num_workers, poll=bar.poll, poll_seconds=0.5)
+            else:
+                run_ray(
+                    jobs,
+                    processor,
+                    ray_address=ray_address,
+                    num_workers=num_workers or None,
+                    poll=bar.poll,
+                    poll_seconds=0.5,
+                )
+        finally:
+            bar.close()
+        finished = []
+        for index in range(len(shards)):
+            shard_progress = ShardProgress.load(root, index)
+            assert shard_progress is not None and shard_progress.finished, f"shard {index} did not finish"
+            finished.append(shard_progress)
+        save_cache_ledger(root, identity, finished)
+
+    if not background:
+        run()
+        cache.refresh()
+        return cache
+    handle = BuildHandle(cache, threading.Thread())
+
+    def run_in_background() -> None:
+        try:
+            run()
+        except BaseException as error:
+            handle.errors.append(error)
+
+    handle.thread = threading.Thread(target=run_in_background, name=f"halyard.data build {root}", daemon=True)
+    handle.thread.start()
+    return handle
+
+
+def _delete_cache(root: str) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    if fs.protocol == "file" or "file" in fs.protocol:
+        shutil.rmtree(path)
+    else:
+        fs.rm(path, recursive=True)

@@ -1,0 +1,99 @@
+"""The local builder: shards tokenized by a pool of processes on this machine (or in this process)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+from halyard.data.builders.shard_worker import ShardJob, build_shard
+from halyard.data.processing.processor import Processor
+
+# Set once per worker process by the pool initializer, so the tokenizer (megabytes of JSON) is sent once
+# per worker instead of once per shard.
+_WORKER_PROCESSOR: Processor | None = None
+
+
+def default_num_workers() -> int:
+    """One worker per CPU this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _initialize_worker(processor: Processor, tokenizer_threads: int) -> None:
+    global _WORKER_PROCESSOR
+    # The tokenizer's thread pool reads this when first used; one thread per worker avoids oversubscription.
+    os.environ["RAYON_NUM_THREADS"] = str(tokenizer_threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    _WORKER_PROCESSOR = processor
+    processor.backend  # noqa: B018 - build the tokenizer before the first shard arrives
+
+
+def _run_job(job: ShardJob) -> int:
+    assert _WORKER_PROCESSOR is not None, "worker started without its initializer"
+    build_shard(job, _WORKER_PROCESSOR)
+    return job.shard_index
+
+
+def run_local(
+    jobs: list[ShardJob],
+    processor: Processor,
+    num_workers: int,
+    poll: Callable[[], None],
+    poll_seconds: float,
+) -> None:
+    """Build ``jobs`` with ``num_workers`` processes (0: in this process, one shard after another).
+
+    Workers are started with ``spawn`` (safe inside a multi-threaded training process), so a script that
+    calls this must guard its entry point with ``if __name__ == "__main__":``.
+
+    Shards are submitted in index order, so the first shards finish first and the readable prefix grows
+    early. At most ``num_workers`` shards are in flight (each holds at most one chunk in memory).
+
+    Args:
+        jobs: the unfinished shards.
+        processor: the tokenizer and policy (sent once to each worker).
+        num_workers: worker processes; 0 runs in-process (needed for ``memory://`` caches in tests).
+        poll: called every ``poll_seconds`` while waiting (progress display).
+        poll_seconds: see ``poll``.
+
+    Raises:
+        the first exception a shard raised (other shards are cancelled).
+    """
+    if num_workers == 0:
+        for job in jobs:
+            build_shard(job, processor)
+            poll()
+        return
+    threads = max(1, default_num_workers() // num_workers)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=num_workers,
+        mp_context=context,
+        initializer=_initialize_worker,
+        initargs=(processor, threads),
+    ) as pool:
+        pending: set[Future[int]] = {pool.submit(_run_job, job) for job in jobs}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=poll_seconds, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+                poll()
+        except BrokenProcessPool as error:
+            for future in pending:
+                future.cancel()
+            raise RuntimeError(
+                "a builder worker process died. If it died at start and build_cache was called from a script, "
+                "put the call under `if __name__ == '__main__':` (worker processes are started with 'spawn' "
+                "and import the main script again), or pass num_workers=0 to build in this process. If it "
+                "died later, it was killed (out of memory?); run the same build again to resume it."
+            ) from error
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise

@@ -1,0 +1,154 @@
+"""Tokenize one shard into chunks, resuming from its ledger: the unit of work of every builder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+
+from halyard.data.cache.layout import chunk_paths, remove_temporaries, write_atomic
+from halyard.data.cache.ledger import ChunkEntry, ShardProgress
+from halyard.data.processing.processor import Processor
+from halyard.data.sources.records import Record
+from halyard.data.sources.shards import ShardSpec, read_shard
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything a worker needs for one shard (picklable).
+
+    Attributes:
+        root: the cache folder or URL.
+        shard_index: position of the shard in the cache's global order.
+        shard: what to read.
+        chunk_tokens: a chunk is closed at the first document boundary at or after this many tokens.
+        strict: fail on bad records instead of skipping and counting.
+        batch_chars: documents are tokenized in batches of about this many characters.
+    """
+
+    root: str
+    shard_index: int
+    shard: ShardSpec
+    chunk_tokens: int
+    strict: bool
+    batch_chars: int = 1 << 20
+
+
+def build_shard(job: ShardJob, processor: Processor) -> ShardProgress:
+    """Tokenize ``job.shard`` into chunks, continuing from its saved progress.
+
+    Chunk boundaries depend only on the documents (never on timing or batching), so a resumed shard
+    writes the same bytes as an uninterrupted one. Each chunk's files are published before the shard
+    ledger that lists them; memory stays under one chunk plus one batch of documents.
+
+    Args:
+        job: the shard and the cache settings.
+        processor: the tokenizer and BOS/EOS policy.
+
+    Returns:
+        The shard's final progress (finished).
+
+    Raises:
+        whatever reading the shard raises (missing file, bad record under ``strict``, missing field).
+    """
+    progress = ShardProgress.load(job.root, job.shard_index)
+    if progress is None:
+        progress = ShardProgress(job.shard_index, job.shard.describe())
+    if progress.finished:
+        return progress
+    remove_temporaries(job.root, job.shard_index)
+    writer = _ChunkWriter(job, processor, progress)
+    for batch in _batches(read_shard(job.shard, progress.rows_done, strict=job.strict), job.batch_chars):
+        writer.add_batch(batch)
+    writer.finish()
+    return progress
+
+
+def _batches(records: Iterator[Record], batch_chars: int) -> Iterator[list[Record]]:
+    batch: list[Record] = []
+    characters = 0
+    for record in records:
+        batch.append(record)
+        characters += len(record.text) if record.text is not None else 0
+        if characters >= batch_chars:
+            yield batch
+            batch, characters = [], 0
+    if batch:
+        yield batch
+
+
+class _ChunkWriter:
+    """Accumulates tokenized documents and commits a chunk at the first document boundary past the target."""
+
+    def __init__(self, job: ShardJob, processor: Processor, progress: ShardProgress) -> None:
+        self.job = job
+        self.processor = processor
+        self.progress = progress
+        self.dtype = processor.token_dtype
+        self.token_parts: list[np.ndarray] = []
+        self.length_parts: list[np.ndarray] = []
+        self.buffered_tokens = 0
+        # (row, counter name) of rows after the last commit; they count once a commit covers their row.
+        self.pending_issues: list[tuple[int, str]] = []
+        self.rows_seen = progress.rows_done
+
+    def add_batch(self, batch: list[Record]) -> None:
+        documents = [record for record in batch if record.text is not None]
+        self.pending_issues.extend((record.row, record.issue) for record in batch if record.issue is not None)
+        self.rows_seen = batch[-1].row + 1
+        if not documents:
+            return
+        tokens, lengths = self.processor.encode([record.text for record in documents])  # type: ignore[misc]
+        rows = np.fromiter((record.row for record in documents), dtype=np.int64, count=len(documents))
+        ends = np.cumsum(lengths)
+        first = 0
+        while first < len(documents):
+            consumed_before = int(ends[first - 1]) if first else 0
+            needed = self.job.chunk_tokens - self.buffered_tokens
+            last = int(np.searchsorted(ends, consumed_before + needed, side="left"))
+            stop = min(last + 1, len(documents))
+            self.token_parts.append(tokens[consumed_before : int(ends[stop - 1])])
+            self.length_parts.append(lengths[first:stop])
+            self.buffered_tokens += int(ends[stop - 1]) - consumed_before
+            if last < len(documents):
+                self._commit(rows_end=int(rows[last]) + 1, finished=False)
+            first = stop
+
+    def finish(self) -> None:
+        self._commit(rows_end=self.rows_seen, finished=True)
+
+    def _commit(self, rows_end: int, finished: bool) -> None:
+        progress = self.progress
+        if self.buffered_tokens:
+            tokens = np.concatenate(self.token_parts).astype(self.dtype.newbyteorder("<"), copy=False)
+            lengths = np.concatenate(self.length_parts)
+            chunk_index = len(progress.chunks)
+            tokens_path, ends_path = chunk_paths(self.job.root, self.job.shard_index, chunk_index)
+            write_atomic(tokens_path, tokens.tobytes())
+            write_atomic(ends_path, np.cumsum(lengths).astype("<i8").tobytes())
+            progress.chunks.append(ChunkEntry(int(tokens.size), int(lengths.size), rows_end))
+        still_pending = []
+        for row, name in self.pending_issues:
+            if row < rows_end:
+                progress.counters[name] = progress.counters.get(name, 0) + 1
+            else:
+                still_pending.append((row, name))
+        self.pending_issues = still_pending
+        progress.rows_done = rows_end
+        progress.finished = finished
+        progress.save(self.job.root)
+        self.token_parts, self.length_parts, self.buffered_tokens = [], [], 0
+
+
+def shard_is_finished(root: str, shard_index: int) -> bool:
+    """True when the shard's ledger says it is finished."""
+    progress = ShardProgress.load(root, shard_index)
+    return progress is not None and progress.finished
+
+
+def ensure_folder(root: str) -> None:
+    """Create the cache folder (a no-op on object stores without folders)."""
+    fs, path = fsspec.core.url_to_fs(root)
+    fs.makedirs(path, exist_ok=True)

@@ -1,0 +1,282 @@
+"""Reading a cache: finished or still being built, local or in an object store, chunk by chunk."""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from halyard.data.cache.layout import chunk_paths
+from halyard.data.cache.ledger import ShardProgress, fingerprint, load_cache_ledger
+
+_ENDS_CACHED = 64
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    shard_index: int
+    chunk_index: int
+    token_start: int
+    tokens: int
+    document_start: int
+    documents: int
+
+
+class TokenCache:
+    """A token cache: one stream of tokens in the global order (shard index, chunk index).
+
+    While a build runs, the readable part is the prefix made of every finished shard plus the committed
+    chunks of the first unfinished one; it only grows, and it is always a prefix of the finished cache.
+    Reads of tokens beyond it wait (printing what they wait for) until the builder commits them.
+    """
+
+    def __init__(self, root: str, ledger: dict[str, Any], wait_message_seconds: float, timeout: float | None):
+        self.root = root.rstrip("/")
+        self._fs, self._fs_root = fsspec.core.url_to_fs(self.root)
+        self.identity: dict[str, Any] = ledger["identity"]
+        self.wait_message_seconds = wait_message_seconds
+        self.timeout = timeout
+        self._ledger = ledger
+        self._chunks: list[_Chunk] = []
+        self._token_ends: list[int] = []
+        self._document_ends: list[int] = []
+        self._shards: list[ShardProgress] = []
+        self._ends_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._finished = False
+        self.refresh()
+
+    @classmethod
+    def open(
+        cls, path: str, *, wait_message_seconds: float = 10.0, timeout: float | None = None
+    ) -> TokenCache:
+        """Open the cache at ``path`` (a folder or fsspec URL), finished or still being built.
+
+        Args:
+            path: the cache folder given to ``build_cache``.
+            wait_message_seconds: how often a waiting read prints what it waits for.
+            timeout: seconds a read may wait for unwritten tokens before ``TimeoutError`` (None: forever).
+
+        Raises:
+            FileNotFoundError: no cache ledger at ``path`` (names the path and how to build one).
+        """
+        ledger = load_cache_ledger(path)
+        if ledger is None:
+            raise FileNotFoundError(
+                f"no token cache at {path!r} (no ledger.json); build one with "
+                "halyard.data.build_cache(...) or `python -m halyard.data build --out ...`"
+            )
+        return cls(path, ledger, wait_message_seconds, timeout)
+
+    # ---- identity and totals -------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable hash of what decides the cache's bytes (processor, sources, chunk size, format)."""
+        return fingerprint(self.identity)
+
+    @property
+    def processor_metadata(self) -> dict[str, Any]:
+        """Tokenizer hash, vocab size, BOS/EOS ids and tokens, token dtype, processor version."""
+        return self.identity["processor"]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        """The stored token dtype (``uint16`` or ``uint32``)."""
+        return np.dtype(self.processor_metadata["token_dtype"])
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the builder wrote the finished ledger (no more tokens will appear)."""
+        return self._finished
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens readable now (the committed prefix; everything once finished)."""
+        return self._token_ends[-1] if self._chunks else 0
+
+    @property
+    def num_documents(self) -> int:
+        """Documents readable now."""
+        return self._document_ends[-1] if self._chunks else 0
+
+    @property
+    def totals(self) -> dict[str, Any] | None:
+        """The finished ledger's totals (tokens, documents, rows, chunks, bad-record counters), else None."""
+        return self._ledger.get("totals")
+
+    def shard_progress(self) -> list[ShardProgress]:
+        """The progress of every shard that has committed something, in shard order."""
+        return list(self._shards)
+
+    # ---- progress --------------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-read the ledgers to pick up chunks committed since the last call."""
+        if self._finished:
+            return
+        ledger = load_cache_ledger(self.root) or self._ledger
+        self._ledger = ledger
+        if ledger["finished"]:
+            shards = [ShardProgress.from_json(value) for value in ledger["shard_progress"]]
+            self._set_shards(shards, finished=True)
+            return
+        shards = [shard for shard in self._shards if shard.finished]
+        for shard_index in range(len(shards), len(self.identity["shards"])):
+            progress = ShardProgress.load(self.root, shard_index)
+            if progress is None:
+                break
+            shards.append(progress)
+            if not progress.finished:
+                break
+        self._set_shards(shards, finished=False)
+
+    def _set_shards(self, shards: list[ShardProgress], finished: bool) -> None:
+        # Chunk end positions (exclusive), so bisect_right(ends, position) is the chunk holding position.
+        chunks: list[_Chunk] = []
+        token_ends: list[int] = []
+        document_ends: list[int] = []
+        for shard in shards:
+            for chunk_index, entry in enumerate(shard.chunks):
+                token_start = token_ends[-1] if token_ends else 0
+                document_start = document_ends[-1] if document_ends else 0
+                chunks.append(
+                    _Chunk(
+                        shard.shard_index,
+                        chunk_index,
+                        token_start,
+                        entry.tokens,
+                        document_start,
+                        entry.documents,
+                    )
+                )
+                token_ends.append(token_start + entry.tokens)
+                document_ends.append(document_start + entry.documents)
+        self._shards = shards
+        self._chunks = chunks
+        self._token_ends = token_ends
+        self._document_ends = document_ends
+        self._finished = finished
+
+    def wait_for_tokens(self, count: int) -> int:
+        """Block until ``count`` tokens are readable or the cache is finished; return the readable count.
+
+        Prints a line about what it waits for every ``wait_message_seconds``.
+
+        Raises:
+            TimeoutError: after ``timeout`` seconds (when set), naming the cache and the counts.
+        """
+        return self._wait(lambda: self.num_tokens >= count, f"{count} tokens")
+
+    def wait_until_finished(self) -> None:
+        """Block until the build wrote the finished ledger (printing progress while waiting)."""
+        self._wait(lambda: False, "the finished cache (a whole-cache shuffle needs its size)")
+
+    def _wait(self, ready: Any, what: str) -> int:
+        self.refresh()
+        started = last_message = time.monotonic()
+        pause = 0.02
+        while not (ready() or self._finished):
+            now = time.monotonic()
+            if self.timeout is not None and now - started > self.timeout:
+                raise TimeoutError(
+                    f"waited {self.timeout:.0f} s for {what} of the cache at {self.root}; only "
+                    f"{self.num_tokens} tokens are committed and the build has not finished. Is a builder "
+                    "running? Restart `python -m halyard.data build` with the same arguments to resume it."
+                )
+            if now - last_message >= self.wait_message_seconds:
+                last_message = now
+                print(
+                    f"halyard.data: waiting for {what} of the cache at {self.root} "
+                    f"({self.num_tokens} tokens committed, {sum(s.finished for s in self._shards)}/"
+                    f"{len(self.identity['shards'])} shards finished)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            self.refresh()
+        return self.num_tokens
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the stream (stored dtype), waiting for them while the build runs.
+
+        Only the chunks overlapping the range are read, and only the needed byte range of each.
+
+        Raises:
+            IndexError: the range goes past the end of a finished cache (names both numbers).
+            TimeoutError: see ``wait_for_tokens``.
+        """
+        if stop > self.num_tokens:
+            self.wait_for_tokens(stop)
+        if stop > self.num_tokens or start < 0 or start > stop:
+            raise IndexError(
+                f"tokens [{start}, {stop}) are outside the finished cache at {self.root}, which holds "
+                f"{self.num_tokens} tokens"
+            )
+        parts = []
+        position = start
+        itemsize = self.token_dtype.itemsize
+        while position < stop:
+            chunk = self._chunks[bisect.bisect_right(self._token_ends, position)]
+            local_start = position - chunk.token_start
+            local_stop = min(stop, chunk.token_start + chunk.tokens) - chunk.token_start
+            tokens_path, _ = chunk_paths(self._fs_root, chunk.shard_index, chunk.chunk_index)
+            raw = self._fs.cat_file(tokens_path, start=local_start * itemsize, end=local_stop * itemsize)
+            parts.append(np.frombuffer(raw, dtype=self.token_dtype))
+            position = chunk.token_start + local_stop
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, self.token_dtype)
+
+    def document_ends(self, start: int, stop: int) -> np.ndarray:
+        """Global positions (exclusive ends) of the documents ending inside ``(start, stop]``, ascending.
+
+        A document's end is one past its EOS token. Waits like ``read``.
+        """
+        if stop > self.num_tokens:
+            self.wait_for_tokens(stop)
+        stop = min(stop, self.num_tokens)
+        parts = []
+        index = bisect.bisect_right(self._token_ends, start)
+        while index < len(self._chunks) and self._chunks[index].token_start < stop:
+            chunk = self._chunks[index]
+            ends = self._chunk_ends(chunk) + chunk.token_start
+            parts.append(ends[(ends > start) & (ends <= stop)])
+            index += 1
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def document(self, index: int) -> np.ndarray:
+        """The tokens of document ``index`` (with its BOS/EOS), waiting for it while the build runs.
+
+        Raises:
+            IndexError: past the last document of a finished cache.
+        """
+        self._wait(lambda: self.num_documents > index, f"document {index}")
+        if index >= self.num_documents or index < 0:
+            raise IndexError(
+                f"document {index} is outside the cache, which holds {self.num_documents} documents"
+            )
+        chunk = self._chunks[bisect.bisect_right(self._document_ends, index)]
+        ends = self._chunk_ends(chunk)
+        local = index - chunk.document_start
+        begin = 0 if local == 0 else int(ends[local - 1])
+        return self.read(chunk.token_start + begin, chunk.token_start + int(ends[local]))
+
+    def _chunk_ends(self, chunk: _Chunk) -> np.ndarray:
+        key = (chunk.shard_index, chunk.chunk_index)
+        cached = self._ends_cache.get(key)
+        if cached is None:
+            _, ends_path = chunk_paths(self._fs_root, chunk.shard_index, chunk.chunk_index)
+            cached = np.frombuffer(self._fs.cat_file(ends_path), dtype="<i8")
+            self._ends_cache[key] = cached
+            if len(self._ends_cache) > _ENDS_CACHED:
+                self._ends_cache.popitem(last=False)
+        return cached

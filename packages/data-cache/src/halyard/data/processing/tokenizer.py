@@ -1,0 +1,110 @@
+"""Load a Hugging Face tokenizer from a tokenizer.json, a folder, or an object, with its identity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """A tokenizer in a picklable form: its serialized JSON plus the BOS/EOS names its config declares.
+
+    Attributes:
+        serialized: the ``tokenizer.json`` content (``Tokenizer.to_str()``).
+        bos_token: the BOS token named by ``tokenizer_config.json`` or the tokenizer object, if any.
+        eos_token: the EOS token named likewise, if any.
+        source: where it came from (for messages only; not part of the identity).
+    """
+
+    serialized: str
+    bos_token: str | None
+    eos_token: str | None
+    source: str
+
+    @property
+    def sha256(self) -> str:
+        """Content hash of the serialized tokenizer: the tokenizer's identity in cache metadata."""
+        return hashlib.sha256(self.serialized.encode("utf-8")).hexdigest()
+
+    def build(self) -> Tokenizer:
+        """A fresh ``tokenizers.Tokenizer`` (built once per process by the processor)."""
+        return Tokenizer.from_str(self.serialized)
+
+
+def load_tokenizer(tokenizer: Any) -> TokenizerSpec:
+    """Load a tokenizer for the processor.
+
+    Args:
+        tokenizer: a path or fsspec URL of a ``tokenizer.json``; a folder holding ``tokenizer.json`` (and
+            optionally ``tokenizer_config.json`` / ``special_tokens_map.json`` naming BOS/EOS); a
+            ``tokenizers.Tokenizer``; a ``transformers`` fast tokenizer object; or a ``TokenizerSpec``.
+
+    Raises:
+        FileNotFoundError: the path does not exist or the folder has no ``tokenizer.json``.
+        TypeError: an object that is not a fast tokenizer (names its type and what to pass instead).
+    """
+    if isinstance(tokenizer, TokenizerSpec):
+        return tokenizer
+    if isinstance(tokenizer, Tokenizer):
+        return TokenizerSpec(tokenizer.to_str(), None, None, "tokenizers.Tokenizer object")
+    if isinstance(tokenizer, str | os.PathLike):
+        return _load_path(os.fspath(tokenizer))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):
+        return TokenizerSpec(
+            backend.to_str(),
+            _token_text(getattr(tokenizer, "bos_token", None)),
+            _token_text(getattr(tokenizer, "eos_token", None)),
+            f"{type(tokenizer).__name__} object",
+        )
+    raise TypeError(
+        f"cannot use a {type(tokenizer).__name__} as a tokenizer: pass a path to tokenizer.json, a tokenizer "
+        "folder, a tokenizers.Tokenizer, or a transformers *fast* tokenizer (use_fast=True)"
+    )
+
+
+def _load_path(path: str) -> TokenizerSpec:
+    fs, local = fsspec.core.url_to_fs(path)
+    if not fs.exists(local):
+        raise FileNotFoundError(f"tokenizer {path!r} does not exist; pass a tokenizer.json or its folder")
+    if not fs.isdir(local):
+        return TokenizerSpec(_canonical(_read_text(path)), None, None, path)
+    folder = path.rstrip("/")
+    if not fs.exists(local.rstrip("/") + "/tokenizer.json"):
+        raise FileNotFoundError(
+            f"tokenizer folder {path!r} has no tokenizer.json; only fast (tokenizers-library) tokenizers are "
+            "supported: save one with tokenizer.save_pretrained(folder) from a fast tokenizer"
+        )
+    bos_token = eos_token = None
+    for config_name in ("special_tokens_map.json", "tokenizer_config.json"):
+        config_path = local.rstrip("/") + "/" + config_name
+        if fs.exists(config_path):
+            config = json.loads(_read_text(folder + "/" + config_name))
+            bos_token = _token_text(config.get("bos_token")) or bos_token
+            eos_token = _token_text(config.get("eos_token")) or eos_token
+    return TokenizerSpec(_canonical(_read_text(folder + "/tokenizer.json")), bos_token, eos_token, path)
+
+
+def _canonical(serialized: str) -> str:
+    # A file saved pretty-printed and the same tokenizer in memory must hash alike.
+    return Tokenizer.from_str(serialized).to_str()
+
+
+def _read_text(url: str) -> str:
+    with fsspec.open(url, "r", encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _token_text(token: Any) -> str | None:
+    if token is None:
+        return None
+    if isinstance(token, dict):
+        return token.get("content")
+    return str(token)

@@ -1,0 +1,150 @@
+"""Sources as ordered lists of shards, and reading one shard from row N."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import fsspec
+
+from halyard.data.sources.columnar import read_arrow, read_parquet
+from halyard.data.sources.jsonl import read_json, read_jsonl
+from halyard.data.sources.records import Record
+from halyard.data.sources.text import read_text
+from halyard.data.sources.urls import expand_urls, is_hf_dataset_folder
+
+FORMATS = ("text", "jsonl", "json", "parquet", "arrow")
+_COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd", ".bz2", ".xz")
+_SUFFIX_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+}
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where documents come from and how to read them.
+
+    Attributes:
+        urls: patterns (paths or fsspec URLs with braces/globs, folders, ``save_to_disk`` folders),
+            expanded in the order given.
+        format: ``"auto"`` (from the suffix, compression suffixes ignored) or one of ``FORMATS``.
+        text_field: the JSON key or column holding the text (jsonl, json, parquet, arrow).
+        text_mode: for text files, ``"document"`` (one document per file) or ``"line"`` (one per line).
+    """
+
+    urls: tuple[str, ...]
+    format: str = "auto"
+    text_field: str = "text"
+    text_mode: str = "document"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.urls, str):
+            object.__setattr__(self, "urls", (self.urls,))
+        else:
+            object.__setattr__(self, "urls", tuple(self.urls))
+        if self.format != "auto" and self.format not in FORMATS:
+            raise ValueError(f"source format {self.format!r} is not known; use 'auto' or one of {FORMATS}")
+        if self.text_mode not in ("document", "line"):
+            raise ValueError(f"text_mode {self.text_mode!r} is not known; use 'document' or 'line'")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One file of a source, with everything a worker needs to read it (picklable, no open handles)."""
+
+    url: str
+    format: str
+    text_field: str
+    text_mode: str
+
+    def describe(self) -> dict[str, str]:
+        """The fields stored in the ledger for this shard."""
+        return {"url": self.url, "format": self.format, "text_field": self.text_field, "mode": self.text_mode}
+
+
+def infer_format(url: str) -> str:
+    """The format of ``url`` from its suffix (after dropping a compression suffix).
+
+    Raises:
+        ValueError: an unknown suffix; the message names the URL and how to choose a format.
+    """
+    name = url.rstrip("/").rsplit("/", 1)[-1].lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    for suffix, format_name in _SUFFIX_FORMATS.items():
+        if name.endswith(suffix):
+            return format_name
+    raise ValueError(
+        f"cannot tell the format of {url!r} from its suffix; pass format= one of {FORMATS} "
+        "in the SourceSpec (or --format on the command line)"
+    )
+
+
+def resolve_shards(sources: SourceSpec | str | list[SourceSpec | str]) -> list[ShardSpec]:
+    """Expand sources into the ordered list of shards of a cache.
+
+    Args:
+        sources: a ``SourceSpec``, a pattern string (format from the suffix), or a list of either; shards
+            are ordered source by source, then by the order of the expanded URLs.
+
+    Raises:
+        FileNotFoundError: a pattern matches nothing (names it).
+        ValueError: a format cannot be inferred, or there are no shards at all.
+    """
+    if isinstance(sources, SourceSpec | str):
+        sources = [sources]
+    shards: list[ShardSpec] = []
+    for source in sources:
+        spec = SourceSpec(urls=(source,)) if isinstance(source, str) else source
+        for url in expand_urls(list(spec.urls)):
+            if is_hf_dataset_folder(url):
+                shards.extend(
+                    ShardSpec(file_url, "arrow", spec.text_field, spec.text_mode)
+                    for file_url in _hf_arrow_files(url)
+                )
+                continue
+            format_name = infer_format(url) if spec.format == "auto" else spec.format
+            shards.append(ShardSpec(url, format_name, spec.text_field, spec.text_mode))
+    if not shards:
+        raise ValueError("the sources expand to no shard at all; check the patterns")
+    return shards
+
+
+def _hf_arrow_files(folder: str) -> list[str]:
+    with fsspec.open(folder.rstrip("/") + "/state.json", "r") as handle:
+        state = json.load(handle)
+    files = [entry["filename"] for entry in state.get("_data_files", [])]
+    if not files:
+        raise ValueError(f"{folder}/state.json lists no data files; is this a datasets.save_to_disk folder?")
+    return [folder.rstrip("/") + "/" + name for name in files]
+
+
+def read_shard(shard: ShardSpec, start_row: int = 0, *, strict: bool = False) -> Iterator[Record]:
+    """Yield the records of ``shard`` from row ``start_row`` on (rows before it are skipped, not parsed).
+
+    Args:
+        shard: the shard to read.
+        start_row: 0-based row to start from (resume point).
+        strict: fail on malformed records and invalid UTF-8 instead of skipping/replacing and counting.
+
+    Raises:
+        FileNotFoundError: the shard's file is missing (names the URL).
+        BadRecordError, MissingFieldError: see the readers of each format.
+    """
+    fs, path = fsspec.core.url_to_fs(shard.url)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"shard {shard.url!r} does not exist (was it moved or deleted?)")
+    if shard.format == "text":
+        return read_text(shard.url, start_row, mode=shard.text_mode, strict=strict)
+    readers = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "arrow": read_arrow}
+    return readers[shard.format](shard.url, start_row, text_field=shard.text_field, strict=strict)
