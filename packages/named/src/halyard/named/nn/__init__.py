@@ -1,13 +1,62 @@
 """halyard.named.nn: layers over named axes (equinox modules built by ``Layer.init(Axes..., key=...)``)."""
 
+from halyard.named.nn.activations import (
+    ACTIVATIONS,
+    Activation,
+    activation,
+    gelu,
+    gelu_new,
+    identity,
+    quick_gelu,
+    relu,
+    relu_squared,
+    sigmoid,
+    silu,
+    tanh,
+)
+from halyard.named.nn.attention import attention_weights, dot_product_attention
+from halyard.named.nn.block_seq import BlockSeq
+from halyard.named.nn.dropout import Dropout
 from halyard.named.nn.embedding import Embedding
+from halyard.named.nn.layer_stack import LayerStack
 from halyard.named.nn.linear import DotGeneral, Linear
+from halyard.named.nn.loss import cross_entropy_loss, z_loss
+from halyard.named.nn.masks import causal_mask, segment_mask, sliding_window_mask
 from halyard.named.nn.normalization import LayerNorm, RMSNorm
+from halyard.named.nn.remat import REMAT_POLICIES, RematPolicy, effective_remat, offload_supported
+from halyard.named.nn.stacked import Stacked
 
 __all__ = [
+    "ACTIVATIONS",
+    "REMAT_POLICIES",
+    "Activation",
+    "BlockSeq",
     "DotGeneral",
+    "Dropout",
     "Embedding",
     "LayerNorm",
+    "LayerStack",
     "Linear",
     "RMSNorm",
+    "RematPolicy",
+    "Stacked",
+    "activation",
+    "attention_weights",
+    "causal_mask",
+    "cross_entropy_loss",
+    "dot_product_attention",
+    "effective_remat",
+    "gelu",
+    "gelu_new",
+    "identity",
+    "offload_supported",
+    "quick_gelu",
+    "relu",
+    "relu_squared",
+    "segment_mask",
+    "sigmoid",
+    "silu",
+    "sliding_window_mask",
+    "tanh",
+    "z_loss",
 ]

@@ -8,7 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from halyard.named import random
 from halyard.named.axis import Axis
+from halyard.named.constructors import full
 from halyard.named.core import NamedArray
 
 
@@ -30,13 +32,12 @@ def as_axes(spec: Axis | Sequence[Axis], what: str) -> tuple[Axis, ...]:
 
 def normal(key: jax.Array, axes: Sequence[Axis], std: float, dtype: Any) -> NamedArray:
     """A NamedArray over ``axes`` drawn from N(0, std**2)."""
-    shape = tuple(a.size for a in axes)
-    return NamedArray(jax.random.normal(key, shape, dtype=jnp.float32).astype(dtype) * std, tuple(axes))
+    return (random.normal(key, tuple(axes), jnp.float32) * std).astype(dtype)
 
 
 def constant(axes: Sequence[Axis], value: float, dtype: Any) -> NamedArray:
     """A NamedArray over ``axes`` filled with ``value``."""
-    return NamedArray(jnp.full(tuple(a.size for a in axes), value, dtype=dtype), tuple(axes))
+    return full(tuple(axes), value, dtype)
 
 
 def fan_in(axes: Sequence[Axis]) -> int:

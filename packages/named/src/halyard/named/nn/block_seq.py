@@ -1,0 +1,114 @@
+"""`BlockSeq`: the unrolled twin of `Stacked` (a Python loop over separate layer modules).
+
+Useful to compare against `Stacked`, for layers that differ slightly, and where unrolling is faster
+to run (small N) at the price of compiling each layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+
+from halyard.named.axis import Axis
+from halyard.named.nn.layer_stack import (
+    LayerStack,
+    M,
+    add_layers_axis,
+    block_factory,
+    check_layers_axis,
+    layer_keys,
+    match_carry,
+)
+from halyard.named.nn.remat import check_remat, checkpoint_layer
+
+if TYPE_CHECKING:
+    from halyard.named.nn.stacked import Stacked
+
+
+class BlockSeq(LayerStack[M]):
+    """N layers kept as a tuple of modules and applied one after the other.
+
+    Attributes:
+        blocks: the layers.
+        Layers: the layer axis (static); its size is the number of blocks.
+        remat: per-layer rematerialisation (``"nested"`` acts as ``"full"`` here) (static).
+    """
+
+    blocks: tuple[M, ...]
+    Layers: Axis = eqx.field(static=True)
+    remat: str = eqx.field(static=True, default="none")
+
+    def __check_init__(self) -> None:
+        check_layers_axis(self.Layers)
+        check_remat(self.remat)
+        if len(self.blocks) != self.Layers.size:
+            raise ValueError(f"BlockSeq has {len(self.blocks)} blocks but Layers is {self.Layers!r}")
+
+    @classmethod
+    def init(
+        cls, Layers: Axis, Block: Any, *args: Any, key: jax.Array, remat: str = "none", **kwargs: Any
+    ) -> BlockSeq[Any]:
+        """Initialise each layer with its own key; the same key gives `Stacked.init`'s parameters.
+
+        Arguments and errors as in `Stacked.init`.
+        """
+        check_layers_axis(Layers)
+        check_remat(remat)
+        make = block_factory(Block)
+        keys = layer_keys(key, Layers.size)
+        return cls(tuple(make(*args, key=keys[i], **kwargs) for i in range(Layers.size)), Layers, remat)
+
+    @property
+    def num_layers(self) -> int:
+        return self.Layers.size
+
+    def layer(self, index: int) -> M:
+        return self.blocks[index]
+
+    def layers(self) -> list[M]:
+        return list(self.blocks)
+
+    def with_layers(self, layers: Sequence[M]) -> BlockSeq[M]:
+        return BlockSeq(tuple(layers), self.Layers, self.remat)
+
+    def stacked(self) -> Stacked[M]:
+        """The same layers as a `Stacked` (parameters stacked along ``Layers``)."""
+        from halyard.named.nn.stacked import Stacked
+
+        return Stacked.from_layers(self.blocks, self.Layers, self.remat)
+
+    def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
+        """Apply every layer in turn; see `Stacked.fold` (same arguments, same per-layer keys)."""
+        carry, _ = self._run(x, args, kwargs, key, with_outputs=False)
+        return carry
+
+    def scan(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> tuple[Any, Any]:
+        """Layers return ``(x, y)``; returns ``(x, ys)`` with ys stacked along ``Layers``; see `Stacked.scan`."""
+        return self._run(x, args, kwargs, key, with_outputs=True)
+
+    def _run(
+        self, x: Any, args: tuple, kwargs: dict, key: jax.Array | None, with_outputs: bool
+    ) -> tuple[Any, Any]:
+        keys = layer_keys(key, self.Layers.size)
+
+        def step(params: Any, static: Any, carry: Any, layer_key: Any) -> tuple[Any, Any]:
+            layer = eqx.combine(params, static)
+            extra = kwargs if layer_key is None else {**kwargs, "key": layer_key}
+            result = layer(carry, *args, **extra)
+            new_carry, output = result if with_outputs else (result, None)
+            return match_carry(new_carry, carry, "BlockSeq"), output
+
+        outputs = []
+        for i, layer in enumerate(self.blocks):
+            params, static = eqx.partition(layer, eqx.is_array)
+            # The static half holds no arrays, so it is closed over rather than traced.
+            run_layer = checkpoint_layer(lambda p, c, k, static=static: step(p, static, c, k), self.remat)
+            x, output = run_layer(params, x, None if keys is None else keys[i])
+            outputs.append(output)
+        if not with_outputs:
+            return x, None
+        stacked_outputs = jax.tree.map(lambda *ys: jax.numpy.stack(ys), *outputs)
+        return x, add_layers_axis(stacked_outputs, self.Layers)

@@ -1,0 +1,79 @@
+"""Rematerialisation (gradient checkpointing) policies for a stack of layers, chosen by name.
+
+- ``"none"``: keep every activation for the backward pass (fastest, most memory).
+- ``"full"``: keep only each layer's input; recompute the layer in the backward pass.
+- ``"save_dots"``: keep the results of matmuls without batch dimensions (the projections), recompute
+  the cheap elementwise work and the attention scores (``dots_with_no_batch_dims_saveable``).
+- ``"nested"``: group the L layers into about sqrt(L) blocks of about sqrt(L) layers; keep only block
+  inputs, and recompute a block layer by layer (memory ~ 2 sqrt(L) layer inputs). In an unrolled
+  `BlockSeq` this is the same as ``"full"``.
+- ``"offload"``: like ``"save_dots"``, but the saved matmul results live in pinned host memory
+  (``offload_dot_with_no_batch_dims("device", "pinned_host")``). Used when the device exposes a
+  ``pinned_host`` memory (GPU, TPU, and the CPU backend of recent JAX, where host and device memory
+  are the same RAM so nothing is saved but the program is the same); on a backend without one it
+  falls back to ``"save_dots"``: identical values, activations stay in device memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+
+RematPolicy = Literal["none", "full", "save_dots", "nested", "offload"]
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "save_dots", "nested", "offload")
+
+
+def check_remat(remat: str) -> str:
+    """``remat`` when it is one of `REMAT_POLICIES`; ValueError listing them otherwise."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"Unknown remat policy {remat!r}; choose one of {list(REMAT_POLICIES)}")
+    return remat
+
+
+def offload_supported(device: jax.Device | None = None) -> bool:
+    """Whether ``device`` (default: the first device) has a ``pinned_host`` memory to offload into."""
+    device = device or jax.devices()[0]
+    try:
+        kinds = {memory.kind for memory in device.addressable_memories()}
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+    return "pinned_host" in kinds
+
+
+def effective_remat(remat: str, device: jax.Device | None = None) -> str:
+    """The policy that actually runs: ``"offload"`` becomes ``"save_dots"`` without pinned host memory."""
+    check_remat(remat)
+    if remat == "offload" and not offload_supported(device):
+        return "save_dots"
+    return remat
+
+
+def checkpoint_layer(fn: Callable[..., Any], remat: str) -> Callable[..., Any]:
+    """``fn`` (one layer step) wrapped in ``jax.checkpoint`` as ``remat`` asks.
+
+    ``"nested"`` gives the per-layer part (full recomputation); the grouping into blocks is done by
+    the caller. ``prevent_cse=False`` because the step runs inside ``scan``, which already keeps XLA
+    from merging the recomputation with the forward pass.
+    """
+    remat = effective_remat(remat)
+    if remat == "none":
+        return fn
+    if remat in ("full", "nested"):
+        return jax.checkpoint(fn, prevent_cse=False)
+    if remat == "save_dots":
+        return jax.checkpoint(
+            fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable, prevent_cse=False
+        )
+    policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    return jax.checkpoint(fn, policy=policy, prevent_cse=False)
+
+
+def nested_block_size(num_layers: int) -> int:
+    """Layers per block for ``"nested"``: the divisor of ``num_layers`` closest to its square root."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    root = num_layers**0.5
+    divisors = [d for d in range(1, num_layers + 1) if num_layers % d == 0]
+    return min(divisors, key=lambda d: (abs(d - root), d))

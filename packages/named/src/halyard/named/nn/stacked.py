@@ -1,0 +1,158 @@
+"""`Stacked`: N identical layers with stacked parameters, run with ``jax.lax.scan``.
+
+Scanning compiles the layer once whatever N is, so compile time stays flat as models get deeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from halyard.named.axis import Axis
+from halyard.named.nn.layer_stack import (
+    LayerStack,
+    M,
+    add_layers_axis,
+    block_factory,
+    check_layers_axis,
+    index_layer,
+    layer_keys,
+    layer_view,
+    match_carry,
+    stack_layers,
+)
+from halyard.named.nn.remat import check_remat, checkpoint_layer, nested_block_size
+
+if TYPE_CHECKING:
+    from halyard.named.nn.block_seq import BlockSeq
+
+
+class Stacked(LayerStack[M]):
+    """N layers of one module type whose parameters carry a leading ``Layers`` axis.
+
+    Attributes:
+        stacked: one module instance whose NamedArrays have ``Layers`` as their first axis (plain
+            arrays have a leading dimension of size N).
+        Layers: the layer axis, e.g. ``Axis("layers", 12)`` (static).
+        remat: the rematerialisation policy, see `halyard.named.nn.remat` (static).
+    """
+
+    stacked: M
+    Layers: Axis = eqx.field(static=True)
+    remat: str = eqx.field(static=True, default="none")
+
+    def __check_init__(self) -> None:
+        check_layers_axis(self.Layers)
+        check_remat(self.remat)
+
+    @classmethod
+    def init(
+        cls, Layers: Axis, Block: Any, *args: Any, key: jax.Array, remat: str = "none", **kwargs: Any
+    ) -> Stacked[Any]:
+        """Initialise ``Layers.size`` layers at once (a vmap over per-layer keys).
+
+        Args:
+            Layers: the layer axis.
+            Block: a module class with ``init(*args, key=..., **kwargs)``, or any factory with that signature.
+            args, kwargs: passed to every layer's init.
+            key: split into one key per layer (`BlockSeq.init` splits the same way, so both get equal
+                parameters from the same key).
+            remat: ``"none"``, ``"full"``, ``"save_dots"``, ``"nested"`` or ``"offload"``.
+
+        Raises:
+            TypeError: ``Layers`` is not an Axis, or ``Block`` has no ``init``.
+            ValueError: unknown ``remat``; a layer already has an axis named like ``Layers``.
+        """
+        check_layers_axis(Layers)
+        check_remat(remat)
+        make = block_factory(Block)
+        stacked = eqx.filter_vmap(lambda k: make(*args, key=k, **kwargs))(layer_keys(key, Layers.size))
+        return cls(add_layers_axis(stacked, Layers), Layers, remat)
+
+    @classmethod
+    def from_layers(cls, layers: Sequence[M], Layers: Axis | None = None, remat: str = "none") -> Stacked[M]:
+        """Stack existing layers (equal structure and shapes) along ``Layers`` (default ``Axis("layers", N)``)."""
+        if not layers:
+            raise ValueError("Stacked.from_layers needs at least one layer")
+        Layers = Layers or Axis("layers", len(layers))
+        return cls(stack_layers(layers, Layers), Layers, remat)
+
+    # -- the LayerStack interface ------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.Layers.size
+
+    def layer(self, index: int) -> M:
+        """Layer ``index`` as a plain module (its NamedArrays without the ``Layers`` axis)."""
+        return index_layer(self.stacked, self.Layers, index)
+
+    def layers(self) -> list[M]:
+        return [self.layer(i) for i in range(self.Layers.size)]
+
+    def with_layers(self, layers: Sequence[M]) -> Stacked[M]:
+        return Stacked.from_layers(layers, self.Layers, self.remat)
+
+    def unrolled(self) -> BlockSeq[M]:
+        """The same layers as a `BlockSeq` (a Python loop; same parameters, ``fold`` and ``scan``)."""
+        from halyard.named.nn.block_seq import BlockSeq
+
+        return BlockSeq(tuple(self.layers()), self.Layers, self.remat)
+
+    # -- running -----------------------------------------------------------------------------
+    def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
+        """Apply every layer in turn: ``x = layer(x, *args, **kwargs)``; returns the final ``x``.
+
+        Args:
+            x: the carry (a NamedArray or a pytree of them); each layer must return the same axes
+                (their order may change: it is restored).
+            args, kwargs: passed unchanged to every layer (masks, positions, ...).
+            key: when given, split into one key per layer and passed as ``key=`` (dropout).
+
+        Raises:
+            ValueError: a layer changes the carry's axis names or structure.
+        """
+        carry, _ = self._run(x, args, kwargs, key, with_outputs=False)
+        return carry
+
+    def scan(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> tuple[Any, Any]:
+        """Like `fold` for layers returning ``(x, y)``; returns ``(x, ys)`` with the ``y`` stacked along
+        ``Layers`` (NamedArrays get the ``Layers`` axis in front; plain arrays a leading dimension)."""
+        return self._run(x, args, kwargs, key, with_outputs=True)
+
+    def _run(
+        self, x: Any, args: tuple, kwargs: dict, key: jax.Array | None, with_outputs: bool
+    ) -> tuple[Any, Any]:
+        dynamic, static = eqx.partition(layer_view(self.stacked, self.Layers), eqx.is_array)
+        keys = layer_keys(key, self.Layers.size)
+
+        def step(carry: Any, per_layer: tuple[Any, Any]) -> tuple[Any, Any]:
+            params, layer_key = per_layer
+            layer = eqx.combine(params, static)
+            extra = kwargs if layer_key is None else {**kwargs, "key": layer_key}
+            result = layer(carry, *args, **extra)
+            new_carry, output = result if with_outputs else (result, None)
+            return match_carry(new_carry, carry, "Stacked"), output
+
+        if self.remat == "nested":
+            carry, outputs = self._nested_scan(step, x, (dynamic, keys))
+        else:
+            carry, outputs = jax.lax.scan(checkpoint_layer(step, self.remat), x, (dynamic, keys))
+        return carry, add_layers_axis(outputs, self.Layers) if with_outputs else None
+
+    def _nested_scan(self, step: Callable[..., Any], x: Any, xs: Any) -> tuple[Any, Any]:
+        """Scan of scans: sqrt(N) checkpointed blocks of checkpointed layers."""
+        per_block = nested_block_size(self.Layers.size)
+        num_blocks = self.Layers.size // per_block
+        blocked = jax.tree.map(lambda a: a.reshape(num_blocks, per_block, *a.shape[1:]), xs)
+        inner_step = checkpoint_layer(step, "full")
+
+        def block_step(carry: Any, block_xs: Any) -> tuple[Any, Any]:
+            return jax.lax.scan(inner_step, carry, block_xs)
+
+        carry, outputs = jax.lax.scan(jax.checkpoint(block_step, prevent_cse=False), x, blocked)
+        flat = jax.tree.map(lambda a: jnp.reshape(a, (self.Layers.size, *a.shape[2:])), outputs)
+        return carry, flat
