@@ -65,3 +65,28 @@ def folder_bytes(root: Path) -> dict[str, bytes]:
     return {
         str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()
     }
+
+
+def cut_back_to_partial(cache_dir: Path, kept_chunks: int) -> int:
+    """Turn a finished cache into what a build killed inside shard 0 leaves: the top ledger unfinished, shard
+    0 with only its first ``kept_chunks`` chunks (plus a stray temporary and the next chunk's orphan file),
+    later shards absent. Returns the tokens still committed."""
+    ledger = json.loads((cache_dir / "ledger.json").read_text())
+    (cache_dir / "ledger.json").write_text(json.dumps({"identity": ledger["identity"], "finished": False}))
+    shard_ledger = cache_dir / "shards" / "00000" / "ledger.json"
+    shard = json.loads(shard_ledger.read_text())
+    shard.update(
+        chunks=shard["chunks"][:kept_chunks],
+        finished=False,
+        rows_done=shard["chunks"][kept_chunks - 1]["rows_end"],
+        counters=dict.fromkeys(shard["counters"], 0),
+    )
+    shard_ledger.write_text(json.dumps(shard))
+    for path in sorted((cache_dir / "shards" / "00000").glob("*.tokens"))[kept_chunks + 1 :]:
+        path.unlink()
+    (cache_dir / "shards" / "00000" / f".tmp-{kept_chunks + 1:06d}.tokens-dead").write_bytes(b"junk")
+    for folder in sorted((cache_dir / "shards").iterdir())[1:]:
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+    return sum(chunk["tokens"] for chunk in shard["chunks"])

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_helpers import folder_bytes, make_documents, train_tokenizer, write_jsonl, write_jsonl_shards
+from data_helpers import (
+    cut_back_to_partial,
+    folder_bytes,
+    make_documents,
+    train_tokenizer,
+    write_jsonl,
+    write_jsonl_shards,
+)
 from tokenizers import Tokenizer
 
 from halyard.data.builders import CacheMismatchError, build_cache
@@ -34,7 +41,7 @@ def test_round_trip_and_process_pool_writes_the_same_bytes(tmp_path: Path, token
         chunk_tokens=500,
         progress=False,
     )
-    pooled = build_cache(
+    build_cache(
         str(tmp_path / "src" / "part-{00..02}.jsonl"),
         tokenizer_path,
         str(tmp_path / "pool"),
@@ -108,25 +115,10 @@ def test_half_written_cache_is_not_complete_and_resumes_inside_a_shard(tmp_path:
     build_cache(
         str(tmp_path / "src"), tokenizer_path, str(partial), num_workers=0, chunk_tokens=300, progress=False
     )
-    # Cut the state back to what a build killed in the middle of shard 0 leaves behind.
-    ledger = json.loads((partial / "ledger.json").read_text())
-    (partial / "ledger.json").write_text(json.dumps({"identity": ledger["identity"], "finished": False}))
-    shard_ledger_path = partial / "shards" / "00000" / "ledger.json"
-    shard = json.loads(shard_ledger_path.read_text())
-    kept = 3
-    shard.update(
-        chunks=shard["chunks"][:kept], finished=False, rows_done=shard["chunks"][kept - 1]["rows_end"]
-    )
-    shard["counters"] = dict.fromkeys(shard["counters"], 0)
-    shard_ledger_path.write_text(json.dumps(shard))
-    for path in sorted((partial / "shards" / "00000").glob("*.tokens"))[kept + 1 :]:
-        path.unlink()
-    (partial / "shards" / "00000" / ".tmp-000004.tokens-dead").write_bytes(b"junk")
-    (partial / "shards" / "00001" / "ledger.json").unlink()
-
+    committed = cut_back_to_partial(partial, kept_chunks=3)
     half = TokenCache.open(str(partial))
     assert not half.is_finished
-    assert half.num_tokens == sum(chunk["tokens"] for chunk in shard["chunks"])
+    assert half.num_tokens == committed
     resumed = build_cache(
         str(tmp_path / "src"), tokenizer_path, str(partial), num_workers=0, chunk_tokens=300, progress=False
     )

@@ -5,6 +5,8 @@ No JAX needed: batches are numpy arrays, usable from any framework.
 
 from halyard.data.builders import BuildHandle, CacheMismatchError, build_cache
 from halyard.data.cache import TokenCache
+from halyard.data.datasets import DataManifest, FeistelPermutation, LMDataset, MixtureDataset, host_rows
+from halyard.data.loader import Loader
 from halyard.data.processing import Processor
 from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec
 
@@ -12,9 +14,15 @@ __all__ = [
     "BadRecordError",
     "BuildHandle",
     "CacheMismatchError",
+    "DataManifest",
+    "FeistelPermutation",
+    "LMDataset",
+    "Loader",
     "MissingFieldError",
+    "MixtureDataset",
     "Processor",
     "SourceSpec",
     "TokenCache",
     "build_cache",
+    "host_rows",
 ]

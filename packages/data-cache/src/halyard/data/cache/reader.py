@@ -6,6 +6,7 @@ import bisect
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,13 +172,22 @@ class TokenCache:
         Raises:
             TimeoutError: after ``timeout`` seconds (when set), naming the cache and the counts.
         """
-        return self._wait(lambda: self.num_tokens >= count, f"{count} tokens")
+        return self.wait_until(lambda: self.num_tokens >= count, f"{count} tokens")
 
     def wait_until_finished(self) -> None:
         """Block until the build wrote the finished ledger (printing progress while waiting)."""
-        self._wait(lambda: False, "the finished cache (a whole-cache shuffle needs its size)")
+        self.wait_until(lambda: False, "the finished cache (a whole-cache shuffle needs its size)")
 
-    def _wait(self, ready: Any, what: str) -> int:
+    def wait_until(self, ready: Callable[[], bool], what: str) -> int:
+        """Refresh until ``ready()`` or the cache is finished; return the readable token count.
+
+        Args:
+            ready: the condition, checked after each refresh.
+            what: what is awaited, for the message printed every ``wait_message_seconds``.
+
+        Raises:
+            TimeoutError: after ``timeout`` seconds (when set).
+        """
         self.refresh()
         started = last_message = time.monotonic()
         pause = 0.02
@@ -259,7 +269,7 @@ class TokenCache:
         Raises:
             IndexError: past the last document of a finished cache.
         """
-        self._wait(lambda: self.num_documents > index, f"document {index}")
+        self.wait_until(lambda: self.num_documents > index, f"document {index}")
         if index >= self.num_documents or index < 0:
             raise IndexError(
                 f"document {index} is outside the cache, which holds {self.num_documents} documents"

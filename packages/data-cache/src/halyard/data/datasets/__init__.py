@@ -1,0 +1,17 @@
+"""Datasets: LM windows with segment ids, keyed shuffles, validation split, mixtures, pure batches by step."""
+
+from halyard.data.datasets.manifest import DataManifest
+from halyard.data.datasets.mixture import MixtureDataset, block_counts
+from halyard.data.datasets.permutation import FeistelPermutation
+from halyard.data.datasets.split import WindowSplit
+from halyard.data.datasets.windows import LMDataset, host_rows
+
+__all__ = [
+    "DataManifest",
+    "FeistelPermutation",
+    "LMDataset",
+    "MixtureDataset",
+    "WindowSplit",
+    "block_counts",
+    "host_rows",
+]
