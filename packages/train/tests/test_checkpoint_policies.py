@@ -106,9 +106,12 @@ def test_process_zero_decides_and_the_decision_is_broadcast(tmp_path: Path) -> N
 
     # This process is not process 0: its own clock never makes a save due, the broadcast value decides.
     manager = CheckpointManager(
-        tmp_path, save_policy=SavePolicy(every_seconds=1), clock=clock,
-        broadcast=broadcast_as_if_process_zero_said_yes, process_index=1,
-    )  # fmt: skip
+        tmp_path,
+        save_policy=SavePolicy(every_seconds=1),
+        clock=clock,
+        broadcast=broadcast_as_if_process_zero_said_yes,
+        process_index=1,
+    )
     clock.now += 10
     assert manager.should_save(5)
     assert seen == [False]

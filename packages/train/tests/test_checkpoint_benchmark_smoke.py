@@ -1,0 +1,30 @@
+"""The checkpoint benchmark script runs end to end in --quick mode and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "checkpoint_save.py"
+
+
+def test_checkpoint_benchmark_quick_mode(tmp_path: Path) -> None:
+    output = tmp_path / "checkpoint_save.json"
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--dir", str(tmp_path), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "bandwidth ratio checkpoint/raw" in completed.stdout
+    result = json.loads(output.read_text())
+    assert result["quick"] is True
+    assert result["state_bytes"] == 3 * 4 * result["num_parameters"]
+    assert result["checkpoint_to_raw_bandwidth_ratio"] > 0
+    assert result["async_stall_fraction_of_sync_save"] >= 0
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint_save.json"]  # cleaned up after itself
