@@ -20,7 +20,7 @@ from draccus.utils import DecodingError, ParsingError
 from halyard.train.config.errors import ConfigError
 from halyard.train.config.files import load_config_file
 from halyard.train.config.merge import deep_merge
-from halyard.train.config.schema import check_keys, describe_field
+from halyard.train.config.schema import check_keys, describe_field, is_choice_section
 
 ConfigT = TypeVar("ConfigT")
 
@@ -176,6 +176,8 @@ def _split_config_flags(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _defaults_dict(config_class: type) -> dict[str, Any]:
+    if is_choice_section(config_class):  # a polymorphic root: its defaults come from the chosen `type:`
+        return {}
     try:
         defaults = config_class()
     except TypeError:  # required fields without defaults: files and overrides must supply them

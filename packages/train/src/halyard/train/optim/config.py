@@ -1,0 +1,169 @@
+"""Optimizer configs, chosen by `type:` (adamw | lion | sophia_h | muon), each with `build(...)`.
+
+    optimizer:
+      type: adamw
+      learning_rate: 3e-4
+      weight_decay: 0.1
+      schedule: {type: wsd, warmup: 0.01, decay: 0.2}
+
+`config.build(total_steps)` returns an `optax.GradientTransformationExtraArgs`; the trainer calls
+`update(grads, state, params, loss_fn=...)` (only Sophia-H uses `loss_fn`, the others ignore it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import draccus
+import optax
+
+from halyard.train.optim import optimizers
+from halyard.train.optim.multipliers import MultiplierFn
+from halyard.train.optim.optimizers import DecayMask
+from halyard.train.optim.paths import default_weight_decay_mask
+from halyard.train.optim.schedule_config import CosineScheduleConfig, ScheduleConfig
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(draccus.ChoiceRegistry):
+    """Settings shared by every optimizer (`type:` selects the algorithm)."""
+
+    learning_rate: float = 3e-4
+    """Peak learning rate (reached after warmup)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices only (not norms, biases, embeddings)."""
+    max_grad_norm: float | None = 1.0
+    """Clip gradients to this global L2 norm; null disables clipping."""
+    schedule: ScheduleConfig = field(default_factory=CosineScheduleConfig)
+    """Learning-rate schedule (`type:` constant | cosine | linear | wsd)."""
+
+    def learning_rate_schedule(self, total_steps: int) -> optax.Schedule:
+        """The learning rate as a function of the update count, for a run of `total_steps` steps."""
+        return self.schedule.build(self.learning_rate, total_steps)
+
+    def build(
+        self,
+        total_steps: int,
+        *,
+        lr_multipliers: Any | MultiplierFn | None = None,
+        decay_mask: DecayMask = default_weight_decay_mask,
+    ) -> optax.GradientTransformationExtraArgs:
+        """The optax optimizer for a run of `total_steps` optimizer steps.
+
+        Args:
+            total_steps: number of optimizer steps (the schedule's length).
+            lr_multipliers: per-parameter learning-rate factors (muP), a tree or `fn(path, param)`.
+            decay_mask: which parameters decay (default `default_weight_decay_mask`; None: all).
+
+        Raises:
+            ValueError: inconsistent schedule lengths or out-of-range settings.
+        """
+        return self._build(
+            self.learning_rate_schedule(total_steps),
+            weight_decay=self.weight_decay,
+            decay_mask=decay_mask,
+            lr_multipliers=lr_multipliers,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+        raise TypeError(f"{type(self).__name__} is the base class; pick an optimizer with `type:`.")
+
+
+@OptimizerConfig.register_subclass("adamw")
+@dataclass(frozen=True)
+class AdamWConfig(OptimizerConfig):
+    """AdamW."""
+
+    beta1: float = 0.9
+    """Decay of the first moment (momentum)."""
+    beta2: float = 0.95
+    """Decay of the second moment."""
+    epsilon: float = 1e-8
+    """Added to the root of the second moment."""
+
+    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+        return optimizers.adamw(learning_rate, b1=self.beta1, b2=self.beta2, eps=self.epsilon, **common)
+
+
+@OptimizerConfig.register_subclass("lion")
+@dataclass(frozen=True)
+class LionConfig(OptimizerConfig):
+    """Lion: sign of interpolated momentum (use a 3-10x smaller learning rate and larger decay than AdamW)."""
+
+    beta1: float = 0.9
+    """Interpolation between momentum and gradient for the update's sign."""
+    beta2: float = 0.99
+    """Decay of the momentum."""
+
+    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+        return optimizers.lion(learning_rate, b1=self.beta1, b2=self.beta2, **common)
+
+
+@OptimizerConfig.register_subclass("sophia_h")
+@dataclass(frozen=True)
+class SophiaHConfig(OptimizerConfig):
+    """Sophia-H: momentum over a Hutchinson diagonal-Hessian estimate, clipped per coordinate."""
+
+    beta1: float = 0.965
+    """Decay of the momentum."""
+    beta2: float = 0.99
+    """Decay of the Hessian estimate's running average (one decay per refresh)."""
+    gamma: float = 0.01
+    """Hessian scale in the denominator (the paper's rho): larger is more conservative."""
+    epsilon: float = 1e-12
+    """Floor of the denominator."""
+    clip_threshold: float = 1.0
+    """Per-coordinate bound of the update before the learning rate."""
+    update_interval: int = 10
+    """Refresh the Hessian estimate every this many steps (one extra Hessian-vector product)."""
+    seed: int = 0
+    """Seed of the estimator's random signs."""
+
+    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+        return optimizers.sophia_h(
+            learning_rate,
+            b1=self.beta1,
+            b2=self.beta2,
+            gamma=self.gamma,
+            eps=self.epsilon,
+            clip_threshold=self.clip_threshold,
+            update_interval=self.update_interval,
+            seed=self.seed,
+            **common,
+        )
+
+
+@OptimizerConfig.register_subclass("muon")
+@dataclass(frozen=True)
+class MuonConfig(OptimizerConfig):
+    """Muon for weight matrices (Newton-Schulz orthogonalised momentum), AdamW for the other parameters."""
+
+    beta: float = 0.95
+    """Muon momentum decay."""
+    ns_steps: int = 5
+    """Newton-Schulz iterations."""
+    nesterov: bool = True
+    """Use Nesterov momentum for Muon."""
+    rms_scale: float = 0.2
+    """Muon update RMS relative to AdamW's (0.2 lets both groups share one learning rate)."""
+    adam_beta1: float = 0.9
+    """AdamW first-moment decay for non-matrix parameters."""
+    adam_beta2: float = 0.95
+    """AdamW second-moment decay for non-matrix parameters."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon for non-matrix parameters."""
+
+    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+        return optimizers.muon(
+            learning_rate,
+            beta=self.beta,
+            ns_steps=self.ns_steps,
+            nesterov=self.nesterov,
+            rms_scale=self.rms_scale,
+            adam_b1=self.adam_beta1,
+            adam_b2=self.adam_beta2,
+            adam_eps=self.adam_epsilon,
+            **common,
+        )
