@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ def _import_ray() -> Any:
 
 
 def _build_shard_task(job: ShardJob, processor: Processor) -> int:
+    # One tokenizer thread per task (each task holds one CPU); read when the tokenizer is first used here.
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
     build_shard(job, processor)
     return job.shard_index
 
@@ -57,9 +60,7 @@ def run_ray(
             ray.init(address=ray_address)
         else:
             ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(num_cpus=1, max_retries=0)(_build_shard_task).options(
-        runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}}
-    )
+    remote = ray.remote(num_cpus=1, max_retries=0)(_build_shard_task)
     processor_ref = ray.put(processor)
     in_flight_limit = num_workers or int(ray.cluster_resources().get("CPU", 1))
     waiting = list(jobs)
