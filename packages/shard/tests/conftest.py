@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+from pathlib import Path
 
 import jax
 import pytest
 
 DEVICES = 8
+
+# Shared helpers (shard_tree.py) sit next to the tests; pytest's importlib mode does not add this folder.
+sys.path.insert(0, str(Path(__file__).parent))
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # Only possible before anything used a device; otherwise the check in `devices8` explains the fix.

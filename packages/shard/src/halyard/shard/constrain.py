@@ -2,19 +2,19 @@
 
 Why a context manager: model code deep in the stack (an attention block inside a scanned layer) should
 name logical axes only and never thread a mesh and a layout through every call. `use_layout` is the one
-mechanism that makes a layout active; it is a `contextvars.ContextVar`, so it is explicit (entered and
-left in one visible place), nests, and is private to a thread or asyncio task. Without an active layout,
-`constrain` returns its argument unchanged, so the same model code runs on one device untouched.
+mechanism that makes a layout active: it is entered and left in one visible place, nests, and is private
+to the thread that entered it. Without an active layout `constrain` returns its argument unchanged, so
+the same model code runs on one device untouched.
 
-The active layout is read while a function is *traced*. ``jax.jit`` caches traces by argument shapes,
-not by this context, so a function jitted under one layout keeps that layout's constraints when called
-under another: build the jitted function inside (or for) the layout it serves, as a trainer does.
+The state is a `jax.make_user_context` value rather than a plain `contextvars.ContextVar`: the active
+layout is read while a function is traced, and a user context is part of ``jax.jit``'s cache key, so a
+jitted function called under another layout is traced again instead of silently reusing the constraints
+of the first (a plain context variable would hit the cache and keep the old layout).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,9 +33,8 @@ class ActiveLayout:
     mesh: jax.sharding.Mesh
 
 
-_ACTIVE: contextvars.ContextVar[ActiveLayout | None] = contextvars.ContextVar(
-    "halyard_active_layout", default=None
-)
+# Holds an ActiveLayout (hashable: it becomes part of jit's cache key) or None.
+_ACTIVE = jax.make_user_context(default_value=None)
 
 
 @contextlib.contextmanager
@@ -58,16 +57,13 @@ def use_layout(layout: Layout, mesh: jax.sharding.Mesh) -> Iterator[ActiveLayout
             f"use_layout needs a jax.sharding.Mesh (MeshSpec(...).build()), got {type(mesh).__name__}"
         )
     active = ActiveLayout(layout, mesh)
-    token = _ACTIVE.set(active)
-    try:
+    with _ACTIVE(active):
         yield active
-    finally:
-        _ACTIVE.reset(token)
 
 
 def active_layout() -> ActiveLayout | None:
     """The layout and mesh made active by the innermost `use_layout`, or ``None``."""
-    return _ACTIVE.get()
+    return _ACTIVE.value
 
 
 def constrain(x: NamedArray) -> NamedArray:
@@ -83,7 +79,7 @@ def constrain(x: NamedArray) -> NamedArray:
     """
     if not isinstance(x, NamedArray):
         raise TypeError(f"constrain takes a NamedArray (it places axes by name), got {type(x).__name__}")
-    active = _ACTIVE.get()
+    active = _ACTIVE.value
     if active is None:
         return x
     spec = active.layout.partition_spec(x, active.mesh)
