@@ -110,3 +110,17 @@ def test_shardings_argument_overrides_the_target(saved: tuple[Path, dict, dict],
     assert restored["params"]["w_in"].array.sharding == device
     assert_values(restored, expected)
     assert latest_complete(path.parent) == 11
+
+
+def test_a_tree_of_shardings_places_each_leaf(saved: tuple[Path, dict, dict]) -> None:
+    path, abstract, expected = saved
+    first, last = SingleDeviceSharding(jax.devices()[0]), SingleDeviceSharding(jax.devices()[7])
+    shardings = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: last if "['params']['bias']" in jax.tree_util.keystr(path) else first, abstract
+    )
+    restored = restore(path, abstract, shardings).state
+    assert restored["params"]["bias"].array.sharding == last
+    assert restored["params"]["w_in"].array.sharding == first
+    assert_values(restored, expected)
+    with pytest.raises(ValueError, match="shardings tree does not have the target's structure"):
+        restore(path, abstract, {"params": first})

@@ -113,6 +113,7 @@ def flatten_for_save(state: Any) -> tuple[dict[str, Any], tuple[LeafRecord, ...]
     for key_path, leaf in leaves_with_paths:
         path = jax.tree_util.keystr(key_path)
         storage_key = _storage_key(path, taken)
+        value: Any
         if isinstance(leaf, bool | int | float) and not isinstance(leaf, np.generic):
             value = np.asarray(leaf)
             record = LeafRecord(

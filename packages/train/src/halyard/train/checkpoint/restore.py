@@ -129,13 +129,14 @@ def _leaf_shardings(target: Any, shardings: ShardingsLike, count: int) -> list[A
         return [None] * count
     if isinstance(shardings, jax.sharding.Sharding):
         return [shardings] * count
-    flat, structure = jax.tree.flatten(shardings)
-    if structure != jax.tree.structure(target):
+    try:
+        matched = jax.tree.map(lambda _, sharding: sharding, target, shardings)
+    except ValueError as error:
         raise ValueError(
             "The shardings tree does not have the target's structure; pass one Sharding for all leaves, "
-            "or e.g. jax.tree.map(lambda leaf: <sharding>, target)"
-        )
-    return flat
+            f"or e.g. jax.tree.map(lambda leaf: <sharding>, target) ({error})"
+        ) from error
+    return jax.tree.leaves(matched)
 
 
 def _placement(leaf: Any, sharding: Any, path: str) -> jax.sharding.Sharding:
