@@ -55,7 +55,7 @@ def main() -> None:
     mesh = MeshSpec(data=-1).build()
     layout = Layout.fsdp(min_shard=0)
     fsdp_mesh = MeshSpec(data=1, fsdp=-1).build()
-    hybrid = MeshSpec(data=-1, dcn_data=2).build()
+    hybrid = MeshSpec(data=2, fsdp=2, dcn_data=2).build()  # data across processes (the DCN), fsdp within
 
     batch = global_batch_from_local(
         {"x": named(local_rows(info.process_index), ("batch", "embed"))}, fsdp_mesh
@@ -82,7 +82,7 @@ def main() -> None:
         "is_main": is_main_process(),
         "mesh_shape": dict(zip(mesh.axis_names, mesh.devices.shape)),
         "mesh_processes": [d.process_index for d in mesh.devices.flat],
-        "hybrid_processes": [d.process_index for d in hybrid.devices.flat],
+        "hybrid_processes": [[d.process_index for d in row] for row in hybrid.devices.reshape(2, 2)],
         "batch_shape": list(batch["x"].array.shape),
         "local_batch_rows": sorted(int(s.index[0].start or 0) for s in batch["x"].array.addressable_shards),
         "loss": float(value),
