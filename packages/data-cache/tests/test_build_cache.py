@@ -248,3 +248,22 @@ def test_background_handle_of_a_finished_cache_and_threads_left(tmp_path: Path, 
     )
     assert handle.wait(timeout=10).num_documents == 2
     assert not any(thread.name.startswith("halyard.data build") for thread in threading.enumerate())
+
+
+def test_first_chunks_grow_to_the_chunk_size_at_document_boundaries(tmp_path: Path, tokenizer_path):
+    write_jsonl(tmp_path / "s.jsonl", make_documents(600, seed=17))
+    cache = build_cache(
+        str(tmp_path / "s.jsonl"),
+        tokenizer_path,
+        str(tmp_path / "c"),
+        num_workers=0,
+        chunk_tokens=800,
+        first_chunk_tokens=100,
+        progress=False,
+    )
+    sizes = [chunk.tokens for chunk in cache.shard_progress()[0].chunks]
+    longest_document = max(np.diff(cache.document_ends(0, cache.num_tokens), prepend=0))
+    for index, size in enumerate(sizes[:-1]):
+        target = min(800, 100 * 2**index)
+        assert target <= size < target + longest_document
+    assert cache.identity["first_chunk_tokens"] == 100

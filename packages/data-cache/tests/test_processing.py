@@ -118,3 +118,12 @@ def test_long_documents_tokenize_like_the_whole_document(tokenizer: Tokenizer):
     eos = processor.policy.eos_id
     assert tokens.tolist() == reference_stream(tokenizer, ["short one", long_text, "tail"], None, eos)
     assert len(safe_split(long_text, 100)) > 200
+
+
+def test_truncation_saved_in_a_tokenizer_never_cuts_documents(tmp_path: Path, tokenizer: Tokenizer):
+    truncating = Tokenizer.from_str(tokenizer.to_str())
+    truncating.enable_truncation(max_length=4)
+    truncating.save(str(tmp_path / "t.json"))
+    text = " ".join(make_documents(5, seed=8))
+    tokens, _ = Processor.create(str(tmp_path / "t.json")).encode([text])
+    assert tokens.size == len(tokenizer.encode(text, add_special_tokens=False).ids) + 1

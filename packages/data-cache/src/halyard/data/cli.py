@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from halyard.data.builders.build import DEFAULT_CHUNK_TOKENS, build_cache
+from halyard.data.builders.build import DEFAULT_CHUNK_TOKENS, DEFAULT_FIRST_CHUNK_TOKENS, build_cache
 from halyard.data.cache.reader import TokenCache
 from halyard.data.sources.shards import FORMATS
 
@@ -54,6 +54,12 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="target tokens per chunk"
     )
+    build.add_argument(
+        "--first-chunk-tokens",
+        type=int,
+        default=DEFAULT_FIRST_CHUNK_TOKENS,
+        help="target tokens of a shard's first chunk (doubling up to --chunk-tokens)",
+    )
     build.add_argument("--split-chars", type=int, default=100_000, help="tokenize longer documents in pieces")
     build.add_argument(
         "--strict", action="store_true", help="fail on malformed records instead of counting them"
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             bos=args.bos,
             eos=args.eos,
             chunk_tokens=args.chunk_tokens,
+            first_chunk_tokens=args.first_chunk_tokens,
             split_chars=args.split_chars,
             strict=args.strict,
             num_workers=args.workers,

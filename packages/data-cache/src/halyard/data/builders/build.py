@@ -25,6 +25,7 @@ from halyard.data.processing.processor import Processor
 from halyard.data.sources.shards import SourceSpec, resolve_shards
 
 DEFAULT_CHUNK_TOKENS = 1 << 19
+DEFAULT_FIRST_CHUNK_TOKENS = 1 << 14
 
 
 class CacheMismatchError(ValueError):
@@ -73,6 +74,7 @@ def build_cache(
     bos: bool | str = "auto",
     eos: bool | str = "auto",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    first_chunk_tokens: int = DEFAULT_FIRST_CHUNK_TOKENS,
     split_chars: int = 100_000,
     strict: bool = False,
     num_workers: int | None = None,
@@ -94,6 +96,8 @@ def build_cache(
         bos: BOS policy: ``"auto"`` (what the tokenizer adds by itself), ``True``, ``False``, or a token.
         eos: EOS token: ``"auto"`` (detected) or a token; an EOS always ends each document.
         chunk_tokens: a chunk closes at the first document end at or after this many tokens.
+        first_chunk_tokens: the first chunk of each shard targets this many tokens, each next one twice as
+            many up to ``chunk_tokens`` (so the first batch is readable within seconds).
         split_chars: documents longer than this are tokenized in pieces (bounded memory).
         strict: fail with file:line on a malformed record or invalid UTF-8 instead of skipping/counting.
         num_workers: processes (local) or CPUs (Ray); default one per CPU; 0 builds in this process.
@@ -124,7 +128,10 @@ def build_cache(
         for source in sources
     ]
     shards = resolve_shards(specs)
-    identity = build_identity(processor.metadata(), chunk_tokens, [shard.describe() for shard in shards])
+    first_chunk_tokens = max(1, min(first_chunk_tokens, chunk_tokens))
+    identity = build_identity(
+        processor.metadata(), chunk_tokens, first_chunk_tokens, [shard.describe() for shard in shards]
+    )
     root = out_dir.rstrip("/")
     stored = load_cache_ledger(root)
     if stored is not None and stored["identity"] != identity:
@@ -150,7 +157,7 @@ def build_cache(
     if num_workers is None:
         num_workers = default_num_workers()
     jobs = [
-        ShardJob(root, index, shard, chunk_tokens, strict)
+        ShardJob(root, index, shard, chunk_tokens, first_chunk_tokens, strict)
         for index, shard in enumerate(shards)
         if not shard_is_finished(root, index)
     ]

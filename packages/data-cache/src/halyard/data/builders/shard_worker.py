@@ -24,6 +24,9 @@ class ShardJob:
         shard_index: position of the shard in the cache's global order.
         shard: what to read.
         chunk_tokens: a chunk is closed at the first document boundary at or after this many tokens.
+        first_chunk_tokens: the first chunk of a shard targets this many tokens and each next one twice
+            as many, up to ``chunk_tokens``: the first batch is readable soon after the build starts, while
+            later chunks stay large.
         strict: fail on bad records instead of skipping and counting.
         batch_chars: documents are tokenized in batches of about this many characters.
     """
@@ -32,6 +35,7 @@ class ShardJob:
     shard_index: int
     shard: ShardSpec
     chunk_tokens: int
+    first_chunk_tokens: int
     strict: bool
     batch_chars: int = 1 << 20
 
@@ -106,7 +110,7 @@ class _ChunkWriter:
         first = 0
         while first < len(documents):
             consumed_before = int(ends[first - 1]) if first else 0
-            needed = self.job.chunk_tokens - self.buffered_tokens
+            needed = self._target_tokens() - self.buffered_tokens
             last = int(np.searchsorted(ends, consumed_before + needed, side="left"))
             stop = min(last + 1, len(documents))
             self.token_parts.append(tokens[consumed_before : int(ends[stop - 1])])
@@ -115,6 +119,10 @@ class _ChunkWriter:
             if last < len(documents):
                 self._commit(rows_end=int(rows[last]) + 1, finished=False)
             first = stop
+
+    def _target_tokens(self) -> int:
+        growth = min(len(self.progress.chunks), 40)
+        return min(self.job.chunk_tokens, self.job.first_chunk_tokens << growth)
 
     def finish(self) -> None:
         self._commit(rows_end=self.rows_seen, finished=True)

@@ -87,13 +87,17 @@ class ShardProgress:
 
 
 def build_identity(
-    processor_metadata: dict[str, Any], chunk_tokens: int, shards: list[dict[str, str]]
+    processor_metadata: dict[str, Any],
+    chunk_tokens: int,
+    first_chunk_tokens: int,
+    shards: list[dict[str, str]],
 ) -> dict[str, Any]:
     """Everything that decides the bytes of a cache; two builds with equal identities write equal bytes."""
     return {
         "format_version": CACHE_FORMAT_VERSION,
         "processor": processor_metadata,
         "chunk_tokens": chunk_tokens,
+        "first_chunk_tokens": first_chunk_tokens,
         "shards": shards,
     }
 

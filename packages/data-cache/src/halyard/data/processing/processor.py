@@ -18,9 +18,6 @@ PROCESSOR_VERSION = 1
 # Pieces of a long document tokenized together: bounds the memory of the tokenizer's Encoding objects.
 _PIECES_PER_CALL = 8
 
-# One built Tokenizer per process and tokenizer hash (building one from JSON takes ~0.1 s).
-_BUILT_TOKENIZERS: dict[str, Tokenizer] = {}
-
 
 @dataclass(frozen=True)
 class Processor:
@@ -61,10 +58,7 @@ class Processor:
     @property
     def backend(self) -> Tokenizer:
         """The ``tokenizers.Tokenizer`` (built once per process)."""
-        key = self.tokenizer.sha256
-        if key not in _BUILT_TOKENIZERS:
-            _BUILT_TOKENIZERS[key] = self.tokenizer.build()
-        return _BUILT_TOKENIZERS[key]
+        return self.tokenizer.build()
 
     @property
     def vocab_size(self) -> int:
