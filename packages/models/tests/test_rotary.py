@@ -1,0 +1,182 @@
+"""Rotary embeddings against transformers' Llama rotary embedding, for every scaling type."""
+
+from __future__ import annotations
+
+import warnings
+
+import hypothesis.strategies as st
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from halyard.models.rotary import RotaryConfig, apply_rotary, inverse_frequencies
+from halyard.named import named
+
+HEAD_SIZE = 16
+MAX_POSITION = 64
+THETA = 500.0
+
+SCALINGS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    },
+    "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+    "yarn_mscale": {
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 32,
+        "mscale": 0.7,
+        "mscale_all_dim": 0.5,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+    },
+    "yarn_attention_factor_no_truncate": {
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 32,
+        "attention_factor": 1.3,
+        "truncate": False,
+    },
+}
+
+
+def _transformers_rotary(x: np.ndarray, positions: np.ndarray, scaling: dict | None) -> np.ndarray:
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=HEAD_SIZE,
+        max_position_embeddings=MAX_POSITION,
+        rope_theta=THETA,
+        rope_scaling=dict(scaling) if scaling else None,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        embedding = LlamaRotaryEmbedding(config)  # fresh: dynamic scaling keeps state between calls
+        x_torch = torch.tensor(x)
+        cos, sin = embedding(x_torch, torch.tensor(positions))
+        rotated, _ = apply_rotary_pos_emb(x_torch, x_torch, cos, sin)
+    return rotated.numpy()
+
+
+@pytest.mark.parametrize("positions", [[0, 1, 5, 30, 63], [3, 40, 100, 150, 7]], ids=["within", "beyond"])
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_matches_transformers(name: str, positions: list[int]) -> None:
+    scaling = SCALINGS[name]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, len(positions), HEAD_SIZE)).astype(
+        np.float32
+    )  # [batch, heads, pos, head_size]
+    position_array = np.array([positions, positions[::-1]])
+    expected = _transformers_rotary(x, position_array, scaling)
+    config = RotaryConfig.from_hf(THETA, scaling)
+    actual = apply_rotary(
+        named(jnp.asarray(x), ("batch", "heads", "pos", "head_size")),
+        named(jnp.asarray(position_array), ("batch", "pos")),
+        config,
+        max_position=MAX_POSITION,
+    )
+    assert actual.axis_names == ("batch", "heads", "pos", "head_size")
+    np.testing.assert_allclose(actual.array, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_hf_round_trip(name: str) -> None:
+    config = RotaryConfig.from_hf(THETA, SCALINGS[name])
+    theta, scaling = config.to_hf()
+    assert RotaryConfig.from_hf(theta, scaling) == config
+    assert theta == THETA
+
+
+def test_partial_rotation_matches_numpy_and_leaves_the_rest() -> None:
+    config = RotaryConfig(theta=THETA, partial_rotary_factor=0.5)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 2, HEAD_SIZE)).astype(np.float32)  # [pos, heads, head_size]
+    positions = np.array([0, 2, 9, 31])
+    actual = np.asarray(
+        apply_rotary(
+            named(jnp.asarray(x), ("pos", "heads", "head_size")),
+            named(jnp.asarray(positions), ("pos",)),
+            config,
+            max_position=MAX_POSITION,
+        ).array
+    )
+    rotary_dim = HEAD_SIZE // 2
+    half = rotary_dim // 2
+    inv_freq = 1.0 / THETA ** (np.arange(0, rotary_dim, 2) / rotary_dim)
+    expected = x.astype(np.float64).copy()
+    for p, position in enumerate(positions):
+        for i in range(half):
+            angle = position * inv_freq[i]
+            first, second = x[p, :, i], x[p, :, i + half]
+            expected[p, :, i] = first * np.cos(angle) - second * np.sin(angle)
+            expected[p, :, i + half] = second * np.cos(angle) + first * np.sin(angle)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(actual[..., rotary_dim:], x[..., rotary_dim:])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(0, 200),
+    st.integers(0, 200),
+    st.integers(0, 50),
+    st.sampled_from(["default", "linear", "llama3"]),
+)
+def test_scores_depend_only_on_relative_position(
+    query_position: int, key_position: int, shift: int, name: str
+) -> None:
+    config = RotaryConfig.from_hf(THETA, SCALINGS[name])
+    rng = np.random.default_rng(2)
+    query = named(jnp.asarray(rng.normal(size=(1, HEAD_SIZE)), jnp.float32), ("pos", "head_size"))
+    key = named(jnp.asarray(rng.normal(size=(1, HEAD_SIZE)), jnp.float32), ("pos", "head_size"))
+
+    def score(offset: int) -> float:
+        q = apply_rotary(query, named(jnp.asarray([query_position + offset]), "pos"), config, max_position=64)
+        k = apply_rotary(key, named(jnp.asarray([key_position + offset]), "pos"), config, max_position=64)
+        assert np.isclose(float(jnp.linalg.norm(q.array)), float(jnp.linalg.norm(query.array)), rtol=1e-5)
+        return float(jnp.sum(q.array * k.array))
+
+    assert np.isclose(score(0), score(shift), rtol=1e-3, atol=1e-3)
+
+
+def test_inverse_frequencies_of_default_rope() -> None:
+    inv_freq, attention_factor = inverse_frequencies(RotaryConfig(theta=10000.0), 8, max_position=16)
+    np.testing.assert_allclose(inv_freq, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
+    assert attention_factor == 1.0
+
+
+def test_unknown_rope_type_is_named() -> None:
+    with pytest.raises(ValueError, match="'longrope' is not supported"):
+        RotaryConfig.from_hf(THETA, {"rope_type": "longrope", "short_factor": [1.0]})
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['low_freq_factor'\]"):
+        RotaryConfig.from_hf(THETA, {"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0})
+
+
+def test_legacy_type_key_is_read() -> None:
+    assert RotaryConfig.from_hf(THETA, {"type": "linear", "factor": 4.0}).factor == 4.0
+
+
+def test_bad_config_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="scaling 'ntk' is unknown"):
+        RotaryConfig(scaling="ntk")
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        RotaryConfig(partial_rotary_factor=0.0)
+
+
+def test_positions_with_axes_x_lacks_are_refused() -> None:
+    x = named(jnp.zeros((3, HEAD_SIZE)), ("pos", "head_size"))
+    with pytest.raises(ValueError, match="positions has axes \\['batch'\\]"):
+        apply_rotary(x, named(jnp.zeros((2, 3), jnp.int32), ("batch", "pos")), RotaryConfig(), max_position=8)
