@@ -16,7 +16,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from halyard.models._sharding import constrain
 from halyard.models.attention import AttentionMask
 from halyard.models.config import ModelConfig, register_model
 from halyard.models.flops import decoder_flops_per_token
@@ -24,10 +23,11 @@ from halyard.models.layers.activations import check_activation
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.mlp import MLP
 from halyard.models.layers.self_attention import SelfAttention
-from halyard.models.model import CausalLM, DecoderOutput
+from halyard.models.model import CausalLM, DecoderOutput, build_model
 from halyard.models.stack import LayerStack
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Embedding, LayerNorm
+from halyard.shard import constrain
 
 
 @register_model("gpt2")
@@ -85,7 +85,7 @@ class Gpt2Config(ModelConfig):
 
     def init(self, key: jax.Array) -> Gpt2:
         """A `Gpt2` initialised as in Hugging Face (scaled residual projections)."""
-        return Gpt2.init(self, key=key)
+        return build_model(Gpt2, self, key)
 
     def num_params(self) -> int:
         """Parameter count (the output projection is the token embedding)."""
@@ -197,6 +197,10 @@ class Gpt2(CausalLM):
     @property
     def model_config(self) -> Gpt2Config:
         return self.config
+
+    @property
+    def position_limit(self) -> int:
+        return self.config.max_position
 
     @property
     def unembedding(self) -> NamedArray:

@@ -14,7 +14,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from halyard.models._sharding import constrain
 from halyard.models.attention import AttentionMask
 from halyard.models.config import ModelConfig, register_model
 from halyard.models.flops import decoder_flops_per_token
@@ -22,11 +21,12 @@ from halyard.models.layers.activations import check_activation
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.mlp import GatedMLP
 from halyard.models.layers.self_attention import SelfAttention
-from halyard.models.model import CausalLM, DecoderOutput
+from halyard.models.model import CausalLM, DecoderOutput, build_model
 from halyard.models.rotary import RotaryConfig
 from halyard.models.stack import LayerStack
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Embedding, Linear, RMSNorm
+from halyard.shard import constrain
 
 
 @register_model("llama")
@@ -109,7 +109,7 @@ class LlamaConfig(ModelConfig):
 
     def init(self, key: jax.Array) -> Llama:
         """A `Llama` with parameters drawn as in Hugging Face (N(0, initializer_range**2), norms at one)."""
-        return Llama.init(self, key=key)
+        return build_model(Llama, self, key)
 
     def num_params(self) -> int:
         """Parameter count (tied embeddings once)."""

@@ -23,6 +23,7 @@ import halyard.named as hn
 from halyard.models.attention import AttentionMask
 from halyard.models.batch import LmBatch
 from halyard.models.layers.kv_cache import KVCache
+from halyard.models.loss import next_token_loss
 from halyard.named import NamedArray
 
 
@@ -61,6 +62,17 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree, is_leaf=hn.is_named)
 
 
+@eqx.filter_jit
+def _jitted_init(model_class: Any, config: Any, key: jax.Array) -> Any:
+    return model_class.init(config, key=key)
+
+
+def build_model(model_class: Any, config: Any, key: jax.Array) -> Any:
+    """``model_class.init(config, key=key)`` compiled as one program (eager init would compile every
+    random draw separately); the config is static, so each config compiles once."""
+    return _jitted_init(model_class, config, key)
+
+
 class CausalLM(eqx.Module):
     """A decoder-only language model over named axes (``batch``, ``pos``, ``embed``, ``vocab``...)."""
 
@@ -93,6 +105,11 @@ class CausalLM(eqx.Module):
     @abc.abstractmethod
     def unembedding(self) -> NamedArray:
         """The output matrix with axes ``vocab`` and ``embed`` (the input embedding when tied)."""
+
+    @property
+    def position_limit(self) -> int | None:
+        """The number of positions the model can represent (learned position tables), None if unbounded."""
+        return None
 
     @property
     def logit_scale(self) -> float:
@@ -166,8 +183,6 @@ class CausalLM(eqx.Module):
             ``(loss, metrics)``; metrics hold ``cross_entropy``, ``z_loss``, ``num_tokens`` and the
             family's auxiliary terms (``load_balancing_loss``, ``router_z_loss`` for MoE).
         """
-        from halyard.models.loss import next_token_loss  # TEMP until loss.py lands
-
         model = self.in_compute_dtype()
         mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
         output = model.decoder(batch.tokens, mask=mask, positions=batch.positions)
@@ -207,16 +222,23 @@ class CausalLM(eqx.Module):
         *,
         cache_index: Any,
         positions: NamedArray,
-        key_valid: NamedArray,
+        segment_ids: NamedArray,
+        key_segment_ids: NamedArray,
     ) -> tuple[NamedArray, KVCache]:
         """Run ``tokens`` (the next ``pos`` tokens of every sequence) against ``cache``.
+
+        A query at slot ``s`` sees the keys at slots ``<= s`` whose segment id equals its own; the sampler
+        gives left padding its own segment, so padding never reaches a real token (and a padding query
+        still sees itself, which keeps every softmax finite).
 
         Args:
             tokens: int ``(batch, pos)``; written to slots ``cache_index ... cache_index + len(pos) - 1``.
             cache: the cache so far.
             cache_index: scalar slot of the first token.
             positions: ``(batch, pos)`` model positions of the tokens (rotary / learned).
-            key_valid: bool ``(batch, key_pos)``: slots holding real tokens (False for left padding).
+            segment_ids: int ``(batch, pos)`` segment of each new token.
+            key_segment_ids: int ``(batch, key_pos)`` segment of every cache slot (any value for slots not
+                written yet: causality hides them).
 
         Returns:
             ``(float32 logits (batch, pos, vocab), updated cache)``.
@@ -226,12 +248,14 @@ class CausalLM(eqx.Module):
         slots = NamedArray(cache_index + jnp.arange(Pos.size, dtype=jnp.int32), (Pos,))
         mask = AttentionMask(
             causal=True,
+            segment_ids=segment_ids,
+            key_segment_ids=key_segment_ids,
             query_positions=slots,
             key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
-            key_valid=key_valid,
         )
         output = model.decoder(
             tokens, mask=self.complete_mask(mask), positions=positions, cache=cache, cache_index=cache_index
         )
-        assert output.cache is not None
+        if output.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.decoder returned no cache although one was given")
         return model.logits(output.hidden), output.cache

@@ -7,10 +7,10 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from halyard.models._sharding import constrain
 from halyard.models.layers.activations import activation, check_activation
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Linear
+from halyard.shard import constrain
 
 
 class MLP(eqx.Module):

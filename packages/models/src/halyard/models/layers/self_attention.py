@@ -14,11 +14,11 @@ import equinox as eqx
 import jax
 
 import halyard.named as hn
-from halyard.models._sharding import constrain
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Linear
+from halyard.shard import constrain
 
 HEADS = "heads"
 KV_HEADS = "kv_heads"
