@@ -14,6 +14,7 @@ from halyard.train.config.errors import (
     exit_on_config_error,
 )
 from halyard.train.config.files import INCLUDE_KEY, load_config_file
+from halyard.train.config.flatten import flatten_config
 from halyard.train.config.merge import deep_merge
 from halyard.train.config.parse import (
     config_help,
@@ -32,6 +33,7 @@ __all__ = [
     "deep_merge",
     "did_you_mean",
     "exit_on_config_error",
+    "flatten_config",
     "load_config_file",
     "overrides_from_argv",
     "parse_config",

@@ -23,6 +23,18 @@ def dataclass_in(annotation: Any) -> type | None:
     return None
 
 
+def sequence_element_dataclass(annotation: Any) -> type | None:
+    """The dataclass held by a `list[X]` / `tuple[X, ...]` field (also through Optional), else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return sequence_element_dataclass(members[0]) if len(members) == 1 else None
+    if typing.get_origin(annotation) in (list, tuple):
+        arguments = [arg for arg in typing.get_args(annotation) if arg is not Ellipsis]
+        if len(arguments) == 1:
+            return dataclass_in(arguments[0])
+    return None
+
+
 def is_choice_section(cls: type) -> bool:
     """True when `cls` is a draccus choice base whose concrete class is picked by a `type:` key."""
     if not issubclass(cls, ChoiceType):
@@ -98,6 +110,11 @@ def check_keys(
         if child is not None and isinstance(value, dict):
             below = merged.get(key)
             check_keys(child, value, below if isinstance(below, dict) else {}, source, f"{prefix}{key}.")
+        element = sequence_element_dataclass(fields[key])
+        if element is not None and isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    check_keys(element, item, {}, source, f"{prefix}{key}.{index}.")
 
 
 def describe_field(cls: type, path: typing.Sequence[str], config: dict[str, Any]) -> str:
