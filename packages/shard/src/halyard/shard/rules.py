@@ -143,8 +143,8 @@ def resolve(axes: Sequence[Axis], rules: Rules, mesh_sizes: Mapping[str, int]) -
             taken = [a for a in mesh_axes if a in used]
             total = math.prod(mesh_sizes[a] for a in mesh_axes)
             if taken:
-                reasons.append(f"{taken[0]} already splits {used[taken[0]]!r}")
-            elif axis.size % total:
+                continue  # the mesh axis splits another dimension of this array: nothing to report
+            if axis.size % total:
                 reasons.append(f"{name}={axis.size} does not divide over {_describe(mesh_axes, mesh_sizes)}")
             else:
                 choice = mesh_axes

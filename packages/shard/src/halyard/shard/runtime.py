@@ -129,7 +129,8 @@ def initialize(
             f"initialize: {', '.join(missing)} missing; give all three coordinates of the run (as "
             f"arguments or environment variables) or none of them"
         )
-    if jax.config.jax_cpu_collectives_implementation is None:
+    # Older JAX defaulted to no CPU collectives: multi-process CPU runs then fail at the first all-reduce.
+    if getattr(jax.config, "jax_cpu_collectives_implementation", None) is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
