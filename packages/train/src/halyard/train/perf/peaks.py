@@ -1,0 +1,167 @@
+"""Peak matmul throughput per device, from a table for accelerators and measured once on CPU.
+
+Table values are the vendors' dense (no sparsity) peaks per chip, in FLOP/s:
+
+| device | bfloat16 | float32 | notes |
+|---|---|---|---|
+| A100 (SXM/PCIe) | 312e12 | 19.5e12 | f32 on CUDA cores; TF32 tensor cores: 156e12 (`tf32`) |
+| H100 SXM | 989e12 | 67e12 | TF32 494.5e12 |
+| H100 PCIe | 756e12 | 51e12 | TF32 378e12 |
+| H200 | 989e12 | 67e12 | H100 SXM compute with more HBM |
+| TPU v4 | 275e12 | 275e12 | |
+| TPU v5e | 197e12 | 197e12 | |
+| TPU v5p | 459e12 | 459e12 | |
+| TPU v6e (Trillium) | 918e12 | 918e12 | |
+
+TPU `float32` equals `bfloat16` because XLA's default matmul precision on TPU runs f32 inputs as a single
+bf16 pass on the MXU. On GPUs, JAX's default precision uses TF32 for f32 matmuls on Ampere and later; ask
+for `tf32` when that is what runs. A device kind not in the table (and every CPU) gets a peak measured by a
+short jitted matmul benchmark, once per process, labelled `source="measured"`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12},
+    "H100 SXM": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 67e12},
+    "H100 PCIe": {"bfloat16": 756e12, "float16": 756e12, "tf32": 378e12, "float32": 51e12},
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 67e12},
+    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
+    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12},
+    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
+    "TPU v6e": {"bfloat16": 918e12, "float32": 918e12},
+}
+"""Dense peak FLOP/s per chip, by table key and dtype name (see the module docstring for sources)."""
+
+# `device_kind` strings as JAX reports them, lower-cased, mapped to table keys; the first match wins.
+_KIND_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("h200",), "H200"),
+    (("h100", "pcie"), "H100 PCIe"),
+    (("h100",), "H100 SXM"),
+    (("a100",), "A100"),
+    (("tpu v6",), "TPU v6e"),
+    (("tpu v5 lite",), "TPU v5e"),
+    (("tpu v5e",), "TPU v5e"),
+    (("tpu v5",), "TPU v5p"),
+    (("tpu v4",), "TPU v4"),
+)
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A device's peak matmul throughput and where the number came from."""
+
+    flops_per_second: float
+    """Peak FLOP/s of one device."""
+    source: str
+    """`table` (vendor peak) or `measured` (a matmul benchmark on this machine)."""
+    device_kind: str
+    """The device kind the peak is for (JAX's `device.device_kind`)."""
+    dtype: str
+    """The dtype the peak is for."""
+
+    def describe(self) -> str:
+        """One line for logs: `"H100 SXM bfloat16 peak 989.0 TFLOP/s (table)"`."""
+        return (
+            f"{self.device_kind} {self.dtype} peak {self.flops_per_second / 1e12:.1f} TFLOP/s ({self.source})"
+        )
+
+
+def table_key(device_kind: str) -> str | None:
+    """The `PEAK_FLOPS` key for a JAX `device_kind` string, or None when the table does not know it.
+
+    Args:
+        device_kind: e.g. `"NVIDIA H100 80GB HBM3"`, `"TPU v5 lite"`.
+    """
+    kind = device_kind.lower()
+    for needles, key in _KIND_PATTERNS:
+        if all(needle in kind for needle in needles):
+            return key
+    return None
+
+
+def _dtype_name(dtype: str | jnp.dtype | type) -> str:
+    if dtype == "tf32":
+        return "tf32"
+    return jnp.dtype(dtype).name
+
+
+def device_peak_flops(
+    device: jax.Device | None = None, dtype: str | jnp.dtype | type = "bfloat16"
+) -> PeakFlops:
+    """The peak matmul FLOP/s of one device for `dtype`: from `PEAK_FLOPS`, else measured once.
+
+    Args:
+        device: the device (default: `jax.devices()[0]`).
+        dtype: the matmul input dtype (`bfloat16`, `float32`, `float16`, or `"tf32"` on GPUs).
+
+    Raises:
+        ValueError: a known accelerator without a table entry for `dtype`.
+    """
+    device = device if device is not None else jax.devices()[0]
+    name = _dtype_name(dtype)
+    key = table_key(device.device_kind) if device.platform != "cpu" else None
+    if key is None:
+        if name == "tf32":
+            name = "float32"
+        return _measured_peak(device.platform, device.device_kind, name)
+    if name not in PEAK_FLOPS[key]:
+        raise ValueError(f"no {name} peak for {key} in PEAK_FLOPS; known: {', '.join(PEAK_FLOPS[key])}.")
+    return PeakFlops(PEAK_FLOPS[key][name], "table", key, name)
+
+
+@functools.cache
+def _measured_peak(platform: str, device_kind: str, dtype: str) -> PeakFlops:
+    device = next(d for d in jax.devices() if d.platform == platform and d.device_kind == device_kind)
+    flops = measure_matmul_flops(dtype, device=device)
+    return PeakFlops(flops, "measured", device_kind, dtype)
+
+
+def clear_measured_peaks() -> None:
+    """Forget measured peaks, so the next `device_peak_flops` measures again (tests, changed load)."""
+    _measured_peak.cache_clear()
+
+
+def measure_matmul_flops(
+    dtype: str = "float32",
+    *,
+    size: int = 1024,
+    repeats: int = 5,
+    device: jax.Device | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """FLOP/s of the fastest of `repeats` jitted `size x size` matmuls (after one compile-and-warm-up run).
+
+    The best run, not the mean, estimates the peak: slower runs measure interference, not the device.
+
+    Args:
+        dtype: input dtype of the matmul.
+        size: side of the square matrices (2 * size**3 FLOPs per matmul).
+        repeats: timed runs.
+        device: where to run (default: JAX's default device).
+        clock: seconds counter (injectable for tests).
+
+    Raises:
+        ValueError: `size` or `repeats` below 1.
+    """
+    if size < 1 or repeats < 1:
+        raise ValueError(f"size and repeats must be at least 1, got size={size}, repeats={repeats}.")
+    key_left, key_right = jax.random.split(jax.random.key(0))
+    left = jax.device_put(jax.random.normal(key_left, (size, size), dtype), device)
+    right = jax.device_put(jax.random.normal(key_right, (size, size), dtype), device)
+    matmul = jax.jit(jnp.matmul)
+    matmul(left, right).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        matmul(left, right).block_until_ready()
+        best = min(best, clock() - start)
+    return 2.0 * size**3 / max(best, 1e-9)
