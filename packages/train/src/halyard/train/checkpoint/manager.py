@@ -161,12 +161,17 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the save in flight (if any) is durable and old checkpoints are cleaned up.
 
+        With several processes this is a collective when a save is in flight (they all are, in step):
+        it returns on every process only after process 0 has written the commit marker.
+
         Raises:
             CheckpointWriteError: when that background write failed.
         """
         if self._writer is not None:
             self._writer.join()
             self._writer = None
+            # Process 0 wrote the marker: the others may only call the checkpoint durable after that.
+            _sync_processes(f"halyard_checkpoint_committed_{self._last_save_step}")
         if self._error is not None:
             error, self._error = self._error, None
             raise CheckpointWriteError(
