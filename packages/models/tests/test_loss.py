@@ -1,0 +1,149 @@
+"""Blocked next-token loss: equal to full logits, to numpy and optax, and never materialising logits."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from halyard.models.loss import next_token_loss
+from halyard.named import NamedArray, named
+
+BATCH, POS, EMBED, VOCAB = 2, 6, 8, 37  # 37 is a multiple of no block size used below
+
+
+def _problem(seed: int = 0) -> tuple[NamedArray, NamedArray, NamedArray, NamedArray]:
+    rng = np.random.default_rng(seed)
+    hidden = named(jnp.asarray(rng.normal(size=(BATCH, POS, EMBED)), jnp.float32), ("batch", "pos", "embed"))
+    unembed = named(jnp.asarray(rng.normal(size=(VOCAB, EMBED)), jnp.float32), ("vocab", "embed"))
+    labels = named(jnp.asarray(rng.integers(0, VOCAB, size=(BATCH, POS))), ("batch", "pos"))
+    mask = named(jnp.asarray(rng.random(size=(BATCH, POS)) > 0.3), ("batch", "pos"))
+    return hidden, unembed, labels, mask
+
+
+@functools.cache
+def _loss_and_grads(block_size: int | None, z_loss_weight: float, logit_scale: float) -> tuple:
+    hidden, unembed, labels, mask = _problem()
+
+    def loss(hidden: NamedArray, unembed: NamedArray) -> tuple:
+        value, metrics = next_token_loss(
+            hidden,
+            unembed,
+            labels,
+            loss_mask=mask,
+            block_size=block_size,
+            z_loss_weight=z_loss_weight,
+            logit_scale=logit_scale,
+        )
+        return value.array, metrics
+
+    (value, metrics), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(hidden, unembed)
+    return value, metrics, grads
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 2048])
+@pytest.mark.parametrize(("z_loss_weight", "logit_scale"), [(0.0, 1.0), (1e-2, 0.5)])
+def test_blocked_equals_full_logits_in_values_and_gradients(
+    block_size: int, z_loss_weight: float, logit_scale: float
+) -> None:
+    value, metrics, grads = _loss_and_grads(block_size, z_loss_weight, logit_scale)
+    full_value, full_metrics, full_grads = _loss_and_grads(None, z_loss_weight, logit_scale)
+    np.testing.assert_allclose(value, full_value, rtol=1e-5)
+    for name in ("cross_entropy", "z_loss", "num_tokens"):
+        np.testing.assert_allclose(metrics[name].array, full_metrics[name].array, rtol=1e-5)
+    for got, want in zip(grads, full_grads):
+        assert got.axes == want.axes
+        np.testing.assert_allclose(got.array, want.array, rtol=1e-5, atol=1e-6)
+
+
+def _numpy_loss(z_loss_weight: float, logit_scale: float) -> tuple[float, float, float]:
+    hidden, unembed, labels, mask = (np.asarray(x.array, np.float64) for x in _problem())
+    logits = np.einsum("bpe,ve->bpv", hidden, unembed) * logit_scale
+    top = logits.max(-1, keepdims=True)
+    log_sum_exp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+    label_logits = np.take_along_axis(logits, labels.astype(int)[..., None], -1)[..., 0]
+    cross_entropy = (log_sum_exp - label_logits) * mask
+    z_loss = log_sum_exp**2 * mask
+    count = mask.sum()
+    return (cross_entropy.sum() + z_loss_weight * z_loss.sum()) / count, cross_entropy.sum() / count, count
+
+
+@pytest.mark.parametrize("block_size", [None, 8])
+def test_matches_numpy_cross_entropy_with_mask_and_z_loss(block_size: int | None) -> None:
+    value, metrics, _ = _loss_and_grads(block_size, 1e-2, 0.5)
+    expected, expected_cross_entropy, count = _numpy_loss(1e-2, 0.5)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+    np.testing.assert_allclose(metrics["cross_entropy"].array, expected_cross_entropy, rtol=1e-5)
+    assert float(metrics["num_tokens"].array) == count
+
+
+def test_matches_optax_per_token() -> None:
+    hidden, unembed, labels, _ = _problem(seed=4)
+    per_token, _ = next_token_loss(hidden, unembed, labels, block_size=8, reduction="none")
+    logits = jnp.einsum("bpe,ve->bpv", hidden.array, unembed.array)
+    expected = optax.softmax_cross_entropy_with_integer_labels(logits, labels.array)
+    assert per_token.axis_names == ("batch", "pos")
+    np.testing.assert_allclose(per_token.array, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sum_reduction_float_weights_and_masked_out_of_range_labels() -> None:
+    hidden, unembed, labels, _ = _problem(seed=5)
+    weight_values = np.linspace(0.1, 1, BATCH * POS).reshape(BATCH, POS)
+    weight_values[:, 0] = 0
+    weights = named(jnp.asarray(weight_values, jnp.float32), ("batch", "pos"))
+    # An ignore-index label (-100, as in Hugging Face) where the weight is zero must not matter.
+    ignored = labels.at["pos", 0].set(-100)
+    total, metrics = next_token_loss(
+        hidden, unembed, ignored, loss_mask=weights, block_size=8, reduction="sum"
+    )
+    per_token, _ = next_token_loss(hidden, unembed, labels, block_size=None, reduction="none")
+    np.testing.assert_allclose(
+        total.array, np.sum(np.asarray(per_token.array) * np.asarray(weights.array)), rtol=1e-5
+    )
+    np.testing.assert_allclose(metrics["num_tokens"].array, np.sum(np.asarray(weights.array)), rtol=1e-6)
+
+
+def test_batch_axes_beyond_batch_and_mask_broadcasting() -> None:
+    hidden, unembed, labels, _ = _problem(seed=6)
+    # Mask over pos only: broadcast over batch by name; unembed given as (embed, vocab).
+    pos_mask = named(jnp.asarray([True, True, False, True, False, True]), ("pos",))
+    value, _ = next_token_loss(
+        hidden, unembed.rearrange("embed", "vocab"), labels, loss_mask=pos_mask, block_size=5
+    )
+    full_mask = named(jnp.broadcast_to(pos_mask.array, (BATCH, POS)), ("batch", "pos"))
+    expected, _ = next_token_loss(hidden, unembed, labels, loss_mask=full_mask, block_size=None)
+    np.testing.assert_allclose(value.array, expected.array, rtol=1e-5)
+
+
+def test_blocked_loss_never_builds_the_logits() -> None:
+    tokens, embed, vocab, block = 256, 16, 32768, 1024
+    hidden = named(jnp.zeros((tokens, embed), jnp.float32), ("pos", "embed"))
+    unembed = named(jnp.zeros((vocab, embed), jnp.float32), ("vocab", "embed"))
+    labels = named(jnp.zeros((tokens,), jnp.int32), ("pos",))
+
+    def temp_bytes(block_size: int | None) -> int:
+        def loss(hidden: NamedArray, unembed: NamedArray) -> jax.Array:
+            return next_token_loss(hidden, unembed, labels, block_size=block_size)[0].array
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, unembed).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    logits_bytes = tokens * vocab * 4
+    assert temp_bytes(None) >= logits_bytes
+    assert temp_bytes(block) < logits_bytes / 4
+
+
+def test_bad_arguments_are_named() -> None:
+    hidden, unembed, labels, _ = _problem()
+    with pytest.raises(ValueError, match="reduction"):
+        next_token_loss(hidden, unembed, labels, reduction="avg")
+    with pytest.raises(ValueError, match="block_size"):
+        next_token_loss(hidden, unembed, labels, block_size=0)
+    with pytest.raises(ValueError, match="embed=8 but unembed has embed=4"):
+        next_token_loss(hidden, unembed["embed", :4], labels)
+    with pytest.raises(ValueError, match="labels have axes"):
+        next_token_loss(hidden, unembed, labels["pos", :3])
