@@ -95,3 +95,18 @@ def test_bad_arguments_are_named(devices8: list) -> None:
         use_layout(Layout.fsdp(), "mesh"),
     ):  # type: ignore[arg-type]
         pass
+
+
+def test_constrain_inside_scan_over_layers(devices8: list) -> None:
+    mesh = MeshSpec(data=2, tensor=4).build(devices8)
+    x = named(jnp.ones((8, 16)), ("batch", "mlp"))
+    scales = jnp.arange(1.0, 4.0)
+
+    def body(carry, scale):
+        return constrain(carry * scale), None
+
+    with use_layout(Layout.tensor_parallel(), mesh):
+        jaxpr = str(jax.make_jaxpr(lambda a: jax.lax.scan(body, a, scales)[0])(x))
+        result = jax.jit(lambda a: jax.lax.scan(body, a, scales)[0])(x)
+    assert "sharding_constraint" in jaxpr
+    np.testing.assert_array_equal(np.asarray(result.array), np.full((8, 16), 6.0))

@@ -167,3 +167,21 @@ def test_global_batch_errors_name_the_sizes(devices8: list) -> None:
         global_batch_from_local({"x": named(np.zeros((8, 2)), ("pos", "embed"))}, mesh)
     with pytest.raises(ValueError, match=r"mesh axes \['model'\] are not in the mesh"):
         global_batch_from_local(np.zeros((8, 2)), mesh, batch_axes=("model",))
+
+
+def test_cpu_device_count_simulates_devices_in_a_fresh_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from halyard.shard import initialize\n"
+        "info = initialize(cpu_device_count=3, environ={})\n"
+        "print(info.local_device_count, info.device_count, info.joined_by)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "3", "single"]

@@ -19,6 +19,9 @@ from halyard.shard.rules import DimPlacement, Rules, RuleValue, normalize_rules,
 _BATCH = (BATCH_AXES, ("replica", "data", "fsdp"), ("replica", "data"))
 _LAYERS = ("stage",)
 _POS = ("sequence",)
+# Every ready-made layout starts with these: the batch claims its mesh axes before any weight rule.
+_COMMON: list[tuple[str, RuleValue]] = [("batch", _BATCH), ("pos", _POS), ("layers", _LAYERS)]
+_TENSOR: list[tuple[str, RuleValue]] = [(n, ("tensor",)) for n in ("heads", "kv_heads", "mlp", "vocab")]
 
 
 def _is_named(x: Any) -> bool:
@@ -118,40 +121,31 @@ class Layout:
     @classmethod
     def data_parallel(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """Batch split over the batch axes; every weight replicated."""
-        return cls({"batch": _BATCH, "pos": _POS}, min_shard, tolerance, "data_parallel")
+        return cls(_COMMON, min_shard, tolerance, "data_parallel")
 
     @classmethod
     def fsdp(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """Batch split over the batch axes; each weight split over ``fsdp`` along its first dimension that
         divides, trying ``embed``, then ``mlp``, heads, ``vocab`` (gathered just in time by XLA)."""
         weights = ("embed", "mlp", "heads", "kv_heads", "vocab", "experts", "head_size")
-        rules = [("batch", _BATCH), ("pos", _POS), ("layers", _LAYERS)] + [(n, ("fsdp",)) for n in weights]
-        return cls(rules, min_shard, tolerance, "fsdp")
+        return cls(_COMMON + [(n, ("fsdp",)) for n in weights], min_shard, tolerance, "fsdp")
 
     @classmethod
     def tensor_parallel(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """Megatron-style: ``heads``, ``kv_heads``, ``mlp`` and ``vocab`` split over ``tensor``; ``embed``
         whole, so attention and MLP need one reduction each."""
-        rules = [("batch", _BATCH), ("pos", _POS), ("layers", _LAYERS)] + [
-            (n, ("tensor",)) for n in ("heads", "kv_heads", "mlp", "vocab")
-        ]
-        return cls(rules, min_shard, tolerance, "tensor_parallel")
+        return cls(_COMMON + _TENSOR, min_shard, tolerance, "tensor_parallel")
 
     @classmethod
     def fsdp_tensor(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """Tensor parallel as in `tensor_parallel`, plus ``embed`` split over ``fsdp`` (2-D sharding)."""
-        rules = [("batch", _BATCH), ("pos", _POS), ("layers", _LAYERS)] + [
-            (n, ("tensor",)) for n in ("heads", "kv_heads", "mlp", "vocab")
-        ]
-        return cls(rules + [("embed", ("fsdp",))], min_shard, tolerance, "fsdp_tensor")
+        return cls(_COMMON + _TENSOR + [("embed", ("fsdp",))], min_shard, tolerance, "fsdp_tensor")
 
     @classmethod
     def expert_parallel(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """`fsdp_tensor` plus the ``experts`` axis split over ``expert`` (the batch splits over it too)."""
-        base = cls.fsdp_tensor().rules
-        return cls(
-            ((base[0]), ("experts", (("expert",),)), *base[1:]), min_shard, tolerance, "expert_parallel"
-        )
+        rules = _COMMON + [("experts", ("expert",))] + _TENSOR + [("embed", ("fsdp",))]
+        return cls(rules, min_shard, tolerance, "expert_parallel")
 
     @classmethod
     def preset(cls, name: str, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
