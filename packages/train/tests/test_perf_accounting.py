@@ -68,6 +68,7 @@ def test_cpu_peak_is_measured_once_per_process_and_labelled():
     first = device_peak_flops(cpu, "float32")
     assert first.source == "measured"
     assert 1e6 < first.flops_per_second < 1e14
+    assert first.describe().endswith("FLOP/s (measured)")
     assert device_peak_flops(cpu, "float32") is first  # cached: no second benchmark
     clear_measured_peaks()
     assert device_peak_flops(cpu, "float32") is not first

@@ -40,13 +40,15 @@ def is_choice_section(cls: type) -> bool:
     if not issubclass(cls, ChoiceType):
         return False
     try:
-        cls.get_choice_name(cls)  # a registered concrete class is decoded as itself, without `type:`
+        typing.cast(Any, cls).get_choice_name(
+            cls
+        )  # a registered concrete class is decoded as itself, without `type:`
     except ValueError:
         return True
     return False
 
 
-def choice_name_of(base: type, instance: Any) -> str:
+def choice_name_of(base: Any, instance: Any) -> str:
     """The registered `type:` name of `instance` within the choice base `base`."""
     return base.get_choice_name(type(instance))
 
@@ -57,7 +59,7 @@ def field_types(cls: type) -> dict[str, Any]:
     return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.init}
 
 
-def resolve_choice(base: type, layer: dict[str, Any], merged: dict[str, Any], key: str, source: str) -> type:
+def resolve_choice(base: Any, layer: dict[str, Any], merged: dict[str, Any], key: str, source: str) -> type:
     """The concrete class a choice section selects, from this layer's `type:` or the one merged so far.
 
     Raises:
@@ -128,7 +130,7 @@ def describe_field(cls: type, path: typing.Sequence[str], config: dict[str, Any]
     annotation: Any = cls
     node: Any = config
     for name in path:
-        owner = dataclass_in(annotation)
+        owner: Any = dataclass_in(annotation)
         if owner is None:
             return ""
         if is_choice_section(owner):

@@ -31,9 +31,9 @@ import optax
 
 
 class SophiaHState(NamedTuple):
-    """Sophia-H state: step count, momentum, EMA of the diagonal Hessian, and the estimator's PRNG key."""
+    """Sophia-H state: steps taken, momentum, EMA of the diagonal Hessian, and the estimator's PRNG key."""
 
-    count: jax.Array
+    steps: jax.Array
     momentum: Any
     hessian: Any
     key: jax.Array
@@ -52,8 +52,12 @@ def hutchinson_diagonal_hessian(loss_fn: Callable[[Any], jax.Array], params: Any
     """
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(key, len(leaves))
-    signs = treedef.unflatten(
-        [jax.random.rademacher(k, leaf.shape, dtype=leaf.dtype) for k, leaf in zip(keys, leaves, strict=True)]
+    signs = jax.tree.unflatten(
+        treedef,
+        [
+            jax.random.rademacher(k, leaf.shape, dtype=leaf.dtype)
+            for k, leaf in zip(keys, leaves, strict=True)
+        ],
     )
     _, hessian_vector = jax.jvp(jax.grad(loss_fn), (params,), (signs,))
     return jax.tree.map(lambda sign, product: sign * product, signs, hessian_vector)
@@ -110,12 +114,12 @@ def scale_by_sophia_h(
             estimate = hutchinson_diagonal_hessian(loss_fn, params, estimate_key)
             return jax.tree.map(lambda h, e: b2 * h + (1 - b2) * e.astype(h.dtype), hessian, estimate)
 
-        hessian = jax.lax.cond(state.count % update_interval == 0, refreshed, lambda h: h, state.hessian)
+        hessian = jax.lax.cond(state.steps % update_interval == 0, refreshed, lambda h: h, state.hessian)
         updates = jax.tree.map(
             lambda m, h: jnp.clip(m / jnp.maximum(gamma * h, eps), -clip_threshold, clip_threshold),
             momentum,
             hessian,
         )
-        return updates, SophiaHState(state.count + 1, momentum, hessian, key)
+        return updates, SophiaHState(state.steps + 1, momentum, hessian, key)
 
     return optax.GradientTransformationExtraArgs(init, update)

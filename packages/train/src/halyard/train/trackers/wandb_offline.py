@@ -55,7 +55,7 @@ def read_offline_run(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"{path} is not a wandb run file (no ':W&B' header).")
     result: dict[str, Any] = {"run_id": None, "history": [], "summary": {}}
     for payload in _record_payloads(data):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "run":

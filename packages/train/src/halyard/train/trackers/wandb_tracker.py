@@ -8,6 +8,7 @@ Offline runs are written under `<run_dir>/wandb/` and can be uploaded later with
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class WandbTracker:
             id=run_id,
             resume="allow",
             dir=self.run_dir,
-            mode=mode,
+            mode=typing.cast(Any, mode),
             tags=list(tags),
             config=dict(hyperparameters or {}),
             reinit="create_new",
