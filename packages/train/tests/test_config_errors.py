@@ -40,6 +40,26 @@ def test_unknown_file_key_names_the_file(tmp_path):
     assert str(path) in message
 
 
+def test_unknown_key_names_file_and_line_also_inside_an_include(tmp_path):
+    (tmp_path / "base.yaml").write_text("name: base\ntrainer:\n  steps: 3\n  warmup: 2\n")
+    path = tmp_path / "run.yaml"
+    path.write_text("include: base.yaml\ntrainer:\n  steps: 5\n")
+    message = error_of([], path)
+    assert f"unknown config key 'trainer.warmup' in {tmp_path / 'base.yaml'}:4" in message
+    path.write_text("include: base.yaml\n\nschedule:\n  type: cosin\n")
+    (tmp_path / "base.yaml").write_text("name: base\n")
+    assert f"for config section 'schedule' in {path}:4" in error_of([], path)
+
+
+def test_wrong_type_in_a_file_names_file_and_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: x\ntrainer:\n  steps: lots\n")
+    message = error_of([], path)
+    assert f"config key 'trainer.steps' (set in {path}:3)" in message
+    assert "expected int" in message
+    assert "(set in the command line)" in error_of(["--trainer.steps", "lots"], path)
+
+
 def test_key_of_another_choice_is_unknown_for_the_selected_one():
     message = error_of(["--schedule.type", "constant", "--schedule.final_fraction", "0.5"])
     assert "schedule.final_fraction" in message

@@ -30,10 +30,57 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: the file (or an included file) is missing, is not valid YAML, does not hold a mapping,
             or includes itself.
     """
-    return _load(Path(path), chain=())
+    return load_config_file_with_locations(path)[0]
 
 
-def _load(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+def load_config_file_with_locations(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Like `load_config_file`, and also where each key was written: `{"trainer.steps": "run.yaml:3"}`.
+
+    Keys of list items are numbered (`trackers.0.type`). A key set by several files maps to the file
+    that wins the merge.
+
+    Args:
+        path: the YAML file.
+
+    Raises:
+        ConfigError: as `load_config_file`.
+    """
+    locations: dict[str, str] = {}
+    content = _load(Path(path), chain=(), locations=locations)
+    return content, locations
+
+
+def key_locations(path: Path, text: str) -> dict[str, str]:
+    """Map each dotted key of a YAML document to `file:line` (1-based), without constructing values.
+
+    Args:
+        path: the file name to report.
+        text: the file's YAML text.
+    """
+    locations: dict[str, str] = {}
+
+    def visit(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
+                    continue
+                dotted = f"{prefix}{key_node.value}"
+                locations[dotted] = f"{path}:{key_node.start_mark.line + 1}"
+                visit(value_node, f"{dotted}.")
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                visit(item, f"{prefix}{index}.")
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if root is not None:
+        visit(root, "")
+    return locations
+
+
+def _load(path: Path, chain: tuple[Path, ...], locations: dict[str, str]) -> dict[str, Any]:
     resolved = path.resolve()
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))
@@ -60,5 +107,10 @@ def _load(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: '{INCLUDE_KEY}' must be a file name or a list of file names.")
     merged: dict[str, Any] = {}
     for include in includes:
-        merged = deep_merge(merged, _load(path.parent / include, chain=(*chain, resolved)))
+        merged = deep_merge(
+            merged, _load(path.parent / include, chain=(*chain, resolved), locations=locations)
+        )
+    own_locations = key_locations(path, path.read_text(encoding="utf-8"))
+    own_locations.pop(INCLUDE_KEY, None)
+    locations.update(own_locations)
     return deep_merge(merged, content)

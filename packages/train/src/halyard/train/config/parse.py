@@ -8,7 +8,7 @@ source, with a "did you mean" suggestion.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,7 +18,7 @@ from draccus.argparsing import ArgumentParser as DraccusArgumentParser
 from draccus.utils import DecodingError, ParsingError
 
 from halyard.train.config.errors import ConfigError
-from halyard.train.config.files import load_config_file
+from halyard.train.config.files import load_config_file_with_locations
 from halyard.train.config.merge import deep_merge
 from halyard.train.config.schema import check_keys, describe_field, is_choice_section
 
@@ -63,22 +63,28 @@ def parse_config(
     file_paths, overrides_argv = _split_config_flags(argv)
     if config_path is not None:
         file_paths.insert(0, os.fspath(config_path))
-    layers = [(path, load_config_file(path)) for path in file_paths]
-    layers.append((COMMAND_LINE, overrides_from_argv(overrides_argv)))
+    layers = [(path, *load_config_file_with_locations(path)) for path in file_paths]
+    overrides = overrides_from_argv(overrides_argv)
+    layers.append((COMMAND_LINE, overrides, {key: COMMAND_LINE for key in _dotted_keys(overrides)}))
 
     merged = _defaults_dict(config_class)
-    for source, layer in layers:
-        check_keys(config_class, layer, merged, source)
+    origins: dict[str, str] = {}
+    for source, layer, locations in layers:
+        check_keys(config_class, layer, merged, source, locations=locations)
         merged = deep_merge(merged, layer)
-    return decode_config(config_class, merged)
+        origins.update(locations)
+    return decode_config(config_class, merged, origins)
 
 
-def decode_config(config_class: type[ConfigT], values: dict[str, Any]) -> ConfigT:
+def decode_config(
+    config_class: type[ConfigT], values: dict[str, Any], origins: Mapping[str, str] | None = None
+) -> ConfigT:
     """Decode a complete nested dict into `config_class`, turning draccus errors into `ConfigError`.
 
     Args:
         config_class: the root config dataclass.
         values: the nested dict (every required field present).
+        origins: dotted key -> where it was set ("run.yaml:3", "the command line"), for messages.
 
     Raises:
         ConfigError: a value that cannot become its field's type, or a missing required field.
@@ -89,7 +95,8 @@ def decode_config(config_class: type[ConfigT], values: dict[str, Any]) -> Config
         key = ".".join(str(part) for part in error.key_path) or "<root>"
         expected = describe_field(config_class, [str(part) for part in error.key_path], values)
         expected_text = f" (expected {expected})" if expected else ""
-        raise ConfigError(f"config key '{key}': {error.message}{expected_text}.") from None
+        origin = f" (set in {origins[key]})" if origins and key in origins else ""
+        raise ConfigError(f"config key '{key}'{origin}: {error.message}{expected_text}.") from None
     except (ParsingError, TypeError, ValueError) as error:
         raise ConfigError(f"invalid config for {config_class.__name__}: {error}") from None
 
@@ -183,6 +190,15 @@ def _defaults_dict(config_class: type) -> dict[str, Any]:
     except TypeError:  # required fields without defaults: files and overrides must supply them
         return {}
     return draccus.encode(defaults)
+
+
+def _dotted_keys(nested: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in nested.items():
+        keys.append(f"{prefix}{key}")
+        if isinstance(value, dict):
+            keys.extend(_dotted_keys(value, f"{prefix}{key}."))
+    return keys
 
 
 def _read_value(text: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from draccus.choice_types import CHOICE_TYPE_KEY, ChoiceType
@@ -83,7 +84,12 @@ def resolve_choice(base: Any, layer: dict[str, Any], merged: dict[str, Any], key
 
 
 def check_keys(
-    cls: type, layer: dict[str, Any], merged: dict[str, Any], source: str, prefix: str = ""
+    cls: type,
+    layer: dict[str, Any],
+    merged: dict[str, Any],
+    source: str,
+    prefix: str = "",
+    locations: Mapping[str, str] | None = None,
 ) -> None:
     """Check that every key of a config layer names a field of the dataclass tree rooted at `cls`.
 
@@ -93,30 +99,35 @@ def check_keys(
         merged: the dict of the layers below this one, used to know which choice a section selected.
         source: where the layer came from, for the message (a file path or "the command line").
         prefix: the dotted path of `cls` within the root config ("" for the root).
+        locations: dotted key -> "file:line" where the layer wrote it, used instead of `source` if known.
 
     Raises:
         ConfigError: an unknown key (with the closest valid key suggested) or an unknown `type:`.
     """
+    locations = locations or {}
     section = prefix.rstrip(".") or "<root>"
     if is_choice_section(cls):
-        cls = resolve_choice(cls, layer, merged, section, source)
+        cls = resolve_choice(cls, layer, merged, section, locations.get(f"{prefix}{CHOICE_TYPE_KEY}", source))
         layer = {key: value for key, value in layer.items() if key != CHOICE_TYPE_KEY}
     fields = field_types(cls)
     for key, value in layer.items():
         if key not in fields:
             raise ConfigError(
-                f"unknown config key '{prefix}{key}' in {source} ({cls.__name__} has no field '{key}')."
+                f"unknown config key '{prefix}{key}' in {locations.get(f'{prefix}{key}', source)} "
+                f"({cls.__name__} has no field '{key}')."
                 f"{did_you_mean(f'{prefix}{key}', [prefix + name for name in fields])}"
             )
         child = dataclass_in(fields[key])
         if child is not None and isinstance(value, dict):
             below = merged.get(key)
-            check_keys(child, value, below if isinstance(below, dict) else {}, source, f"{prefix}{key}.")
+            check_keys(
+                child, value, below if isinstance(below, dict) else {}, source, f"{prefix}{key}.", locations
+            )
         element = sequence_element_dataclass(fields[key])
         if element is not None and isinstance(value, list | tuple):
             for index, item in enumerate(value):
                 if isinstance(item, dict):
-                    check_keys(element, item, {}, source, f"{prefix}{key}.{index}.")
+                    check_keys(element, item, {}, source, f"{prefix}{key}.{index}.", locations)
 
 
 def describe_field(cls: type, path: typing.Sequence[str], config: dict[str, Any]) -> str:
