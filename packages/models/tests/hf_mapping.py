@@ -14,7 +14,16 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from halyard.models import Gpt2, Gpt2Config, Llama, LlamaConfig, MistralConfig, Qwen2Config
+from halyard.models import (
+    Gpt2,
+    Gpt2Config,
+    Llama,
+    LlamaConfig,
+    MistralConfig,
+    Mixtral,
+    MixtralConfig,
+    Qwen2Config,
+)
 from halyard.models.rotary import RotaryConfig
 from halyard.named import NamedArray
 
@@ -46,7 +55,9 @@ def rope_from_hf(hf_config: Any) -> RotaryConfig:
 
 def llama_config_from_hf(hf_config: Any, **overrides: Any) -> LlamaConfig:
     """LlamaConfig / MistralConfig / Qwen2Config for a transformers config of those families."""
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[hf_config.model_type]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "mixtral": MixtralConfig}[
+        hf_config.model_type
+    ]
     fields = dict(
         vocab_size=hf_config.vocab_size,
         hidden_size=hf_config.hidden_size,
@@ -64,12 +75,18 @@ def llama_config_from_hf(hf_config: Any, **overrides: Any) -> LlamaConfig:
     )
     if hf_config.model_type == "llama":
         fields.update(attention_bias=hf_config.attention_bias, mlp_bias=hf_config.mlp_bias)
+    if hf_config.model_type == "mixtral":
+        fields.update(
+            num_experts=hf_config.num_local_experts,
+            num_experts_per_token=hf_config.num_experts_per_tok,
+            router_aux_loss_coef=hf_config.router_aux_loss_coef,
+        )
     fields.update(overrides)
     return cls(**fields)
 
 
-def load_llama(model: Llama, hf_model: Any) -> Llama:
-    """Copy a transformers Llama/Mistral/Qwen2 ``*ForCausalLM`` into ``model``."""
+def load_llama(model: Llama | Mixtral, hf_model: Any) -> Llama | Mixtral:
+    """Copy a transformers Llama/Mistral/Qwen2/Mixtral ``*ForCausalLM`` into ``model``."""
     config = model.config
     state = hf_model.state_dict()
     num_layers, heads, kv, size = config.num_layers, config.num_heads, config.num_kv_heads, config.head_size
@@ -95,10 +112,31 @@ def load_llama(model: Llama, hf_model: Any) -> Llama:
             "self_attn.o_proj.weight",
             lambda w: w.T.reshape(heads, size, embed),
         ),
-        (lambda m: layers(m).mlp.gate.weight, "mlp.gate_proj.weight", lambda w: w.T),
-        (lambda m: layers(m).mlp.up.weight, "mlp.up_proj.weight", lambda w: w.T),
-        (lambda m: layers(m).mlp.down.weight, "mlp.down_proj.weight", lambda w: w.T),
     ]:
+        model = _put(model, ours, _stack(state, prefix + theirs, num_layers, transform))
+    if isinstance(model, Mixtral):
+        mlp = config.intermediate_size
+        mlp_entries = [
+            (lambda m: layers(m).moe.router.weight, "mlp.gate.weight", lambda w: w.T),
+            (
+                lambda m: layers(m).moe.gate,
+                "mlp.experts.gate_up_proj",
+                lambda w: w[:, :mlp, :].transpose(0, 2, 1),
+            ),
+            (
+                lambda m: layers(m).moe.up,
+                "mlp.experts.gate_up_proj",
+                lambda w: w[:, mlp:, :].transpose(0, 2, 1),
+            ),
+            (lambda m: layers(m).moe.down, "mlp.experts.down_proj", lambda w: w.transpose(0, 2, 1)),
+        ]
+    else:
+        mlp_entries = [
+            (lambda m: layers(m).mlp.gate.weight, "mlp.gate_proj.weight", lambda w: w.T),
+            (lambda m: layers(m).mlp.up.weight, "mlp.up_proj.weight", lambda w: w.T),
+            (lambda m: layers(m).mlp.down.weight, "mlp.down_proj.weight", lambda w: w.T),
+        ]
+    for ours, theirs, transform in mlp_entries:
         model = _put(model, ours, _stack(state, prefix + theirs, num_layers, transform))
     if config.attention_bias:
         for name, count in (("q_proj", heads), ("k_proj", kv), ("v_proj", kv)):

@@ -18,7 +18,7 @@ def tiny(family: str, **overrides: Any) -> Any:
     common: dict[str, Any] = dict(
         vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, initializer_range=0.2
     )
-    if family in ("llama", "mistral", "qwen2"):
+    if family in ("llama", "mistral", "qwen2", "mixtral"):
         common.update(intermediate_size=48, num_kv_heads=2, max_position=128)
     if family == "mistral":
         common.update(sliding_window=4)

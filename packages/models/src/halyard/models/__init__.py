@@ -14,6 +14,7 @@ from halyard.models.flops import flops_per_token, mean_visible_keys, num_params
 from halyard.models.gpt2 import Gpt2, Gpt2Config
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.llama import Llama, LlamaConfig, MistralConfig, Qwen2Config
+from halyard.models.mixtral import Mixtral, MixtralConfig
 from halyard.models.model import CausalLM, DecoderOutput
 
 
@@ -37,6 +38,8 @@ __all__ = [
     "LlamaConfig",
     "LmBatch",
     "MistralConfig",
+    "Mixtral",
+    "MixtralConfig",
     "ModelConfig",
     "Qwen2Config",
     "config_class",
