@@ -19,6 +19,7 @@ from halyard.train.checkpoint import (
     KeepPolicy,
     latest_complete,
     read_commit_marker,
+    resolve_checkpoint,
     restore,
     scan_checkpoints,
 )
@@ -132,3 +133,21 @@ def test_a_failed_background_write_is_raised_and_leaves_the_previous_checkpoint(
         with pytest.warns(UserWarning, match="Replacing the incomplete checkpoint"):
             manager.save(2, state(2), wait=True)
         assert manager.latest_step() == 2
+
+
+def test_resolve_checkpoint_accepts_a_step_a_root_or_a_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with CheckpointManager(run_dir / "checkpoints") as manager:
+        manager.save(1, state(1), wait=True)
+        manager.save(2, state(2), wait=True)
+    step_2 = run_dir / "checkpoints" / "step_00000002"
+    assert resolve_checkpoint(step_2) == step_2
+    assert resolve_checkpoint(run_dir / "checkpoints") == step_2
+    assert resolve_checkpoint(run_dir) == step_2
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="No complete checkpoint"):
+        resolve_checkpoint(run_dir / "checkpoints" / "step_00000002" / "arrays")  # exists, holds no steps
+    (step_2 / "halyard_checkpoint.json").unlink()
+    with pytest.raises(DamagedCheckpointError, match="no commit marker"):
+        resolve_checkpoint(step_2)

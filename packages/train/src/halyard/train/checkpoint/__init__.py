@@ -18,6 +18,7 @@ from halyard.train.checkpoint.discovery import (
     CheckpointScan,
     DamagedCheckpointWarning,
     latest_complete,
+    resolve_checkpoint,
     scan_checkpoints,
 )
 from halyard.train.checkpoint.layout import step_directory
@@ -52,6 +53,7 @@ __all__ = [
     "latest_complete",
     "metadata_differences",
     "read_commit_marker",
+    "resolve_checkpoint",
     "restore",
     "restore_weights",
     "scan_checkpoints",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halyard.train.checkpoint.commit_marker import DamagedCheckpointError, read_commit_marker
-from halyard.train.checkpoint.layout import step_directories
+from halyard.train.checkpoint.layout import parse_step_directory, step_directories, step_directory
 
 
 class DamagedCheckpointWarning(UserWarning):
@@ -66,3 +66,32 @@ def latest_complete(root: str | Path) -> int | None:
         else:
             return step
     return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The step directory meant by ``path``: a step directory itself, or the latest complete one under it.
+
+    Accepts what a user writes after ``init: checkpoint``: ``.../step_00000100``, a checkpoint root, or a
+    run directory holding ``checkpoints/``.
+
+    Args:
+        path: a step directory, a checkpoint root or a run directory.
+
+    Raises:
+        DamagedCheckpointError: when ``path`` is a step directory that is incomplete or damaged.
+        FileNotFoundError: when ``path`` does not exist or holds no complete checkpoint.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Checkpoint path {path} does not exist")
+    if parse_step_directory(path) is not None:
+        read_commit_marker(path)
+        return path
+    for root in (path, path / "checkpoints"):
+        step = latest_complete(root)
+        if step is not None:
+            return step_directory(root, step)
+    raise FileNotFoundError(
+        f"No complete checkpoint in {path}: expected a step directory (step_00000100), a checkpoint root "
+        f"holding step directories, or a run directory with checkpoints/"
+    )
