@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -50,6 +51,8 @@ class TokenCache:
         self._shards: list[ShardProgress] = []
         self._ends_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._finished = False
+        # Loader threads read concurrently; refreshes and the small ends cache are guarded.
+        self._lock = threading.RLock()
         self.refresh()
 
     @classmethod
@@ -121,6 +124,12 @@ class TokenCache:
         """Re-read the ledgers to pick up chunks committed since the last call."""
         if self._finished:
             return
+        with self._lock:
+            self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
+        if self._finished:
+            return
         ledger = load_cache_ledger(self.root) or self._ledger
         self._ledger = ledger
         if ledger["finished"]:
@@ -139,7 +148,7 @@ class TokenCache:
 
     def _set_shards(self, shards: list[ShardProgress], finished: bool) -> None:
         # Chunk end positions (exclusive), so bisect_right(ends, position) is the chunk holding position.
-        chunks: list[_Chunk] = []
+        chunks: list[_Chunk] = []  # built aside, then swapped in (readers see old or new lists whole)
         token_ends: list[int] = []
         document_ends: list[int] = []
         for shard in shards:
@@ -282,11 +291,13 @@ class TokenCache:
 
     def _chunk_ends(self, chunk: _Chunk) -> np.ndarray:
         key = (chunk.shard_index, chunk.chunk_index)
-        cached = self._ends_cache.get(key)
+        with self._lock:
+            cached = self._ends_cache.get(key)
         if cached is None:
             _, ends_path = chunk_paths(self._fs_root, chunk.shard_index, chunk.chunk_index)
             cached = np.frombuffer(self._fs.cat_file(ends_path), dtype="<i8")
-            self._ends_cache[key] = cached
-            if len(self._ends_cache) > _ENDS_CACHED:
-                self._ends_cache.popitem(last=False)
+            with self._lock:
+                self._ends_cache[key] = cached
+                if len(self._ends_cache) > _ENDS_CACHED:
+                    self._ends_cache.popitem(last=False)
         return cached

@@ -93,7 +93,7 @@ def detect_policy(
             )
         eos_id = _token_id(tokenizer, name, "eos")
     bos_token = None if bos_id is None else tokenizer.id_to_token(bos_id)
-    eos_token = tokenizer.id_to_token(eos_id)
+    eos_token = tokenizer.id_to_token(eos_id) or str(eos_id)
     return SpecialTokenPolicy(bos_id, eos_id, bos_token, eos_token)
 
 

@@ -19,6 +19,6 @@ def open_binary(url: str) -> Iterator[IO[bytes]]:
     with fsspec.open(url, "rb", compression="infer") as handle:
         # zstandard's reader has a readline that raises; io.IOBase subclasses iterate lines properly.
         if isinstance(handle, io.IOBase):
-            yield handle
+            yield handle  # type: ignore[misc]
         else:
             yield io.BufferedReader(handle)  # type: ignore[arg-type]

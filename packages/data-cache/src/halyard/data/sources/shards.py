@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import fsspec
@@ -90,7 +90,7 @@ def infer_format(url: str) -> str:
     )
 
 
-def resolve_shards(sources: SourceSpec | str | list[SourceSpec | str]) -> list[ShardSpec]:
+def resolve_shards(sources: SourceSpec | str | Sequence[SourceSpec | str]) -> list[ShardSpec]:
     """Expand sources into the ordered list of shards of a cache.
 
     Args:
