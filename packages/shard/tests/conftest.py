@@ -31,3 +31,10 @@ def devices8() -> list:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={DEVICES}"
         )
     return devices[:DEVICES]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here too, so the tests run with --strict-markers from this folder alone.
+    config.addinivalue_line(
+        "markers", "multiprocess: starts several python processes that talk over localhost"
+    )
