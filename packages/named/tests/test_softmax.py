@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from named_strategies import axis_pools, check_grads_jitted, numpy_aligned, seeds, subsets, values
 
 import halyard.named as hn
 from halyard.named import Axis
@@ -51,16 +53,42 @@ def test_fully_masked_row_gives_zeros_not_nan():
 
 def test_gradients():
     x = logits()
-    check_grads(lambda a: hn.softmax(hn.named(a, ("b", "p", "v")), "v").array, (x.array,), order=2, eps=1e-2)
+    check_grads_jitted(lambda a: hn.softmax(hn.named(a, ("b", "p", "v")), "v").array, (x.array,), order=2)
     keep = hn.named(jnp.array([True, False, True, True]), ("p",))
-    check_grads(
-        lambda a: hn.softmax(hn.named(a, ("b", "p", "v")), "p", where=keep).array,
-        (x.array,),
-        order=1,
-        eps=1e-2,
-    )
+    check_grads_jitted(lambda a: hn.softmax(hn.named(a, ("b", "p", "v")), "p", where=keep).array, (x.array,))
+    check_grads_jitted(lambda a: hn.log_softmax(hn.named(a, ("b", "p", "v")), "v").array, (x.array,))
 
 
 def test_unknown_axis_names_the_axes():
     with pytest.raises(KeyError, match=r"'embed'.*batch=3"):
         hn.softmax(logits(), "embed")
+
+
+@settings(max_examples=15)
+@given(data=st.data(), pool=axis_pools(), seed=seeds, masked=st.booleans())
+def test_softmax_property_random_axes(data, pool, seed, masked):
+    x = values(data.draw(st.permutations(pool)), seed)
+    axis = data.draw(st.sampled_from(x.axis_names))
+    k = x.axis_names.index(axis)
+    raw = np.asarray(x.array, np.float64)
+    where = None
+    keep = np.ones_like(raw, bool)
+    if masked:
+        where = values(data.draw(subsets(x.axes)), seed + 1, "bool") | (hn.arange(x.axis(axis)) == 0)
+        keep = np.broadcast_to(numpy_aligned(where, x.axes), raw.shape)
+    exp = np.where(keep, np.exp(raw - raw.max(axis=k, keepdims=True)), 0)
+    expected = exp / exp.sum(axis=k, keepdims=True)
+    np.testing.assert_allclose(hn.softmax(x, axis, where=where).array, expected, rtol=1e-5, atol=1e-7)
+    log_out = np.asarray(hn.log_softmax(x, axis, where=where).array)
+    np.testing.assert_allclose(log_out[keep], np.log(expected[keep]), rtol=1e-5, atol=1e-5)
+
+
+@given(data=st.data(), pool=axis_pools(), seed=seeds)
+def test_one_hot_property(data, pool, seed):
+    axes = tuple(data.draw(st.permutations(pool)))
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(-1, 5, [a.size for a in axes])
+    Classes = Axis("classes", 5)  # not among the pool's names
+    out = hn.one_hot(hn.named(jnp.asarray(raw), axes), Classes)
+    assert out.axes == axes + (Classes,)
+    np.testing.assert_array_equal(out.array, (raw[..., None] == np.arange(5)).astype(np.float32))
