@@ -16,6 +16,7 @@ from halyard.train.optim import (
     default_weight_decay_mask,
     map_parameters,
     matrix_dimension_numbers,
+    muon,
     muon_labels,
     scale_by_multipliers,
 )
@@ -127,3 +128,27 @@ def test_muon_groups_and_matrix_layout_follow_linear_in_and_out():
 def test_bad_clip_norm_is_refused(bad):
     with pytest.raises(ValueError, match="max_grad_norm"):
         adamw(0.1, max_grad_norm=bad)
+
+
+def test_muon_updates_a_whole_model_tree_under_jit():
+    params = model_tree()
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    grads = jax.tree.unflatten(treedef, [jax.random.normal(k, leaf.shape) for k, leaf in zip(keys, leaves)])
+    row_scales = jnp.array([1.0, 3.0, 0.3, 0.1])[:, None]  # a badly conditioned gradient for up_proj
+    grads["up_proj"] = eqx.tree_at(
+        lambda linear: linear.weight.array, grads["up_proj"], grads["up_proj"].weight.array * row_scales
+    )
+    optimizer = muon(0.1)
+    updates, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
+    assert jax.tree.structure(updates) == jax.tree.structure(params)
+    # the Linear weight was orthogonalised: near-equal singular values, unlike its gradient's ...
+    gradient_values = np.linalg.svd(np.asarray(grads["up_proj"].weight.array), compute_uv=False)
+    assert gradient_values.max() / gradient_values.min() > 10.0
+    update_values = np.linalg.svd(np.asarray(updates["up_proj"].weight.array), compute_uv=False)
+    assert update_values.max() / update_values.min() < 2.0
+    # ... while the embedding table took Adam's first step: -lr * sign(gradient)
+    embedding_gradient = np.asarray(grads["token_embedding"].weight.array)
+    np.testing.assert_allclose(
+        np.asarray(updates["token_embedding"].weight.array), -0.1 * np.sign(embedding_gradient), rtol=1e-3
+    )
