@@ -144,3 +144,16 @@ def test_saving_a_step_twice_is_a_no_op(tmp_path: Path) -> None:
         assert not manager.save(3, {"w": jnp.zeros(2)}, wait=True)
         restored = manager.restore(3, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
     assert np.array_equal(np.asarray(restored.state["w"]), np.ones(2))
+
+
+def test_compressed_checkpoints_restore_the_same_bits_and_are_smaller(tmp_path: Path) -> None:
+    state = {"w": jnp.zeros((256, 256)), "v": jnp.arange(1000.0)}  # zeros compress well
+
+    def size(root: Path) -> int:
+        return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+
+    for compress in (False, True):
+        with CheckpointManager(tmp_path / str(compress), compress=compress) as manager:
+            manager.save(1, state, wait=True)
+            assert_bitwise_equal(state, manager.restore(1, jax.eval_shape(lambda: state)).state)
+    assert size(tmp_path / "True") < size(tmp_path / "False") / 4

@@ -59,6 +59,9 @@ class CheckpointManager:
             ``jax.experimental.multihost_utils.broadcast_one_to_all`` when there are several processes.
         process_index: this process's index (default ``jax.process_index()``); process 0 writes the
             commit marker and deletes old checkpoints.
+        compress: zstd-compress the arrays. Off by default: trained weights and Adam moments are
+            high-entropy floats (~5-8% smaller) while compression multiplies the CPU time of a save by
+            about four, CPU that the background write takes from the training loop.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class CheckpointManager:
         clock: Callable[[], float] = time.monotonic,
         broadcast: Broadcast = broadcast_from_process_zero,
         process_index: int | None = None,
+        compress: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.save_policy = save_policy
@@ -77,7 +81,7 @@ class CheckpointManager:
         self._clock = clock
         self._broadcast = broadcast
         self._process_index = jax.process_index() if process_index is None else process_index
-        self._checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler())
+        self._checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=compress))
         existing = scan_checkpoints(self.directory, warn=False).complete
         self._last_save_step: int | None = max(existing) if existing else None
         self._last_save_time = clock()
