@@ -54,6 +54,11 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray)
 
 
+def _is_array_like(x: Any) -> bool:
+    """An array, or an abstract one in a template made by ``jax.eval_shape``."""
+    return _is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
 def to_state_dict(module: Any, prefix: str = "") -> StateDict:
     """Flatten a module tree into ``{dotted key: array}`` (see the module docstring for the keys).
 
@@ -62,7 +67,8 @@ def to_state_dict(module: Any, prefix: str = "") -> StateDict:
         prefix: prepended to every key (``"model"`` gives ``"model.embed.weight"``).
 
     Returns:
-        A dict of ``jax.Array`` / ``np.ndarray`` values, in the tree's order.
+        A dict of ``jax.Array`` / ``np.ndarray`` values, in the tree's order (``jax.ShapeDtypeStruct``
+        values for an abstract tree from ``jax.eval_shape``: a listing of keys, shapes and dtypes).
     """
     result: StateDict = {}
     entries, _ = _entries(module)
@@ -73,7 +79,7 @@ def to_state_dict(module: Any, prefix: str = "") -> StateDict:
                 result.update(to_state_dict(layer, _join(full_key, str(index))))
         elif is_named(leaf):
             result[full_key] = leaf.array
-        elif _is_array(leaf):
+        elif _is_array_like(leaf):
             result[full_key] = leaf
     return result
 
@@ -131,7 +137,7 @@ def _load(template: Any, state_dict: Mapping[str, Any], prefix: str, strict: boo
                 for i, layer in enumerate(leaf.layers())
             ]
             new_leaves.append(leaf.with_layers(layers))
-        elif is_named(leaf) or _is_array(leaf):
+        elif is_named(leaf) or _is_array_like(leaf):
             if full_key not in state_dict:
                 missing.append(full_key)
                 new_leaves.append(leaf)

@@ -103,7 +103,15 @@ def index_layer(tree: Any, Layers: Axis, index: int) -> Any:
     if not -Layers.size <= index < Layers.size:
         raise IndexError(f"Layer {index} is out of range for {Layers!r}")
     view = layer_view(tree, Layers)
-    return jax.tree.map(lambda x: x[index] if eqx.is_array(x) else x, view)
+
+    def pick(x: Any) -> Any:
+        if eqx.is_array(x):
+            return x[index]
+        if isinstance(x, jax.ShapeDtypeStruct):  # abstract templates from jax.eval_shape
+            return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+        return x
+
+    return jax.tree.map(pick, view)
 
 
 def stack_layers(layers: Sequence[Any], Layers: Axis) -> Any:

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from halyard.named.nn.block_seq import BlockSeq
 
 
+@eqx.filter_jit
+def _init_layers(make: Callable[..., Any], args: tuple, kwargs: dict, keys: jax.Array) -> Any:
+    # One compiled program instead of an op-by-op vmap: much faster for real blocks.
+    return eqx.filter_vmap(lambda k: make(*args, key=k, **kwargs))(keys)
+
+
 class Stacked(LayerStack[M]):
     """N layers of one module type whose parameters carry a leading ``Layers`` axis.
 
@@ -69,8 +75,7 @@ class Stacked(LayerStack[M]):
         """
         check_layers_axis(Layers)
         check_remat(remat)
-        make = block_factory(Block)
-        stacked = eqx.filter_vmap(lambda k: make(*args, key=k, **kwargs))(layer_keys(key, Layers.size))
+        stacked = _init_layers(block_factory(Block), args, kwargs, layer_keys(key, Layers.size))
         return cls(add_layers_axis(stacked, Layers), Layers, remat)
 
     @classmethod
