@@ -81,14 +81,15 @@ def _expand_one(url: str) -> list[str]:
         return []
     if fs.isdir(path):
         if is_hf_dataset_folder(url):
-            return [url]
+            return [_with_protocol(fs, url, path)]
         children = sorted(fs.ls(path, detail=False))
         return [
             _with_protocol(fs, url, child)
             for child in children
             if not child.rstrip("/").rsplit("/", 1)[-1].startswith(".") and not fs.isdir(child)
         ]
-    return [url]
+    # Local paths come back absolute, so the cache identity does not depend on the working directory.
+    return [_with_protocol(fs, url, path)]
 
 
 def _with_protocol(fs: fsspec.AbstractFileSystem, original: str, path: str) -> str:
