@@ -219,7 +219,7 @@ class Layout:
                 why = "; ".join(f"{d.axis.name}: {d.why}" for d in dims if d.why) if shardable else ""
             return LeafPlacement(path, leaf.axes, shape, leaf.dtype, spec, dims, why, shardable)
         shape = tuple(np.shape(leaf))
-        dtype = getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype  # Python scalars
         existing = getattr(leaf, "sharding", None)
         if isinstance(existing, NamedSharding) and existing.mesh == mesh:
             return LeafPlacement(path, None, shape, dtype, existing.spec, why="annotated")
