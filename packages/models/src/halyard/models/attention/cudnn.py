@@ -44,8 +44,8 @@ def cudnn_attention(flat: FlatAttention, *, scale: float) -> jax.Array:
     """Attention of plain-array inputs via ``jax.nn.dot_product_attention(implementation="cudnn")``.
 
     A plain causal (optionally sliding-window) mask with default positions uses cuDNN's built-in causal
-    masking, which also skips the hidden half of the work; any other mask (segments, positions, padding)
-    is passed as a boolean mask.
+    masking, which also skips the hidden half of the work; unmasked attention passes no mask; any other
+    mask (segments, positions, padding) is passed as a boolean mask, with odd lengths padded to even.
 
     Args:
         flat: inputs laid out by `halyard.models.attention.layout.flatten_inputs`.
@@ -61,13 +61,12 @@ def cudnn_attention(flat: FlatAttention, *, scale: float) -> jax.Array:
     if reason is not None:
         raise ValueError(f"attention(implementation='cudnn'): {reason}. Use 'auto', 'xla' or 'blocked'.")
     num_queries, num_keys = flat.query.shape[1], flat.key.shape[1]
-    plain_causal = (
-        flat.causal
-        and flat.query_segments is None
-        and flat.key_valid is None
-        and num_queries == num_keys
-        and flat.default_positions
-    )
+    per_token_rules = flat.query_segments is not None or flat.key_valid is not None
+    if not per_token_rules and not flat.causal and flat.sliding_window is None:
+        return jax.nn.dot_product_attention(
+            flat.query, flat.key, flat.value, scale=scale, implementation="cudnn"
+        )
+    plain_causal = flat.causal and not per_token_rules and num_queries == num_keys and flat.default_positions
     if plain_causal:
         window = None if flat.sliding_window is None else (flat.sliding_window - 1, 0)
         return jax.nn.dot_product_attention(
@@ -80,7 +79,19 @@ def cudnn_attention(flat: FlatAttention, *, scale: float) -> jax.Array:
             implementation="cudnn",
         )
     mask = flat_visible(flat)
+    # cuDNN's backward with a bias (our mask) needs even lengths: pad with hidden keys and dropped queries.
+    query, key, value = flat.query, flat.key, flat.value
+    padded_queries, padded_keys = num_queries + num_queries % 2, num_keys + num_keys % 2
+    if (padded_queries, padded_keys) != (num_queries, num_keys):
+        query = _pad_axis1(query, padded_queries)
+        key, value = _pad_axis1(key, padded_keys), _pad_axis1(value, padded_keys)
+        mask = jnp.pad(mask, ((0, 0), (0, padded_queries - num_queries), (0, padded_keys - num_keys)))
     output = jax.nn.dot_product_attention(
-        flat.query, flat.key, flat.value, mask=mask[:, None], scale=scale, implementation="cudnn"
+        query, key, value, mask=mask[:, None], scale=scale, implementation="cudnn"
     )
-    return jnp.where(jnp.any(mask, axis=-1)[:, :, None, None], output, jnp.zeros((), output.dtype))
+    output = jnp.where(jnp.any(mask, axis=-1)[:, :, None, None], output, jnp.zeros((), output.dtype))
+    return output[:, :num_queries]
+
+
+def _pad_axis1(array: jax.Array, length: int) -> jax.Array:
+    return jnp.pad(array, ((0, 0), (0, length - array.shape[1]), (0, 0), (0, 0)))
