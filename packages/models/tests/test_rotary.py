@@ -91,11 +91,26 @@ def test_matches_transformers(name: str, positions: list[int]) -> None:
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))
-def test_hf_round_trip(name: str) -> None:
+def test_hf_round_trip_and_export_loads_in_transformers(name: str) -> None:
     config = RotaryConfig.from_hf(THETA, SCALINGS[name])
     theta, scaling = config.to_hf()
     assert RotaryConfig.from_hf(theta, scaling) == config
     assert theta == THETA
+    # What to_hf writes is a complete rope_scaling for transformers: same frequencies and attention factor.
+    hf_config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=HEAD_SIZE,
+        max_position_embeddings=MAX_POSITION,
+        rope_theta=theta,
+        rope_scaling=scaling,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        embedding = LlamaRotaryEmbedding(hf_config)
+    inv_freq, attention_factor = inverse_frequencies(config, HEAD_SIZE, max_position=MAX_POSITION)
+    np.testing.assert_allclose(inv_freq, embedding.inv_freq.numpy(), rtol=1e-6)
+    assert attention_factor == pytest.approx(embedding.attention_scaling)
 
 
 def test_partial_rotation_matches_numpy_and_leaves_the_rest() -> None:

@@ -9,7 +9,7 @@ yarn), cast to the input's dtype, and the "rotate half" pairing (channel ``i`` p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -141,13 +141,10 @@ class RotaryConfig:
         """
         if self.scaling == "default":
             return self.theta, None
-        defaults = {f.name: f.default for f in fields(self)}
         result: dict[str, Any] = {"rope_type": self.scaling}
         for hf_key, field_name in _HF_KEYS[self.scaling].items():
             value = getattr(self, field_name)
-            if (value is not None and (field_name == "factor" or value != defaults[field_name])) or (
-                field_name == "original_max_position" and value is not None
-            ):
+            if value is not None:
                 result[hf_key] = value
         return self.theta, result
 
