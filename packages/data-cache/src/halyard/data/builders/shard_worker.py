@@ -14,6 +14,8 @@ from halyard.data.processing.processor import Processor
 from halyard.data.sources.records import Record
 from halyard.data.sources.shards import ShardSpec, read_shard
 
+_FIRST_BATCH_CHARS = 1 << 15
+
 
 @dataclass(frozen=True)
 class ShardJob:
@@ -71,14 +73,18 @@ def build_shard(job: ShardJob, processor: Processor) -> ShardProgress:
 
 
 def _batches(records: Iterator[Record], batch_chars: int) -> Iterator[list[Record]]:
+    # Batches start small and double up to batch_chars, so the first chunk of a shard is committed soon
+    # after the worker starts (tokens never depend on batching, only the latency does).
+    budget = min(_FIRST_BATCH_CHARS, batch_chars)
     batch: list[Record] = []
     characters = 0
     for record in records:
         batch.append(record)
         characters += len(record.text) if record.text is not None else 0
-        if characters >= batch_chars:
+        if characters >= budget:
             yield batch
             batch, characters = [], 0
+            budget = min(2 * budget, batch_chars)
     if batch:
         yield batch
 
