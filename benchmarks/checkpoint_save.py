@@ -9,7 +9,8 @@ Measures, in one run on one disk:
 3. the training-loop stall of an asynchronous save: a loop of jitted matmul steps is timed without a save
    (before and after, averaged) and with an asynchronous save started at its first step; the extra time divided by the synchronous save
    duration is the stall fraction (goal < 10%). On a machine with few cores the background write competes
-   with the training computation for the CPU, which this number includes.
+   with the training computation for the CPU, which this number includes; the CPU time of a save is
+   printed too (on a machine with spare cores, or a GPU doing the training, that CPU is free).
 
 Usage::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -65,6 +67,12 @@ def raw_write_seconds(state: dict, directory: Path) -> tuple[float, int]:
     return seconds, sum(leaf.nbytes for leaf in host_leaves)
 
 
+def process_cpu_seconds() -> float:
+    """User + system CPU time of this process, all threads included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sync_save_seconds(state: dict, directory: Path, step: int) -> float:
     with CheckpointManager(directory) as manager:
         start = time.perf_counter()
@@ -102,30 +110,39 @@ def main() -> None:
         sync_save_seconds(state, work_dir / "warmup", 0)  # first save pays orbax/tensorstore start-up costs
         sync_seconds = min(sync_save_seconds(state, work_dir / f"sync_{i}", 1) for i in range(2))
 
+        cpu_before = process_cpu_seconds()
+        sync_save_seconds(state, work_dir / "sync_cpu", 1)
+        sync_cpu_seconds = process_cpu_seconds() - cpu_before
+
         work = jax.random.normal(jax.random.key(1), (384, 384) if args.quick else (768, 768))
         step_seconds = training_loop_seconds(3, work, None) / 3
         num_steps = max(10, int(3 * sync_seconds / step_seconds))
-        baseline_before = training_loop_seconds(num_steps, work, None)
-        manager = CheckpointManager(work_dir / "async")
-        save_call = {}
+        # Alternate baseline and async loops (B A B A ... B) so drifts in machine load hit both alike; each
+        # async loop is compared with the mean of the baselines on either side of it.
+        baselines = [training_loop_seconds(num_steps, work, None)]
+        async_runs: list[dict] = []
+        for pair in range(1 if args.quick else 2):
+            manager = CheckpointManager(work_dir / f"async_{pair}")
+            run: dict = {}
 
-        def start_async_save() -> None:
-            start = time.perf_counter()
-            manager.save(2, state, {"benchmark": True})
-            save_call["seconds"] = time.perf_counter() - start
+            def start_async_save(manager: CheckpointManager = manager, run: dict = run) -> None:
+                start = time.perf_counter()
+                manager.save(2, state, {"benchmark": True})
+                run["save_call_seconds"] = time.perf_counter() - start
 
-        async_loop_seconds = training_loop_seconds(num_steps, work, start_async_save)
-        still_writing = manager.in_progress_step is not None
-        wait_start = time.perf_counter()
-        manager.close()
-        final_wait_seconds = time.perf_counter() - wait_start
-        # A baseline on each side of the async loop, averaged, tempers drifts in machine load.
-        baseline_after = training_loop_seconds(num_steps, work, None)
-        baseline_seconds = (baseline_before + baseline_after) / 2
+            run["loop_seconds"] = training_loop_seconds(num_steps, work, start_async_save)
+            run["still_writing_after_loop"] = manager.in_progress_step is not None
+            wait_start = time.perf_counter()
+            manager.close()
+            run["final_wait_seconds"] = time.perf_counter() - wait_start
+            baselines.append(training_loop_seconds(num_steps, work, None))
+            baseline = (baselines[-2] + baselines[-1]) / 2
+            run["stall_seconds"] = max(0.0, run["loop_seconds"] + run["final_wait_seconds"] - baseline)
+            async_runs.append(run)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
-    stall_seconds = max(0.0, async_loop_seconds + final_wait_seconds - baseline_seconds)
+    stall_seconds = float(np.median([run["stall_seconds"] for run in async_runs]))
     num_parameters = sum(leaf.size for leaf in jax.tree.leaves(state["params"]))
     result = {
         "quick": args.quick,
@@ -136,13 +153,11 @@ def main() -> None:
         "sync_save_seconds": sync_seconds,
         "checkpoint_gb_per_second": num_bytes / sync_seconds / 1e9,
         "checkpoint_to_raw_bandwidth_ratio": raw_seconds / sync_seconds,
-        "async_save_call_seconds": save_call["seconds"],
+        "sync_save_cpu_seconds": sync_cpu_seconds,
         "training_steps": num_steps,
-        "baseline_loop_seconds": baseline_seconds,
-        "baseline_loop_seconds_before_and_after": [baseline_before, baseline_after],
-        "async_loop_seconds": async_loop_seconds,
-        "still_writing_after_loop": still_writing,
-        "final_wait_seconds": final_wait_seconds,
+        "baseline_loop_seconds": baselines,
+        "async_runs": async_runs,
+        "async_save_call_seconds": max(run["save_call_seconds"] for run in async_runs),
         "async_stall_seconds": stall_seconds,
         "async_stall_fraction_of_sync_save": stall_seconds / sync_seconds,
         "cpu_count": os.cpu_count(),
@@ -152,11 +167,13 @@ def main() -> None:
     print(f"raw write + fsync:        {raw_seconds:7.2f} s  {result['raw_write_gb_per_second']:.2f} GB/s")
     print(f"checkpoint save (sync):   {sync_seconds:7.2f} s  {result['checkpoint_gb_per_second']:.2f} GB/s")
     print(f"bandwidth ratio checkpoint/raw: {result['checkpoint_to_raw_bandwidth_ratio']:.2f}  (goal >= 0.5)")
-    print(
-        f"async save() call blocked {save_call['seconds']:.3f} s; loop of {num_steps} steps: "
-        f"{baseline_seconds:.2f} s without save, {async_loop_seconds:.2f} s with "
-        f"(+{final_wait_seconds:.2f} s final wait)"
-    )
+    print(f"CPU time of one sync save (all threads): {sync_cpu_seconds:.2f} s on {os.cpu_count()} cores")
+    for run, before, after in zip(async_runs, baselines, baselines[1:]):
+        print(
+            f"async save() call blocked {run['save_call_seconds']:.3f} s; {num_steps} steps took "
+            f"{run['loop_seconds']:.2f} s (+{run['final_wait_seconds']:.2f} s final wait) vs {before:.2f} / "
+            f"{after:.2f} s without a save"
+        )
     print(f"async stall / sync save: {result['async_stall_fraction_of_sync_save']:.1%}  (goal < 10%)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
