@@ -267,3 +267,25 @@ def test_first_chunks_grow_to_the_chunk_size_at_document_boundaries(tmp_path: Pa
         target = min(800, 100 * 2**index)
         assert target <= size < target + longest_document
     assert cache.identity["first_chunk_tokens"] == 100
+
+
+def test_background_build_failure_is_raised_by_wait(tmp_path: Path, tokenizer_path):
+    write_jsonl(tmp_path / "x.jsonl", ["a b"], field="body")
+    handle = build_cache(
+        str(tmp_path / "x.jsonl"),
+        tokenizer_path,
+        str(tmp_path / "c"),
+        num_workers=0,
+        progress=False,
+        background=True,
+    )
+    with pytest.raises(MissingFieldError, match="'text' not found"):
+        handle.wait(timeout=30)
+    assert not handle.cache.is_finished
+
+
+def test_progress_bar_shows_documents_tokens_and_throughput(tmp_path: Path, tokenizer_path, capsys):
+    write_jsonl_shards(tmp_path / "src", make_documents(40, seed=18), num_shards=2)
+    build_cache(str(tmp_path / "src"), tokenizer_path, str(tmp_path / "c"), num_workers=0, progress=True)
+    shown = capsys.readouterr().err
+    assert "2/2" in shown and "documents=40" in shown and "tokens_per_s=" in shown

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_helpers import cut_back_to_partial, make_documents, write_jsonl_shards
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from halyard.data import (
@@ -57,6 +57,7 @@ def reference_segments(stream: np.ndarray, start: int, width: int, eos: int) -> 
     return np.concatenate([[0], np.cumsum(window[:-1] == eos)]).astype(np.int32)
 
 
+@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 3000), st.integers(0, 2**31))
 def test_feistel_is_a_bijection_for_any_size(size: int, seed: int):
     image = FeistelPermutation(size, (seed,))(np.arange(size))
@@ -194,3 +195,8 @@ def test_loader_prefetches_the_same_batches_and_resumes_by_step(cache: TokenCach
     with Loader(dataset, 8, start_step=4, host_index=1, host_count=2) as resumed:
         np.testing.assert_array_equal(next(resumed)["segment_ids"], batches[4]["segment_ids"])
         assert resumed.step == 5
+
+
+def test_a_cache_shorter_than_one_window_is_a_clear_error(small_cache: TokenCache):
+    with pytest.raises(ValueError, match="not one window of seq_len \\+ 1"):
+        len(LMDataset(small_cache, seq_len=10**7))

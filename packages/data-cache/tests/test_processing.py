@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_helpers import make_documents, train_tokenizer
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 
@@ -104,6 +104,7 @@ def test_uint32_dtype_for_large_vocabularies():
     assert Processor.create(big).token_dtype == np.uint32
 
 
+@settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab c\n\t.é")), max_size=300), st.integers(2, 40))
 def test_safe_split_pieces_concatenate_to_the_text_and_respect_the_limit(text: str, max_chars: int):
     pieces = safe_split(text, max_chars)

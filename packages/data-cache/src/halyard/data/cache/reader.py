@@ -91,8 +91,8 @@ class TokenCache:
 
     @property
     def token_dtype(self) -> np.dtype:
-        """The stored token dtype (``uint16`` or ``uint32``)."""
-        return np.dtype(self.processor_metadata["token_dtype"])
+        """The stored token dtype: little-endian ``uint16`` or ``uint32``."""
+        return np.dtype(self.processor_metadata["token_dtype"]).newbyteorder("<")
 
     @property
     def is_finished(self) -> bool:
