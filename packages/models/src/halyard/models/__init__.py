@@ -16,6 +16,7 @@ from halyard.models.layers.kv_cache import KVCache
 from halyard.models.llama import Llama, LlamaConfig, MistralConfig, Qwen2Config
 from halyard.models.mixtral import Mixtral, MixtralConfig
 from halyard.models.model import CausalLM, DecoderOutput
+from halyard.models.mup import MupConfig, MupTransformer, lr_multipliers
 
 
 def init_model(config: ModelConfig, key: _jax.Array) -> CausalLM:
@@ -41,10 +42,13 @@ __all__ = [
     "Mixtral",
     "MixtralConfig",
     "ModelConfig",
+    "MupConfig",
+    "MupTransformer",
     "Qwen2Config",
     "config_class",
     "flops_per_token",
     "init_model",
+    "lr_multipliers",
     "mean_visible_keys",
     "model_config",
     "num_params",

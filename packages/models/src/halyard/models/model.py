@@ -49,6 +49,11 @@ def default_positions(tokens: NamedArray) -> NamedArray:
     return hn.broadcast_to(arange, tokens.axes)
 
 
+def _plain(x: Any) -> jax.Array:
+    """A scalar as a plain ``jax.Array`` (the loss helpers return 0-d NamedArrays)."""
+    return x.array if isinstance(x, NamedArray) else jnp.asarray(x)
+
+
 def cast_floating(tree: Any, dtype: Any) -> Any:
     """``tree`` with every floating array (plain or named) cast to ``dtype``; other leaves unchanged."""
 
@@ -196,7 +201,8 @@ class CausalLM(eqx.Module):
             logit_scale=self.logit_scale,
             reduction=reduction,
         )
-        metrics = dict(metrics)
+        loss = _plain(loss)
+        metrics = {name: _plain(value) for name, value in metrics.items()}
         metrics.update(output.metrics)
         # A summed loss is divided by the token count later (token-weighted accumulation): scale the
         # auxiliary term so that the division gives back mean + aux.
