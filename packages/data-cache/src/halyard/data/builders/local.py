@@ -64,11 +64,15 @@ def run_local(
     Raises:
         the first exception a shard raised (other shards are cancelled).
     """
+    if not jobs:
+        return
     if num_workers == 0:
         for job in jobs:
             build_shard(job, processor)
             poll()
         return
+    # Fewer shards than workers: fewer processes, each tokenizing with more threads, so all cores work.
+    num_workers = max(1, min(num_workers, len(jobs)))
     threads = max(1, default_num_workers() // num_workers)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
