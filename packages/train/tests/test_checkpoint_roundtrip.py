@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -90,6 +91,32 @@ def test_weights_only_restore_reads_the_params_subtree(tmp_path: Path) -> None:
     assert_bitwise_equal(state["params"], params)
     with pytest.raises(ValueError, match=r"no leaf under '\.params'.*\['opt_state'\]"):
         restore_weights(tmp_path / "step_00000007", params, params_path=".params")
+    # A bare name finds the dict key (or the attribute of a dataclass / equinox state).
+    by_name = restore_weights(
+        tmp_path / "step_00000007", jax.eval_shape(lambda: state["params"]), params_path="params"
+    )
+    assert_bitwise_equal(state["params"], by_name)
+
+
+@dataclasses.dataclass
+class ModuleLikeState:
+    params: dict
+    params_ema: dict
+
+
+jax.tree_util.register_dataclass(ModuleLikeState, data_fields=["params", "params_ema"], meta_fields=[])
+
+
+def test_weights_only_restore_of_an_attribute_ignores_siblings_sharing_its_prefix(tmp_path: Path) -> None:
+    state = ModuleLikeState(params={"w": jnp.arange(3.0)}, params_ema={"w": jnp.zeros(3)})
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, state, wait=True)
+    target = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    for params_path in ("params", ".params"):
+        params = restore_weights(tmp_path / "step_00000001", target, params_path=params_path)
+        assert np.array_equal(np.asarray(params["w"]), np.arange(3.0))
+    ema = restore_weights(tmp_path / "step_00000001", target, params_path="params_ema")
+    assert np.array_equal(np.asarray(ema["w"]), np.zeros(3))
 
 
 def test_a_state_that_differs_from_the_checkpoint_is_refused_by_name(tmp_path: Path) -> None:

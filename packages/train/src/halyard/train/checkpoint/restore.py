@@ -100,7 +100,8 @@ def restore_weights(
         target_params: the abstract tree of the weights alone (see `restore` for the leaf types).
         shardings: as in `restore`.
         params_path: where the weights sit in the saved state, as ``jax.tree_util.keystr`` prints the
-            path: ``"['params']"`` for a dict state, ``".params"`` for a dataclass or equinox module.
+            path (``"['params']"`` for a dict state, ``".params"`` for a dataclass or equinox module), or
+            a bare name (``"params"``) meaning whichever of those two the checkpoint holds.
 
     Raises:
         DamagedCheckpointError: when ``path`` is not a complete checkpoint.
@@ -108,13 +109,22 @@ def restore_weights(
             or the weights differ in leaves, shapes or dtypes.
     """
     marker = read_commit_marker(path)
-    if not any(leaf.path.startswith(params_path) for leaf in marker.leaves):
-        tops = sorted({_top_level(leaf.path) for leaf in marker.leaves})
-        raise ValueError(
-            f"Checkpoint {path} has no leaf under {params_path!r}; its top-level entries are {tops}. "
-            f"Pass params_path as one of them"
-        )
-    return _restore_tree(Path(path), marker, target_params, shardings, prefix=params_path, what="weights")
+    bare_name = not params_path.startswith((".", "["))
+    candidates = [f".{params_path}", f"['{params_path}']"] if bare_name else [params_path]
+    for prefix in candidates:
+        if any(_is_under(leaf.path, prefix) for leaf in marker.leaves):
+            return _restore_tree(Path(path), marker, target_params, shardings, prefix=prefix, what="weights")
+    tops = sorted({_top_level(leaf.path) for leaf in marker.leaves})
+    raise ValueError(
+        f"Checkpoint {path} has no leaf under {params_path!r}; its top-level entries are {tops}. "
+        f"Pass params_path as one of them"
+    )
+
+
+def _is_under(path: str, prefix: str) -> bool:
+    """Whether the leaf ``path`` is ``prefix`` itself or inside it (``.params`` holds ``.params['w']``,
+    not ``.params_ema['w']``)."""
+    return path == prefix or (path.startswith(prefix) and path[len(prefix)] in ".[")
 
 
 def _top_level(path: str) -> str:
@@ -182,7 +192,9 @@ def _check_leaf(record: LeafRecord, leaf: Any, path: str, step_dir: Path) -> Non
 def _restore_tree(
     step_dir: Path, marker: CommitMarker, target: Any, shardings: ShardingsLike, *, prefix: str, what: str
 ) -> Any:
-    records = {record.path: record for record in marker.leaves if record.path.startswith(prefix)}
+    records = {
+        record.path: record for record in marker.leaves if not prefix or _is_under(record.path, prefix)
+    }
     leaves_with_paths, structure = jax.tree_util.tree_flatten_with_path(target)
     paths = [prefix + jax.tree_util.keystr(key_path) for key_path, _ in leaves_with_paths]
     missing = [path for path in paths if path not in records]
