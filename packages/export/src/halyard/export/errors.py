@@ -1,0 +1,30 @@
+"""The errors import and export raise; each message names the file, key or option and the fix."""
+
+from __future__ import annotations
+
+
+class HfConversionError(ValueError):
+    """Base class: a Hugging Face folder or a Halyard model cannot be converted as asked."""
+
+
+class UnsupportedModelError(HfConversionError):
+    """The architecture, a config option or its value has no Halyard (or Hugging Face) equivalent."""
+
+
+class MissingWeightError(HfConversionError, KeyError):
+    """A tensor the config implies is absent from the weight files."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnexpectedWeightError(HfConversionError):
+    """The weight files hold a tensor the config does not explain (nothing is silently dropped)."""
+
+
+class ShapeMismatchError(HfConversionError):
+    """A tensor's shape differs from the one the config implies."""
+
+
+class PickleRefusedError(HfConversionError):
+    """Only pickled ``pytorch_model.bin`` weights exist and ``allow_pickle`` was not given."""

@@ -1,0 +1,190 @@
+"""`export_hf`: a Halyard model -> a folder `transformers.AutoModelForCausalLM.from_pretrained` loads."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from halyard.export.config_writing import config_to_hf_dict, generation_config_dict
+from halyard.export.families import mappings_for
+from halyard.export.plan import LeafPlan, leaf_plans
+from halyard.export.sources import SAFETENSORS, SAFETENSORS_INDEX
+from halyard.export.tokenizer_files import TokenizerInfo, read_tokenizer, write_tokenizer_files
+from halyard.models import CausalLM
+
+EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+
+def _to_host(array: jax.Array) -> np.ndarray:
+    """The whole array on this host (gathered from other processes when it spans several)."""
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(jax.device_get(array))
+
+
+def _block(plan: LeafPlan, indices: dict[str, int]) -> np.ndarray:
+    """One Hugging Face tensor's share of a Halyard parameter, vocabulary rows beyond the export cut."""
+    array = plan.leaf.array
+    index: list[Any] = [indices[name] for name in plan.mapping.stacked]
+    for name in plan.mapping.target:
+        index.append(slice(0, plan.hf_sizes[name]) if name == "vocab" else slice(None))
+    return _to_host(array[tuple(index)])
+
+
+def _tensor(contributions: list[tuple[LeafPlan, dict[str, int]]], dtype: np.dtype) -> np.ndarray:
+    """Assemble one Hugging Face tensor from every (parameter, stacked index) that lives in it."""
+    first = contributions[0][0]
+    full = first.mapping.sizes_with_part(first.hf_sizes)
+    view = np.zeros([full[name] for name in first.mapping.view_names], dtype=np.float32)
+    for plan, indices in contributions:
+        plan.mapping.place(view, _block(plan, indices).astype(np.float32))
+    return np.ascontiguousarray(view.reshape(first.hf_shape()).astype(dtype))
+
+
+def _shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names grouped in order into files of at most ``max_shard_bytes`` (a larger tensor alone)."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for key, size in sizes.items():
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(key)
+        used += size
+    return shards
+
+
+def _special_ids(
+    tokenizer: TokenizerInfo | None, explicit: dict[str, int | None], vocab_size: int
+) -> dict[str, int | None]:
+    ids = {}
+    for role, value in explicit.items():
+        if value is None and tokenizer is not None:
+            value = tokenizer.special_id(role)
+        if value is not None and not 0 <= value < vocab_size:
+            raise ValueError(
+                f"{role}_token_id={value} is outside the exported vocabulary 0..{vocab_size - 1}"
+            )
+        ids[role] = value
+    return ids
+
+
+def _clear_previous_export(folder: Path, overwrite: bool) -> None:
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        return
+    previous = [p for p in folder.iterdir() if p.name == "config.json" or p.name.startswith("model")]
+    if previous and not overwrite:
+        raise FileExistsError(
+            f"{folder} already holds a model ({', '.join(sorted(p.name for p in previous))}); choose an empty "
+            "folder or pass overwrite=True"
+        )
+    for path in previous:
+        if path.name.endswith(".safetensors") or path.name == SAFETENSORS_INDEX:
+            path.unlink()
+
+
+def export_hf(
+    model: CausalLM,
+    folder: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    dtype: str = "float32",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    vocab_size: int | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` as a Hugging Face folder: config.json, generation_config.json, safetensors, tokenizer.
+
+    Args:
+        model: a Halyard GPT-2, Llama, Mistral, Qwen2 or Mixtral (sharded or not; parameters are gathered
+            one Hugging Face tensor at a time).
+        folder: where to write (created; must not already hold a model unless ``overwrite``).
+        tokenizer: ``tokenizer.json`` or a folder with one (plus ``tokenizer_config.json``...): copied
+            alongside, and its BOS/EOS/pad tokens become the config's ids unless given explicitly.
+        dtype: ``"float32"`` or ``"bfloat16"`` for the stored weights.
+        max_shard_bytes: above this total size the weights are split into ``model-0000i-of-0000n.safetensors``
+            files with a ``model.safetensors.index.json``; one tensor is never split.
+        vocab_size: embedding rows to write (drop vocabulary padding). Default: the tokenizer's vocabulary
+            size when a tokenizer is given and it is smaller than the model's, else the model's.
+        bos_token_id, eos_token_id, pad_token_id: special ids for config.json and generation_config.json.
+        overwrite: replace an earlier export in ``folder``.
+
+    Returns:
+        The folder.
+
+    Raises:
+        UnsupportedModelError: a family or option with no Hugging Face equivalent (e.g. ``mup``).
+        ValueError: unknown ``dtype``, a ``vocab_size`` outside ``1..model vocab`` or smaller than the
+            tokenizer's, a special id outside the vocabulary.
+        FileExistsError: ``folder`` holds a model and ``overwrite`` is False.
+    """
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export dtype {dtype!r} is not supported; choose one of {', '.join(EXPORT_DTYPES)}")
+    config = model.model_config
+    mappings = mappings_for(config)
+    info = read_tokenizer(tokenizer) if tokenizer is not None else None
+    model_vocab = int(config.vocab_size)
+    if vocab_size is None:
+        vocab_size = info.vocab_size if info is not None and info.vocab_size < model_vocab else model_vocab
+    if not 1 <= vocab_size <= model_vocab:
+        raise ValueError(f"vocab_size={vocab_size} must lie between 1 and the model's {model_vocab}")
+    if info is not None and info.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer {info.tokenizer_json} has {info.vocab_size} tokens but only {vocab_size} "
+            "embedding rows would be written; pass a larger vocab_size or the model's own tokenizer"
+        )
+    ids = _special_ids(info, {"bos": bos_token_id, "eos": eos_token_id, "pad": pad_token_id}, vocab_size)
+    hf_config = config_to_hf_dict(
+        config,
+        vocab_size=vocab_size,
+        dtype=dtype,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+    )
+    folder = Path(folder)
+    _clear_previous_export(folder, overwrite)
+
+    plans = leaf_plans(model, mappings, vocab_size)
+    contributions: dict[str, list[tuple[LeafPlan, dict[str, int]]]] = defaultdict(list)
+    for plan in plans:
+        for indices in plan.stacked_indices():
+            contributions[plan.mapping.key(indices)].append((plan, indices))
+    itemsize = EXPORT_DTYPES[dtype].itemsize
+    sizes = {key: int(np.prod(parts[0][0].hf_shape())) * itemsize for key, parts in contributions.items()}
+    shards = _shards(sizes, max_shard_bytes)
+    names = (
+        [SAFETENSORS]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    weight_map = {}
+    for name, keys in zip(names, shards):
+        tensors = {key: _tensor(contributions[key], EXPORT_DTYPES[dtype]) for key in keys}
+        save_file(tensors, str(folder / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, name))
+        del tensors
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+        (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    generation = generation_config_dict(ids["bos"], ids["eos"], ids["pad"])
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if info is not None:
+        max_length = int(getattr(config, "max_position", 0)) or int(1e30)
+        write_tokenizer_files(info, folder, special_ids=ids, model_max_length=max_length)
+    return folder

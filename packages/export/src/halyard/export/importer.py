@@ -1,0 +1,230 @@
+"""`import_hf`: a Hugging Face model folder -> a Halyard model, optionally straight into a sharded layout."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from halyard.export.config_reading import HfModelInfo, config_from_hf_dict
+from halyard.export.errors import MissingWeightError, ShapeMismatchError, UnexpectedWeightError
+from halyard.export.families import GPT2_BUFFERS, mappings_for
+from halyard.export.plan import LeafPlan, expected_tensors, leaf_plans, named_leaves
+from halyard.export.sources import WeightSource, open_weights
+from halyard.models import CausalLM, ModelConfig
+from halyard.named import NamedArray
+from halyard.shard import Layout, pad_for
+
+# Constant buffers some checkpoints store next to the parameters; Halyard recomputes them.
+_BUFFERS = re.compile(r".*\.(rotary_emb\.inv_freq|" + "|".join(re.escape(b) for b in GPT2_BUFFERS) + r")$")
+
+
+def read_hf_config(
+    folder: str | Path, *, overrides: Mapping[str, Any] | None = None
+) -> tuple[ModelConfig, HfModelInfo]:
+    """The Halyard config of a Hugging Face folder's ``config.json`` (no weights are read).
+
+    Args:
+        folder: the model folder.
+        overrides: Halyard config fields set on top (``param_dtype``, ``remat``, ``attention_implementation``).
+
+    Returns:
+        ``(config, info)``; ``info`` holds the family, the checkpoint's vocabulary size and its special ids.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+        UnsupportedModelError: remote code, an unsupported architecture or option (named).
+    """
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist: a Hugging Face model folder needs its config.json next to the weights"
+        )
+    return config_from_hf_dict(json.loads(path.read_text()), where=str(path), overrides=overrides)
+
+
+def _gpt2_prefix(keys: list[str]) -> str:
+    return "transformer." if any(key.startswith("transformer.") for key in keys) else ""
+
+
+def _check_tensors(source: WeightSource, plans: list[LeafPlan], config: ModelConfig) -> None:
+    expected = expected_tensors(plans)
+    present = set(source.keys())
+    missing = [key for key in expected if key not in present]
+    if missing:
+        shown = ", ".join(f"{key!r} (shape {expected[key]})" for key in missing[:6])
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        raise MissingWeightError(
+            f"{source.description} lacks {len(missing)} tensor(s) that {type(config).__name__} needs: "
+            f"{shown}{more}. The checkpoint and its config.json disagree (or the files are incomplete)"
+        )
+    for key, shape in expected.items():
+        found = source.shape(key)
+        if found != shape:
+            raise ShapeMismatchError(
+                f"{source.file_of(key)}: tensor {key!r} has shape {found}, but config.json implies {shape}; "
+                "the weights do not belong to this config"
+            )
+    tied = getattr(config, "tie_embeddings", False) or config.family == "gpt2"
+    unexpected = []
+    for key in source.keys():  # noqa: SIM118 (a WeightSource is not a mapping)
+        if key in expected or _BUFFERS.match(key):
+            continue
+        if key == "lm_head.weight" and tied:
+            _check_tied_head(source, plans)
+            continue
+        unexpected.append(key)
+    if unexpected:
+        shown = ", ".join(f"{key!r} (shape {source.shape(key)})" for key in unexpected[:6])
+        more = f" and {len(unexpected) - 6} more" if len(unexpected) > 6 else ""
+        raise UnexpectedWeightError(
+            f"{source.description} holds {len(unexpected)} tensor(s) that {type(config).__name__} has no "
+            f"place for: {shown}{more}. Nothing is dropped silently: check config.json (e.g. "
+            "tie_word_embeddings, attention_bias) against the weights"
+        )
+
+
+def _check_tied_head(source: WeightSource, plans: list[LeafPlan]) -> None:
+    """A stored ``lm_head.weight`` of a tied model must equal the embedding it is tied to."""
+    embedding = next(p.mapping.hf_key for p in plans if p.path in ("token_embedding.weight", "embed.weight"))
+    full = (slice(None), slice(None))
+    if source.shape("lm_head.weight") != source.shape(embedding) or not np.array_equal(
+        source.read("lm_head.weight", full), source.read(embedding, full)
+    ):
+        raise UnexpectedWeightError(
+            f"{source.description} holds 'lm_head.weight' different from {embedding!r}, but config.json ties "
+            "them (tie_word_embeddings); set tie_word_embeddings=false if the head is separate"
+        )
+
+
+def _block_reader(
+    plan: LeafPlan, source: WeightSource, dtype: Any
+) -> Callable[[tuple[slice, ...]], np.ndarray]:
+    """Reads any rectangular block of the Halyard array (padding rows of the vocabulary are zeros)."""
+    mapping, leaf = plan.mapping, plan.leaf
+    num_stacked = len(mapping.stacked)
+    last: dict[tuple, np.ndarray] = {}
+
+    def read_one(indices: dict[str, int], target_slices: list[slice]) -> np.ndarray:
+        key = mapping.key(indices)
+        reader = lambda slices: source.read(key, slices)
+        return mapping.read(reader, plan.hf_sizes, target_slices).astype(dtype)
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+        bounds = tuple(s.indices(axis.size)[:2] for s, axis in zip(index, leaf.axes))
+        if bounds in last:  # replicated leaves ask for the same block once per device
+            return last[bounds]
+        stacked, rest = bounds[:num_stacked], list(bounds[num_stacked:])
+        pad_widths = [(0, 0)] * len(bounds)
+        for position, (name, (start, stop)) in enumerate(zip(mapping.target, rest)):
+            limit = plan.hf_sizes[name]
+            if stop > limit:  # vocabulary padding beyond the checkpoint's rows
+                pad_widths[num_stacked + position] = (0, stop - max(start, limit))
+                rest[position] = (min(start, limit), limit)
+        target_slices = [slice(start, stop) for start, stop in rest]
+        empty = any(stop <= start for start, stop in rest)
+        block_shape = [stop - start for start, stop in (*stacked, *rest)]
+        if empty:
+            block = np.zeros(block_shape, dtype)
+        else:
+            ranges = [range(start, stop) for start, stop in stacked]
+            block = _stack(ranges, mapping.stacked, {}, lambda ind: read_one(ind, target_slices))
+        block = np.pad(block, pad_widths) if any(w != (0, 0) for w in pad_widths) else block
+        last.clear()
+        last[bounds] = block
+        return block
+
+    return read
+
+
+def _stack(
+    ranges: list[range],
+    names: list[str],
+    chosen: dict[str, int],
+    read_one: Callable[[dict[str, int]], np.ndarray],
+) -> np.ndarray:
+    if not ranges:
+        return read_one(chosen)
+    return np.stack([_stack(ranges[1:], names[1:], {**chosen, names[0]: i}, read_one) for i in ranges[0]])
+
+
+def import_hf(
+    folder: str | Path,
+    *,
+    layout: Layout | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    dtype: str | None = None,
+    allow_pickle: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
+) -> tuple[ModelConfig, CausalLM]:
+    """Load a Hugging Face causal-LM folder (GPT-2, Llama, Mistral, Qwen2, Mixtral) as a Halyard model.
+
+    Without ``layout``/``mesh`` the parameters are ordinary arrays on the default device. With both, each
+    parameter is created directly in ``layout``'s sharding: every device's block is read from the
+    memory-mapped file on its own (``jax.make_array_from_callback``), so the host never holds more than
+    one tensor's block at a time; and the vocabulary is padded with zero rows up to
+    ``halyard.shard.pad_for(vocab, "vocab", mesh, layout)`` so that it divides the mesh (the returned
+    config then has the padded ``vocab_size``; `export_hf` cuts the rows back with ``vocab_size=``).
+
+    Args:
+        folder: a folder with ``config.json`` and ``model.safetensors`` or sharded safetensors with
+            ``model.safetensors.index.json`` (or ``pytorch_model.bin`` with ``allow_pickle``).
+        layout: where each parameter goes (needs ``mesh``).
+        mesh: the device mesh (needs ``layout``).
+        dtype: parameter dtype (``"float32"``, ``"bfloat16"``...); None keeps the config's ``param_dtype``
+            (float32 unless ``config_overrides`` says otherwise). Stored tensors are converted.
+        allow_pickle: read pickled ``pytorch_model.bin`` weights when there are no safetensors, with
+            ``torch.load(weights_only=True)``.
+        config_overrides: Halyard config fields set on top of ``config.json`` (``remat``, ``scan_layers``,
+            ``attention_implementation``, ...).
+
+    Returns:
+        ``(config, model)``.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` or no weights.
+        UnsupportedModelError: remote code, an architecture or option Halyard does not implement.
+        PickleRefusedError: only pickled weights and ``allow_pickle`` is False.
+        MissingWeightError / UnexpectedWeightError / ShapeMismatchError: the weights and the config
+            disagree (the message names the tensor, its file and both shapes).
+        ValueError: only one of ``layout`` and ``mesh`` given.
+    """
+    if (layout is None) != (mesh is None):
+        raise ValueError("import_hf needs both layout and mesh to shard the model (or neither)")
+    folder = Path(folder)
+    overrides = dict(config_overrides or {})
+    if dtype is not None:
+        overrides["param_dtype"] = dtype
+    config, info = read_hf_config(folder, overrides=overrides)
+    source = open_weights(folder, allow_pickle=allow_pickle)
+    if layout is not None and mesh is not None:
+        padded = pad_for(info.vocab_size, "vocab", mesh, layout)
+        if padded != config.vocab_size:  # type: ignore[attr-defined]
+            config = config.replace(vocab_size=padded)
+    abstract = eqx.filter_eval_shape(config.init, jax.random.key(0))
+    mappings = mappings_for(config, gpt2_prefix=_gpt2_prefix(source.keys()))
+    plans = leaf_plans(abstract, mappings, info.vocab_size)
+    _check_tensors(source, plans, config)
+
+    numpy_dtype = np.dtype(jnp.dtype(config.param_dtype))
+    leaves, treedef = named_leaves(abstract)
+    shardings = None
+    if layout is not None and mesh is not None:
+        shardings = dict(named_leaves(layout.shardings(abstract, mesh))[0])
+    new_leaves = []
+    for (path, leaf), plan in zip(leaves, plans):
+        read = _block_reader(plan, source, numpy_dtype)
+        shape = tuple(axis.size for axis in leaf.axes)
+        if shardings is None:
+            array = jnp.asarray(read(tuple(slice(None) for _ in shape)))
+        else:
+            array = jax.make_array_from_callback(shape, shardings[path].array, read)
+        new_leaves.append(NamedArray(array, leaf.axes))
+    return config, jax.tree_util.tree_unflatten(treedef, new_leaves)
