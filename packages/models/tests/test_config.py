@@ -1,0 +1,82 @@
+"""The registry of families and config validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+
+from halyard.models import (
+    Gpt2Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    MupConfig,
+    Qwen2Config,
+    config_class,
+    init_model,
+    model_config,
+    register_model,
+    registered_models,
+)
+
+
+def test_every_family_is_registered_with_its_defaults() -> None:
+    assert registered_models() == ("gpt2", "llama", "mistral", "mixtral", "mup", "qwen2")
+    expected = {"gpt2": Gpt2Config, "llama": LlamaConfig, "mistral": MistralConfig, "mixtral": MixtralConfig,
+                "mup": MupConfig, "qwen2": Qwen2Config}  # fmt: skip
+    for name, cls in expected.items():
+        assert config_class(name) is cls and cls.family == name
+    assert model_config("mistral").sliding_window == 4096
+    assert model_config("qwen2").attention_bias and model_config("qwen2").qkv_bias_only
+    assert model_config("llama", num_layers=3).num_layers == 3
+
+
+def test_configs_are_frozen_and_replace_checks_names() -> None:
+    config = model_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.hidden_size = 3  # type: ignore[misc]
+    assert config.replace(num_layers=5).num_layers == 5
+    with pytest.raises(TypeError, match="did you mean 'num_layers'"):
+        config.replace(num_layer=5)
+    assert hash(config) == hash(model_config("llama", hidden_size=64, num_heads=4, num_kv_heads=2))
+
+
+def test_unknown_names_and_bad_values_get_clear_errors() -> None:
+    with pytest.raises(KeyError, match="Did you mean 'llama'"):
+        model_config("lama")
+    with pytest.raises(TypeError, match="did you mean 'num_kv_heads'"):
+        model_config("llama", num_kv_head=2)
+    with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):
+        model_config("llama", num_heads=6, num_kv_heads=4)
+    with pytest.raises(ValueError, match="remat='sometimes'"):
+        model_config("gpt2", remat="sometimes")
+    with pytest.raises(ValueError, match="attention_implementation='flash'"):
+        model_config("gpt2", attention_implementation="flash")
+    with pytest.raises(ValueError, match="activation"):
+        model_config("llama", activation="swoosh")
+    with pytest.raises(ValueError, match="head_dim"):
+        model_config("mup", hidden_size=100, head_dim=16)
+    with pytest.raises(ValueError, match="num_experts_per_token"):
+        model_config("mixtral", num_experts=2, num_experts_per_token=3)
+    with pytest.raises(ValueError, match="set head_dim explicitly"):
+        model_config("llama", hidden_size=30, num_heads=4, num_kv_heads=4)
+
+
+def test_register_model_refuses_a_second_class_for_a_name() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_model("llama")
+        @dataclasses.dataclass(frozen=True)
+        class Other(LlamaConfig):
+            pass
+
+
+def test_head_dim_is_independent_of_width() -> None:
+    config = model_config("llama", vocab_size=11, hidden_size=16, intermediate_size=8, num_layers=1, num_heads=4,
+                          num_kv_heads=1, head_dim=8)  # fmt: skip
+    model = init_model(config, jax.random.key(0))
+    attention = model.layers.layers.attention
+    assert attention.q_proj.weight.shape == {"layers": 1, "embed": 16, "heads": 4, "head_size": 8}
+    assert attention.k_proj.weight.shape == {"layers": 1, "embed": 16, "kv_heads": 1, "head_size": 8}
