@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float, Shaped
 
 from halyard.models.attention.layout import FlatAttention, visible
 
@@ -38,7 +39,9 @@ class _Static(NamedTuple):
     scale: float
 
 
-def blocked_attention(flat: FlatAttention, *, scale: float, block_size: int = 128) -> jax.Array:
+def blocked_attention(
+    flat: FlatAttention, *, scale: float, block_size: int = 128
+) -> Shaped[Array, "batch pos heads head_size"]:
     """Attention of plain-array inputs without materialising the attention matrix.
 
     Args:
@@ -111,15 +114,21 @@ def _block_visible(
     )
 
 
-def _logits(static: _Static, query_block: jax.Array, key_block: jax.Array) -> jax.Array:
+def _logits(
+    static: _Static, query_block: Shaped[Array, "B q h g d"], key_block: Shaped[Array, "B k h d"]
+) -> Float[Array, "B h g q k"]:
     """``[B, q, h, g, d] x [B, k, h, d] -> [B, h, g, q, k]`` in float32, scaled."""
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", query_block, key_block, preferred_element_type=jnp.float32)
     return logits * static.scale
 
 
 def _forward(
-    static: _Static, query: jax.Array, key: jax.Array, value: jax.Array, tokens: _Tokens
-) -> tuple[jax.Array, jax.Array]:
+    static: _Static,
+    query: Shaped[Array, "B Q q h g d"],
+    key: Shaped[Array, "B K k h d"],
+    value: Shaped[Array, "B K k h d"],
+    tokens: _Tokens,
+) -> tuple[Shaped[Array, "B Q q h g d"], Float[Array, "Q B h g q"]]:
     """Output ``[B, Q, q, h, g, d]`` and log-sum-exp ``[Q, B, h, g, q]`` (``+inf`` for rows seeing nothing)."""
     batch, num_query_blocks, query_block, num_kv_heads, group, head_size = query.shape
     num_key_blocks = key.shape[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Shaped
 
 from halyard.models.attention.layout import FlatAttention, flat_visible
 
@@ -40,7 +41,7 @@ def cudnn_unsupported_reason(flat: FlatAttention) -> str | None:
     return None
 
 
-def cudnn_attention(flat: FlatAttention, *, scale: float) -> jax.Array:
+def cudnn_attention(flat: FlatAttention, *, scale: float) -> Shaped[Array, "batch pos heads head_size"]:
     """Attention of plain-array inputs via ``jax.nn.dot_product_attention(implementation="cudnn")``.
 
     A plain causal (optionally sliding-window) mask with default positions uses cuDNN's built-in causal

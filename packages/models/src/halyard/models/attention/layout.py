@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int, Shaped
 
 import halyard.named as hn
 from halyard.models.attention.mask import AttentionMask
@@ -32,14 +33,14 @@ class FlatAttention:
     positions are always present (``arange`` by default; ``default_positions`` says both are).
     """
 
-    query: jax.Array
-    key: jax.Array
-    value: jax.Array
-    query_positions: jax.Array
-    key_positions: jax.Array
-    query_segments: jax.Array | None
-    key_segments: jax.Array | None
-    key_valid: jax.Array | None
+    query: Shaped[Array, "batch pos heads head_size"]
+    key: Shaped[Array, "batch key_pos kv_heads head_size"]
+    value: Shaped[Array, "batch key_pos kv_heads head_size"]
+    query_positions: Int[Array, "batch pos"]
+    key_positions: Int[Array, "batch key_pos"]
+    query_segments: Int[Array, "batch pos"] | None
+    key_segments: Int[Array, "batch key_pos"] | None
+    key_valid: Bool[Array, "batch key_pos"] | None
     causal: bool
     sliding_window: int | None
     default_positions: bool
@@ -140,7 +141,7 @@ def flatten_inputs(
     )
 
 
-def unflatten_output(flat: FlatAttention, output: jax.Array) -> NamedArray:
+def unflatten_output(flat: FlatAttention, output: Shaped[Array, "batch pos heads head_size"]) -> NamedArray:
     """``output[batch, pos, heads, head_size]`` back to the query's named axes and order."""
     by_name = {a.name: a for a in flat.query_axes}
     axes = (*flat.batch_axes, by_name[POS], by_name[HEADS], by_name[HEAD_SIZE])
@@ -149,15 +150,15 @@ def unflatten_output(flat: FlatAttention, output: jax.Array) -> NamedArray:
 
 
 def visible(
-    query_positions: jax.Array,
-    key_positions: jax.Array,
-    query_segments: jax.Array | None,
-    key_segments: jax.Array | None,
-    key_valid: jax.Array | None,
+    query_positions: Int[Array, "batch q"],
+    key_positions: Int[Array, "batch k"],
+    query_segments: Int[Array, "batch q"] | None,
+    key_segments: Int[Array, "batch k"] | None,
+    key_valid: Bool[Array, "batch k"] | None,
     *,
     causal: bool,
     sliding_window: int | None,
-) -> jax.Array:
+) -> Bool[Array, "batch q k"]:
     """The mask rule on plain per-token arrays: ``[batch, q]`` and ``[batch, k]`` -> bool ``[batch, q, k]``.
 
     Used block by block by the blocked kernel and once by the xla/cudnn kernels.
@@ -176,7 +177,7 @@ def visible(
     return result
 
 
-def flat_visible(flat: FlatAttention) -> jax.Array:
+def flat_visible(flat: FlatAttention) -> Bool[Array, "batch pos key_pos"]:
     """The full ``[batch, pos, key_pos]`` mask of ``flat`` (quadratic memory)."""
     return visible(
         flat.query_positions,

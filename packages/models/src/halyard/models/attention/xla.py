@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Shaped
 
 from halyard.models.attention.layout import FlatAttention, flat_visible
 
 
-def xla_attention(flat: FlatAttention, *, scale: float) -> jax.Array:
+def xla_attention(flat: FlatAttention, *, scale: float) -> Shaped[Array, "batch pos heads head_size"]:
     """Attention of plain-array inputs via ``jax.nn.dot_product_attention(implementation="xla")``.
 
     GQA uses JAX's native grouping (query head ``h`` reads kv head ``h // group``, as in Hugging Face).
