@@ -22,6 +22,8 @@ def tiny(family: str, **overrides: Any) -> Any:
         common.update(intermediate_size=48, num_kv_heads=2, max_position=128)
     if family == "mistral":
         common.update(sliding_window=4)
+    if family == "mup":
+        common = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, head_dim=8, d_base=16, max_position=128)
     if family == "gpt2":
         common.update(max_position=64)
     common.update(overrides)

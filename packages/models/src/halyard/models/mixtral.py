@@ -51,6 +51,8 @@ class MixtralConfig(LlamaConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.mlp_bias:
+            raise ValueError("MixtralConfig.mlp_bias is not supported: Mixtral experts have no biases")
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ValueError(
                 f"MixtralConfig.num_experts_per_token={self.num_experts_per_token} must lie between 1 and "
@@ -63,7 +65,10 @@ class MixtralConfig(LlamaConfig):
 
     def num_params(self) -> int:
         """Parameter count (all experts)."""
-        dense = LlamaConfig.num_params(dataclasses.replace(self, intermediate_size=0, mlp_bias=False))
+        dense_mlp = 3 * self.hidden_size * self.intermediate_size
+        if self.mlp_bias:
+            dense_mlp += 2 * self.intermediate_size + self.hidden_size
+        dense = LlamaConfig.num_params(self) - self.num_layers * dense_mlp  # attention, norms, embeddings
         experts = self.num_layers * (self.num_experts * 3 * self.hidden_size * self.intermediate_size)
         router = self.num_layers * self.num_experts * self.hidden_size
         return dense + experts + router
