@@ -155,6 +155,22 @@ def _stack(
     return np.stack([_stack(ranges[1:], names[1:], {**chosen, names[0]: i}, read_one) for i in ranges[0]])
 
 
+def _vocab_for_mesh(config: ModelConfig, vocab_size: int, layout: Layout, mesh: jax.sharding.Mesh) -> int:
+    """``pad_for(vocab_size)`` when the layout really splits a vocabulary dimension, else ``vocab_size``
+    (under FSDP the embedding's ``embed`` dimension usually takes the mesh axis; padding would only add
+    zero logits)."""
+    padded = pad_for(vocab_size, "vocab", mesh, layout)
+    if padded == vocab_size:
+        return vocab_size
+    abstract = eqx.filter_eval_shape(config.replace(vocab_size=padded).init, jax.random.key(0))
+    for _, leaf in named_leaves(abstract)[0]:
+        if leaf.has_axis("vocab"):
+            spec = layout.partition_spec(leaf, mesh, weight=True)
+            if spec[leaf.axis_names.index("vocab")] is not None:
+                return padded
+    return vocab_size
+
+
 def import_hf(
     folder: str | Path,
     *,
@@ -169,9 +185,10 @@ def import_hf(
     Without ``layout``/``mesh`` the parameters are ordinary arrays on the default device. With both, each
     parameter is created directly in ``layout``'s sharding: every device's block is read from the
     memory-mapped file on its own (``jax.make_array_from_callback``), so the host never holds more than
-    one tensor's block at a time; and the vocabulary is padded with zero rows up to
-    ``halyard.shard.pad_for(vocab, "vocab", mesh, layout)`` so that it divides the mesh (the returned
-    config then has the padded ``vocab_size``; `export_hf` cuts the rows back with ``vocab_size=``).
+    one tensor's block at a time. When the layout splits a ``vocab`` dimension that the mesh does not
+    divide, the vocabulary is padded with zero rows up to ``halyard.shard.pad_for(vocab, "vocab", mesh,
+    layout)``: the returned config then has the padded ``vocab_size`` (the padded ids get logit 0; they
+    never occur as labels), and `export_hf` cuts the rows back (``vocab_size=`` or the tokenizer's size).
 
     Args:
         folder: a folder with ``config.json`` and ``model.safetensors`` or sharded safetensors with
@@ -205,9 +222,9 @@ def import_hf(
     config, info = read_hf_config(folder, overrides=overrides)
     source = open_weights(folder, allow_pickle=allow_pickle)
     if layout is not None and mesh is not None:
-        padded = pad_for(info.vocab_size, "vocab", mesh, layout)
-        if padded != config.vocab_size:  # type: ignore[attr-defined]
-            config = config.replace(vocab_size=padded)
+        vocab_size = _vocab_for_mesh(config, info.vocab_size, layout, mesh)
+        if vocab_size != config.vocab_size:  # type: ignore[attr-defined]
+            config = config.replace(vocab_size=vocab_size)
     abstract = eqx.filter_eval_shape(config.init, jax.random.key(0))
     mappings = mappings_for(config, gpt2_prefix=_gpt2_prefix(source.keys()))
     plans = leaf_plans(abstract, mappings, info.vocab_size)
