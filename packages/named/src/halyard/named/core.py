@@ -265,11 +265,11 @@ class NamedArray:
     def __ge__(self, o: Any) -> NamedArray:
         return self._binary(o, jnp.greater_equal)
 
-    def __eq__(self, o: Any) -> NamedArray:
-        return self._binary(o, jnp.equal)  # type: ignore[override]
+    def __eq__(self, o: Any) -> NamedArray:  # type: ignore[override]
+        return self._binary(o, jnp.equal)
 
-    def __ne__(self, o: Any) -> NamedArray:
-        return self._binary(o, jnp.not_equal)  # type: ignore[override]
+    def __ne__(self, o: Any) -> NamedArray:  # type: ignore[override]
+        return self._binary(o, jnp.not_equal)
 
     __hash__ = None  # type: ignore[assignment]
 

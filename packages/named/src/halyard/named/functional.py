@@ -225,7 +225,7 @@ def scan(
         leaves = _classify(raw, name, unnamed_axis)
         resolved = _resolve_axis(axis, leaves, raw, "scan")
         sliced = [i for i, info in enumerate(leaves) if info.mapped_dim is not None]
-        stacked = [jnp.moveaxis(leaves[i].value, leaves[i].mapped_dim, 0) for i in sliced]
+        stacked = [jnp.moveaxis(leaves[i].value, leaves[i].mapped_dim or 0, 0) for i in sliced]
         outputs = _Outputs()
 
         def step(carry: Any, values: list[Any]) -> tuple[Any, list[Any]]:

@@ -133,8 +133,8 @@ def take(x: NamedArray, axis: AxisSelector, indices: NamedArray) -> NamedArray:
     raw_index = []
     for i, a in enumerate(x.axes):
         if i == k:
-            position = _wrap_negative(broadcast_to(indices, out_axes).array, a.size)
-            raw_index.append(jnp.clip(position, 0, a.size - 1))
+            wrapped = _wrap_negative(broadcast_to(indices, out_axes).array, a.size)
+            raw_index.append(jnp.clip(wrapped, 0, a.size - 1))
         else:
             position = out_axes.index(a)
             shape = [1] * len(out_axes)
