@@ -130,6 +130,7 @@ def _positional_message(x: Any) -> str:
 
 
 def axis_names_of(selection: AxisSelector | Sequence[AxisSelector]) -> tuple[str, ...]:
+    """The names of one axis selector or several."""
     if isinstance(selection, Axis | str):
         return (axis_name(selection),)
     return tuple(axis_name(s) for s in selection)

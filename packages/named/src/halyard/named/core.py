@@ -55,10 +55,12 @@ class NamedArray:
 
     # -- pytree --------------------------------------------------------------------------------
     def tree_flatten(self) -> tuple[tuple[Any], tuple[Axis, ...]]:
+        """The array is the only leaf; the axes are static metadata."""
         return (self.array,), self.axes
 
     @classmethod
     def tree_unflatten(cls, axes: tuple[Axis, ...], children: tuple[Any]) -> NamedArray:
+        """Rebuild from the leaf and the axes (see `tree_flatten`)."""
         # JAX rebuilds trees with placeholder leaves (None, object(), batched tracers): no checks.
         obj = object.__new__(cls)
         object.__setattr__(obj, "array", children[0])
@@ -73,21 +75,26 @@ class NamedArray:
 
     @property
     def axis_names(self) -> tuple[str, ...]:
+        """The names of the axes, in order."""
         return tuple(a.name for a in self.axes)
 
     @property
     def dtype(self) -> Any:
+        """The array's dtype."""
         return self.array.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.axes)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod([a.size for a in self.axes], dtype=np.int64))
 
     def has_axis(self, axis: AxisSelector) -> bool:
+        """Whether an axis of that name is present (sizes are not compared)."""
         return self._find(axis) is not None
 
     def axis_index(self, axis: AxisSelector) -> int:
@@ -107,6 +114,7 @@ class NamedArray:
         return self.axes[self.axis_index(name)]
 
     def axis_size(self, name: AxisSelector) -> int:
+        """The size of the axis called ``name``; KeyError naming the axes when absent."""
         return self.axis(name).size
 
     def _find(self, axis: AxisSelector) -> int | None:
@@ -118,9 +126,11 @@ class NamedArray:
 
     # -- conversions ---------------------------------------------------------------------------
     def astype(self, dtype: Any) -> NamedArray:
+        """The same axes with values converted to ``dtype``."""
         return NamedArray(self.array.astype(dtype), self.axes)
 
     def item(self) -> Any:
+        """The single value of a one-element array as a Python scalar."""
         return self.array.item()
 
     def rename(self, renames: Mapping[AxisSelector, str | Axis]) -> NamedArray:
@@ -171,21 +181,25 @@ class NamedArray:
 
     # -- reductions as methods -----------------------------------------------------------------
     def sum(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+        """Sum over ``axis`` (names; all when None); see `halyard.named.sum`."""
         from halyard.named import reductions
 
         return reductions.sum(self, axis, where=where)
 
     def mean(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+        """Mean over ``axis``; see `halyard.named.mean`."""
         from halyard.named import reductions
 
         return reductions.mean(self, axis, where=where)
 
     def max(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+        """Maximum over ``axis``; see `halyard.named.max`."""
         from halyard.named import reductions
 
         return reductions.max(self, axis, where=where)
 
     def min(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+        """Minimum over ``axis``; see `halyard.named.min`."""
         from halyard.named import reductions
 
         return reductions.min(self, axis, where=where)
@@ -330,4 +344,5 @@ wrap = named  # the inverse of `unwrap`, for symmetry: wrap(x, ("batch", "embed"
 
 
 def is_named(x: Any) -> bool:
+    """True when ``x`` is a NamedArray (handy as ``is_leaf`` in tree utilities)."""
     return isinstance(x, NamedArray)

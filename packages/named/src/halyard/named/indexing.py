@@ -189,6 +189,7 @@ class _AtRef:
         self._raw, self._axes = _basic(x, selection)
 
     def get(self) -> NamedArray:
+        """The selected part (like ``x[idx]``)."""
         return NamedArray(self._x.array[self._raw], self._axes)
 
     def _apply(self, method: str, value: Any) -> NamedArray:
@@ -197,16 +198,21 @@ class _AtRef:
         return NamedArray(getattr(ref, method)(raw_value), self._x.axes)
 
     def set(self, value: Any) -> NamedArray:
+        """A copy with the selection replaced by ``value`` (broadcast by name)."""
         return self._apply("set", value)
 
     def add(self, value: Any) -> NamedArray:
+        """A copy with ``value`` added to the selection."""
         return self._apply("add", value)
 
     def multiply(self, value: Any) -> NamedArray:
+        """A copy with the selection multiplied by ``value``."""
         return self._apply("multiply", value)
 
     def min(self, value: Any) -> NamedArray:
+        """A copy with the selection replaced by ``minimum(selection, value)``."""
         return self._apply("min", value)
 
     def max(self, value: Any) -> NamedArray:
+        """A copy with the selection replaced by ``maximum(selection, value)``."""
         return self._apply("max", value)

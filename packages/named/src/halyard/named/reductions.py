@@ -49,6 +49,7 @@ def sum(x: NamedArray, axis: AxisArg = None, *, where: Any = None, dtype: Any = 
 
 
 def prod(x: NamedArray, axis: AxisArg = None, *, where: Any = None) -> NamedArray:
+    """Product over ``axis``; ``where`` masks elements out (they count as 1)."""
     return _reduce(jnp.prod, x, axis, where)
 
 
@@ -58,10 +59,12 @@ def mean(x: NamedArray, axis: AxisArg = None, *, where: Any = None, dtype: Any =
 
 
 def var(x: NamedArray, axis: AxisArg = None, *, where: Any = None, ddof: int = 0) -> NamedArray:
+    """Variance over ``axis`` (``ddof`` as in numpy); with ``where`` of the selected elements only."""
     return _reduce(jnp.var, x, axis, where, ddof=ddof)
 
 
 def std(x: NamedArray, axis: AxisArg = None, *, where: Any = None, ddof: int = 0) -> NamedArray:
+    """Standard deviation over ``axis``; with ``where`` of the selected elements only."""
     return _reduce(jnp.std, x, axis, where, ddof=ddof)
 
 
@@ -73,16 +76,19 @@ def max(x: NamedArray, axis: AxisArg = None, *, where: Any = None, initial: Any 
 
 
 def min(x: NamedArray, axis: AxisArg = None, *, where: Any = None, initial: Any = None) -> NamedArray:
+    """Minimum over ``axis``; with ``where``, ``initial`` covers all-masked slices (default +inf)."""
     if where is not None and initial is None:
         initial = jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max
     return _reduce(jnp.min, x, axis, where, initial=initial)
 
 
 def any(x: NamedArray, axis: AxisArg = None, *, where: Any = None) -> NamedArray:
+    """Whether any element over ``axis`` is true."""
     return _reduce(jnp.any, x, axis, where)
 
 
 def all(x: NamedArray, axis: AxisArg = None, *, where: Any = None) -> NamedArray:
+    """Whether every element over ``axis`` is true."""
     return _reduce(jnp.all, x, axis, where)
 
 
@@ -104,4 +110,5 @@ def argmax(x: NamedArray, axis: AxisSelector | None) -> NamedArray:
 
 
 def argmin(x: NamedArray, axis: AxisSelector | None) -> NamedArray:
+    """Index of the minimum along one axis (or of the flattened array when None)."""
     return _arg_reduce(jnp.argmin, x, axis)
