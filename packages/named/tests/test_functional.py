@@ -137,3 +137,28 @@ def test_scan_remat_policy_must_be_valid():
     h, weights = _stack()
     with pytest.raises(TypeError, match="remat must be"):
         hn.fold(_block, "layers", remat="full")(h, weights)
+
+
+def test_vmap_keywords_nesting_and_static_outputs():
+    x = hn.random.normal(jax.random.key(0), (Batch, Pos, Embed))
+    bias = hn.random.normal(jax.random.key(1), (Pos,))
+
+    def inner(row, *, shift):
+        return {"total": row.sum("embed") + shift, "label": "per-row"}
+
+    twice = hn.vmap(hn.vmap(inner, "pos"), "batch")
+    out = twice(x, shift=bias)
+    assert out["label"] == "per-row"
+    assert out["total"].axes == (Batch, Pos)
+    expected = np.asarray(x.array).sum(-1) + np.asarray(bias.array)[None, :]
+    np.testing.assert_allclose(out["total"].array, expected, rtol=1e-5)
+
+
+def test_scan_can_broadcast_plain_arrays():
+    table = jnp.arange(4.0)  # passed whole to every step with unnamed_axis=None
+
+    def step(total, index, lookup):
+        return total + lookup[index.array], None
+
+    total, _ = hn.scan(step, "layers", unnamed_axis=None)(jnp.float32(0), hn.arange(Axis("layers", 3)), table)
+    assert float(total) == 0 + 1 + 2
