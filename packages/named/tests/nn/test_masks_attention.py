@@ -102,7 +102,7 @@ def test_attention_with_segment_mask_batch_axis_and_bias():
     mask = causal_mask(Pos, KeyPos) & segment_mask(named(segments, ("batch", "pos")))
     bias = named(_random((seq, seq), 9), ("pos", "key_pos"))
     out = dot_product_attention(
-        named(q, ("batch", "pos", "head_size")),
+        named(q.transpose(1, 0, 2), ("pos", "batch", "head_size")),
         named(k, ("batch", "key_pos", "head_size")),
         named(v, ("batch", "key_pos", "head_size")),
         mask,
@@ -113,10 +113,11 @@ def test_attention_with_segment_mask_batch_axis_and_bias():
     scores = np.where(full_mask, scores, -np.inf)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
-    np.testing.assert_allclose(np.asarray(out.array), weights @ v, atol=1e-5)
+    assert out.axis_names == ("pos", "batch", "head_size")
+    np.testing.assert_allclose(np.asarray(out.unwrap("batch", "pos", "head_size")), weights @ v, atol=1e-5)
 
 
-def test_fully_masked_rows_give_zero_and_finite_gradients():
+def test_fully_masked_rows_are_finite_with_finite_gradients():
     q = named(_random((3, 4), 10), ("pos", "head_size"))
     k = named(_random((3, 4), 11), ("key_pos", "head_size"))
     mask = NamedArray(
@@ -124,7 +125,8 @@ def test_fully_masked_rows_give_zero_and_finite_gradients():
         (Axis("pos", 3), Axis("key_pos", 3)),
     )
     weights = attention_weights(q, k, mask)
-    np.testing.assert_allclose(np.asarray(weights.array[1]), 0.0)
+    np.testing.assert_allclose(np.asarray(weights.array[1]), 1 / 3, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(weights.array[0]), [1.0, 0.0, 0.0], atol=1e-7)
     grad = jax.grad(lambda q: jnp.sum(dot_product_attention(q, k, k, mask).array))(q)
     assert np.isfinite(np.asarray(grad.array)).all()
 
@@ -160,3 +162,18 @@ def test_attention_errors():
         dot_product_attention(q, q, q, named(jnp.ones((3, 3)), ("pos", "key_pos")))
     with pytest.raises(KeyError, match="head_size"):
         dot_product_attention(named(jnp.ones((3, 4)), ("pos", "dim")), q, q)
+
+
+def test_attention_weights_layout_and_bias_with_extra_axis():
+    q = named(_random((2, 3, 4), 20), ("pos", "heads", "head_size"))
+    k = named(_random((3, 3, 4), 21), ("key_pos", "heads", "head_size"))
+    bias = named(_random((2, 2, 3), 22), ("batch", "pos", "key_pos"))  # an axis the scores lack
+    weights = attention_weights(q, k, bias=bias)
+    assert weights.axis_names[-2:] == ("pos", "key_pos")
+    scores = np.einsum("qhd,khd->hqk", np.asarray(q.array), np.asarray(k.array)) / 2.0
+    scores = scores[None] + np.asarray(bias.array)[:, None]
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(
+        np.asarray(weights.unwrap("batch", "heads", "pos", "key_pos")), expected, rtol=1e-5
+    )

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from halyard.named.axis import AxisSelector, axis_name, format_axes
 from halyard.named.broadcast import broadcast_to, union_axes
 from halyard.named.contraction import dot
 from halyard.named.core import NamedArray
-from halyard.named.softmax import softmax
 
 
 def _with_key_positions(x: NamedArray, QPos: str, KPos: str, role: str) -> NamedArray:
@@ -41,25 +41,38 @@ def attention_weights(
     """Softmax-normalised attention probabilities over ``KPos`` (computed in float32).
 
     Arguments as in `dot_product_attention`. Returns the query's axes without ``HeadSize``, plus
-    ``KPos`` (and any axis only the key, mask or bias has), in float32. A fully masked row has all-zero
-    weights (so its output is zero, not NaN).
+    ``KPos`` (and any axis only the key, mask or bias has), in float32, ordered ``(other axes..., QPos, KPos)``.
+    A fully masked row gets uniform weights (finite, never NaN; its output is meaningless and should
+    be excluded from the loss).
     """
     q_pos, k_pos, head_size = axis_name(QPos), axis_name(KPos), axis_name(HeadSize)
     query.axis_index(head_size)
     key = _with_key_positions(key, q_pos, k_pos, "key")
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size(head_size))
-    scores = dot(query, key, axis=head_size, preferred_element_type=jnp.float32).astype(jnp.float32) * scale
+    # Scores as (batch-like axes..., q_pos, k_pos): the layout of a batched matmul, so XLA adds no
+    # transposes of the largest tensor of attention, and the softmax runs over the last dimension.
+    batch_like = [a.name for a in union_axes(query, key) if a.name not in (head_size, q_pos, k_pos)]
+    scores = dot(
+        query, key, axis=head_size, out_axes=(*batch_like, q_pos, k_pos), preferred_element_type=jnp.float32
+    )
+    scores = scores.astype(jnp.float32) * scale
     if bias is not None:
-        scores = scores + bias.astype(jnp.float32)
-    if mask is None:
-        return softmax(scores, k_pos)
-    if mask.dtype != jnp.bool_:
-        raise TypeError(f"dot_product_attention: mask must be boolean (True = attend), got {mask.dtype}")
-    # The mask may bring axes the scores lack (a batch axis from segment ids): broadcast by name.
-    extra = tuple(a for a in union_axes(scores, mask) if not scores.has_axis(a.name))
-    scores = broadcast_to(scores, scores.axes + extra)
-    return softmax(scores, k_pos, where=mask)
+        scores = (scores + bias.astype(jnp.float32)).rearrange(..., q_pos, k_pos)
+    if mask is not None:
+        if mask.dtype != jnp.bool_:
+            raise TypeError(f"dot_product_attention: mask must be boolean (True = attend), got {mask.dtype}")
+        # The mask may bring axes the scores lack (a batch axis from segment ids): broadcast by name,
+        # new axes in front. A finite fill (not -inf) keeps fully masked rows NaN-free.
+        extra = tuple(a for a in union_axes(scores, mask) if not scores.has_axis(a.name))
+        target = extra + scores.axes
+        filled = jnp.where(
+            broadcast_to(mask, target, allow_extra=False).array,
+            broadcast_to(scores, target).array,
+            jnp.finfo(jnp.float32).min,
+        )
+        scores = NamedArray(filled, target)
+    return NamedArray(jax.nn.softmax(scores.array, axis=-1), scores.axes)
 
 
 def dot_product_attention(
