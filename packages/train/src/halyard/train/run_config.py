@@ -1,0 +1,154 @@
+"""The run config: one frozen dataclass tree that is the YAML schema, the command line and the docs.
+
+``train --config demo --trainer.steps 200`` reads the built-in ``demo`` config, then applies the override.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from halyard.shard import MeshSpec
+from halyard.train.model_section import ModelSection, model_section
+from halyard.train.optim import AdamWConfig, OptimizerConfig
+from halyard.train.trackers import JsonlTrackerConfig, TrackerConfig
+from halyard.train.trainer.precision import Precision
+
+INIT_MODES = ("auto", "scratch", "resume")
+INIT_PREFIXES = ("checkpoint:", "weights:", "hf:")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from and how they are cut into sequences."""
+
+    sources: list[str] = field(default_factory=list)
+    """Raw text shards: paths or URLs with globs/braces (jsonl, json, txt, parquet, .gz/.zst)."""
+    builtin_corpus: str | None = None
+    """A corpus present on every machine instead of `sources`: `python-stdlib` (the standard library's .py files)."""
+    tokenizer: str | None = None
+    """A tokenizer.json file or tokenizer folder; with `builtin_corpus` and no tokenizer, a BPE tokenizer is trained on the corpus."""
+    tokenizer_vocab_size: int = 4096
+    """Vocabulary size of the tokenizer trained for a `builtin_corpus`."""
+    cache_dir: str | None = None
+    """Where the token cache lives (default: <run_dir>/cache). A cache built with another tokenizer is refused."""
+    text_field: str = "text"
+    """JSON key / parquet column holding the text."""
+    seq_len: int = 256
+    """Tokens per training sequence."""
+    shuffle: str = "feistel"
+    """Example order: feistel (whole-cache permutation), era (permutation per era, while streaming) or none."""
+    seed: int = 0
+    """Chooses the shuffle and the validation windows."""
+    validation_fraction: float = 0.0
+    """Share of windows held out for validation (0 disables periodic evaluation)."""
+    max_documents: int | None = None
+    """Use at most this many documents of a `builtin_corpus` (smoke runs)."""
+    num_workers: int | None = None
+    """Tokenizer processes for the cache build (default: the machine's cores)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When checkpoints are written and which are kept."""
+
+    every_steps: int | None = 1000
+    """Save at multiples of this step (null: no step-based saves)."""
+    every_seconds: float | None = 1800.0
+    """Save when this many seconds passed since the last save (null: no time-based saves)."""
+    keep_last: int = 2
+    """Newest complete checkpoints kept (the last complete one is never deleted)."""
+    keep_every_steps: int | None = None
+    """Keep forever every checkpoint at a multiple of this step."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The training loop."""
+
+    run_dir: str = "runs/default"
+    """Run directory: resolved config, checkpoints, metrics, tracker files."""
+    steps: int = 1000
+    """The final step: a resumed run continues to it."""
+    batch_size: int = 8
+    """Global batch size in sequences (across all processes and microbatches)."""
+    accumulation: int = 1
+    """Microbatches per step (gradient accumulation); the gradient equals the full batch's."""
+    seed: int = 0
+    """Initialisation and dropout seed."""
+    init: str = "auto"
+    """auto (resume if a checkpoint exists, else scratch) | scratch | resume | checkpoint:PATH | weights:PATH | hf:PATH."""
+    mesh: MeshSpec = field(default_factory=MeshSpec)
+    """Device mesh: sizes of the data, replica, fsdp, tensor, ... axes (-1 takes the devices left)."""
+    layout: str = "data_parallel"
+    """Where weights live: data_parallel | fsdp | tensor_parallel | fsdp_tensor | expert_parallel."""
+    min_shard: int = 4096
+    """Weights with fewer elements stay replicated."""
+    precision: Precision = field(default_factory=Precision)
+    """Mixed precision: params / compute / output dtypes."""
+    z_loss_weight: float = 0.0
+    """Weight of the z-loss (logsumexp(logits)^2)."""
+    nonfinite: str = "skip"
+    """NaN/Inf loss policy: skip (keep the old weights, count) or stop (save nothing newer and exit)."""
+    max_nonfinite_steps: int = 10
+    """With nonfinite=skip, stop after this many skipped steps."""
+    log_every: int = 10
+    """Log metrics every this many steps."""
+    eval_every: int = 0
+    """Validation every this many steps (0: only at the end, when data.validation_fraction > 0)."""
+    eval_batches: int = 4
+    """Validation batches per evaluation."""
+    profile_start: int | None = None
+    """First step of a profiler trace written to <run_dir>/profile (null: no trace)."""
+    profile_steps: int = 3
+    """Steps in the profiler trace."""
+    sample_prompt: str | None = None
+    """Text to continue at the end of training (a sample of the model's output)."""
+    sample_tokens: int = 64
+    """Tokens to generate for the sample."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.init not in INIT_MODES and not self.init.startswith(INIT_PREFIXES):
+            raise ValueError(
+                f"trainer.init={self.init!r}: use one of {INIT_MODES} or checkpoint:PATH, weights:PATH, hf:PATH"
+            )
+        if self.steps < 0:
+            raise ValueError(f"trainer.steps must be >= 0, got {self.steps}")
+        if self.batch_size < 1 or self.accumulation < 1:
+            raise ValueError("trainer.batch_size and trainer.accumulation must be positive")
+        if self.batch_size % self.accumulation:
+            raise ValueError(
+                f"trainer.batch_size={self.batch_size} is not divisible by trainer.accumulation={self.accumulation}"
+            )
+        if self.nonfinite not in ("skip", "stop"):
+            raise ValueError(f"trainer.nonfinite={self.nonfinite!r}: use skip or stop")
+
+
+def _default_model() -> Any:
+    return model_section(
+        "llama",
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position=1024,
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run: model, data, optimizer, trainer, checkpoints and trackers."""
+
+    model: ModelSection = field(default_factory=_default_model)
+    """The model family (`type:` gpt2 | llama | mistral | qwen2 | mixtral | mup) and its shape."""
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
+    """The optimizer (`type:` adamw | lion | sophia_h | muon) with its schedule."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    trackers: list[TrackerConfig] = field(default_factory=lambda: [JsonlTrackerConfig()])
+    """Where metrics go: a list of `type:` jsonl | tensorboard | wandb (wandb works offline)."""

@@ -1,0 +1,87 @@
+"""``halyard generate`` and ``halyard eval``: use a finished (or running) run's latest checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from halyard.train.config import ConfigError, parse_config
+from halyard.train.run_config import TrainConfig
+
+
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    """The resolved config a run saved in ``run_dir/config.yaml``.
+
+    Raises:
+        ConfigError: the run folder has no config.yaml.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: --run must name a training run folder (trainer.run_dir)")
+    return parse_config(TrainConfig, [], path)
+
+
+def generate_main(argv: Sequence[str]) -> int:
+    """Continue a prompt with the latest checkpoint of a run."""
+    parser = argparse.ArgumentParser(prog="halyard generate", description=generate_main.__doc__)
+    parser.add_argument("--run", required=True, help="the run folder (trainer.run_dir)")
+    parser.add_argument(
+        "--prompt", action="append", required=True, help="text to continue (repeat for a batch)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+
+    import jax
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from halyard.models.sampling import SamplingConfig, generate
+    from halyard.train.trainer.data import tokenizer_path_of
+    from halyard.train.trainer.trainer import Trainer
+
+    config = load_run_config(args.run)
+    tokenizer = Tokenizer.from_file(tokenizer_path_of(config.data, Path(args.run)))
+    state = Trainer(config).restore_state(args.step)
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+    )
+    prompts = [tokenizer.encode(p).ids or [0] for p in args.prompt]
+    result = generate(jax.device_get(state.params), prompts, sampling, key=jax.random.key(args.seed))
+    for prompt, row in zip(args.prompt, np.asarray(result.tokens)):
+        print(prompt + tokenizer.decode(row.tolist()))
+    return 0
+
+
+def eval_main(argv: Sequence[str]) -> int:
+    """Validation loss, perplexity and bits per byte of a run's checkpoint."""
+    parser = argparse.ArgumentParser(prog="halyard eval", description=eval_main.__doc__)
+    parser.add_argument("--run", required=True, help="the run folder (trainer.run_dir)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+
+    from halyard.shard import Layout
+    from halyard.train.trainer.data import prepare_data
+    from halyard.train.trainer.evaluate import Evaluator
+    from halyard.train.trainer.trainer import Trainer
+
+    config = load_run_config(args.run)
+    if config.data.validation_fraction <= 0:
+        raise ConfigError("the run has no validation split (data.validation_fraction is 0)")
+    trainer = Trainer(config)
+    data = prepare_data(config.data, Path(args.run), progress=False)
+    state = trainer.restore_state(args.step)
+    layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
+    assert data.validation is not None
+    metrics = Evaluator(data.validation, config, trainer.mesh, layout, data.tokenizer_path).evaluate(
+        state.params
+    )
+    metrics["step"] = int(state.step)
+    print(json.dumps(metrics))
+    return 0

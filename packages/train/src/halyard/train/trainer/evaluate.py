@@ -1,0 +1,74 @@
+"""Periodic validation: loss, perplexity and bits per byte on held-out windows."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from halyard.data import LMDataset
+from halyard.shard import Layout, global_batch_from_local, process_count, process_index
+from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.loss import lm_loss_fn
+
+
+class Evaluator:
+    """Evaluates a model on the first ``trainer.eval_batches`` validation batches (the same ones each time).
+
+    Bits per byte divide the summed loss (in bits) by the UTF-8 bytes of the evaluated target tokens,
+    decoded with the run's tokenizer, so runs with different tokenizers compare.
+    """
+
+    def __init__(
+        self, dataset: LMDataset, config: TrainConfig, mesh: Any, layout: Layout, tokenizer_path: str
+    ):
+        from tokenizers import Tokenizer
+
+        self.dataset = dataset
+        self.config = config
+        self.mesh = mesh
+        self.layout = layout
+        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        loss_fn = lm_loss_fn()
+        self._loss = jax.jit(lambda model, batch: loss_fn(model, batch, jax.random.PRNGKey(0)))
+        self._bytes: float | None = None
+
+    def _batches(self) -> list[dict[str, np.ndarray]]:
+        size = self.config.trainer.batch_size
+        return [
+            self.dataset.batch(i, size, host_index=process_index(), host_count=process_count())
+            for i in range(self.config.trainer.eval_batches)
+        ]
+
+    def _target_bytes(self, batches: list[dict[str, np.ndarray]]) -> float:
+        total = 0
+        for batch in batches:
+            for row in batch["tokens"][:, 1:]:
+                total += len(self.tokenizer.decode(row.tolist(), skip_special_tokens=False).encode("utf-8"))
+        return float(total)
+
+    def evaluate(self, model: Any) -> tuple[dict[str, float], float]:
+        """``({eval_loss, eval_perplexity, eval_bits_per_byte}, seconds taken)``."""
+        started = time.monotonic()
+        batches = self._batches()
+        if self._bytes is None:
+            # Bytes of the whole global batch: the loss below is summed over every host's rows.
+            size = self.config.trainer.batch_size
+            self._bytes = self._target_bytes([self.dataset.batch(i, size) for i in range(len(batches))])
+        loss_sum = 0.0
+        tokens = 0.0
+        for local in batches:
+            batch = global_batch_from_local(local, self.mesh, layout=self.layout)
+            loss, stats = self._loss(model, batch)
+            loss_sum += float(loss)
+            tokens += float(stats["num_tokens"])
+        mean = loss_sum / max(tokens, 1.0)
+        metrics = {
+            "eval_loss": mean,
+            "eval_perplexity": math.exp(min(mean, 50.0)),
+            "eval_bits_per_byte": loss_sum / math.log(2) / max(self._bytes, 1.0),
+        }
+        return metrics, time.monotonic() - started

@@ -1,0 +1,146 @@
+"""What the trainer reports: progress bar, trackers, throughput, MFU and the goodput summary."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from halyard.shard import is_main_process
+from halyard.train.config.flatten import flatten_config
+from halyard.train.perf import Goodput, device_peak_flops, mfu
+from halyard.train.run_config import TrainConfig
+from halyard.train.trackers import build_trackers
+
+
+class MetricsLog:
+    """Fetches step metrics to the host every ``trainer.log_every`` steps and sends them to the trackers.
+
+    Metrics stay on the device between fetches, so logging does not stall the step pipeline. Also keeps
+    the goodput accounting (`halyard.train.perf.Goodput`): time to the first step, time inside steps,
+    checkpoints and evaluation, against the wall time since the trainer started.
+
+    Args:
+        config: the run config.
+        run_dir: where file trackers write.
+        mesh: the training mesh (its device count divides the throughput for MFU).
+        start_step: the first step of this process (resumed runs start later).
+        goodput: the run's goodput accounting, started when the trainer started (default: now).
+        clock: a monotonic seconds counter (the goodput's own).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        mesh: Any,
+        *,
+        start_step: int,
+        goodput: Goodput | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.goodput = goodput or Goodput(clock)
+        self.main = is_main_process()
+        hyperparameters = flatten_config(config)
+        self.tracker = (
+            build_trackers(config.trackers, run_dir, hyperparameters=hyperparameters, resume_step=start_step)
+            if self.main
+            else None
+        )
+        self.history: list[dict[str, float]] = []
+        self.last: dict[str, float] = {}
+        self.num_devices = int(mesh.devices.size)
+        model: Any = config.model
+        self.flops_per_token = float(model.flops_per_token(config.data.seq_len))
+        self.peak = device_peak_flops(jax.devices()[0], config.trainer.precision.compute)
+        self._step_started = 0.0
+        self._window_seconds = 0.0
+        self._window_tokens = 0
+        self._pending: list[tuple[int, Any]] = []
+        self._bar = None
+        if self.main and config.trainer.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=config.trainer.steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def before_step(self) -> None:
+        self._step_started = self.clock()
+
+    def after_step(self, step: int, metrics: dict[str, Any], *, tokens: int) -> None:
+        """Record a finished (dispatched) step; blocks on the device only when metrics are fetched."""
+        self._pending.append((step, metrics))
+        first = self.goodput.first_step_seconds is None
+        fetch = first or step % self.config.trainer.log_every == 0 or step == self.config.trainer.steps
+        if fetch:
+            jax.block_until_ready(metrics)
+        seconds = self.clock() - self._step_started
+        self.goodput.add("step", seconds)
+        if not first:  # the first step includes compilation: keep it out of the throughput
+            self._window_seconds += seconds
+            self._window_tokens += tokens
+        if fetch:
+            self._flush()
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def _flush(self) -> None:
+        for step, metrics in self._pending:
+            host = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
+            host["step"] = step
+            self.history.append(host)
+        self._pending = []
+        record = dict(self.history[-1])
+        if self._window_tokens:
+            tokens_per_second = self._window_tokens / max(self._window_seconds, 1e-9)
+            record["tokens_per_second"] = tokens_per_second
+            record["mfu"] = mfu(
+                self.flops_per_token * self._window_tokens,
+                self._window_seconds,
+                self.num_devices,
+                self.peak.flops_per_second,
+            )
+        self.last = record
+        if self.tracker is not None:
+            self.tracker.log({k: v for k, v in record.items() if k != "step"}, int(record["step"]))
+        if self._bar is not None:
+            shown = {"loss": f"{record['loss']:.4f}"}
+            if "tokens_per_second" in record:
+                shown["tok/s"] = f"{record['tokens_per_second']:,.0f}"
+            self._bar.set_postfix(shown)
+        self._window_seconds = 0.0
+        self._window_tokens = 0
+
+    def record_eval(self, step: int, metrics: dict[str, float], seconds: float) -> None:
+        self.goodput.add("evaluation", seconds)
+        if self.tracker is not None:
+            self.tracker.log(metrics, step)
+        self.last.update(metrics)
+        if self.main:
+            shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            print(f"step {step}: {shown}", flush=True)
+
+    @contextlib.contextmanager
+    def checkpoint_timer(self) -> Iterator[None]:
+        with self.goodput.checkpoint():
+            yield
+
+    def close(self) -> dict[str, float]:
+        """Finish the trackers; return (and print) the goodput summary."""
+        summary = {k: float(v) for k, v in self.goodput.summary().items()}
+        summary["peak_flops_per_device"] = self.peak.flops_per_second
+        if self._bar is not None:
+            self._bar.close()
+        if self.tracker is not None:
+            self.tracker.log_summary(summary)
+            self.tracker.finish()
+        if self.main:
+            print(self.goodput.summary_text(), flush=True)
+            print(f"MFU is measured against {self.peak.describe()}", flush=True)
+        return summary

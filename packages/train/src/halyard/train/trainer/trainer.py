@@ -1,0 +1,289 @@
+"""The Trainer: one code path for the CLI and Python, from a `TrainConfig` to a trained, checkpointed model.
+
+    result = Trainer(config).fit()
+
+Steps: build the mesh and layout, prepare the data, create the state directly in its sharded layout (or
+restore it onto this mesh), compile one train step with the state donated, and loop: load -> step ->
+log -> checkpoint, with preemption (SIGTERM) saving and exiting with code 143.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from halyard.data import Loader
+from halyard.shard import Layout, global_batch_from_local, is_main_process, process_count, process_index
+from halyard.train.checkpoint import (
+    PREEMPTION_EXIT_CODE,
+    CheckpointManager,
+    KeepPolicy,
+    PreemptionFlag,
+    SavePolicy,
+    install_preemption_handler,
+    resolve_checkpoint,
+)
+from halyard.train.config import save_resolved_config
+from halyard.train.perf import Goodput
+from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.data import PreparedData, prepare_data
+from halyard.train.trainer.evaluate import Evaluator
+from halyard.train.trainer.loss import lm_loss_fn
+from halyard.train.trainer.metrics_log import MetricsLog
+from halyard.train.trainer.step import TrainState, init_state, make_train_step
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped because the loss or gradients were NaN/Inf (see ``trainer.nonfinite``)."""
+
+
+@dataclass
+class FitResult:
+    """What `Trainer.fit` returns."""
+
+    state: TrainState
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+    sample: str | None = None
+    summary: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """Trains ``config.model`` on ``config.data`` as ``config.trainer`` says.
+
+    Args:
+        config: the run config (`halyard.train.run_config.TrainConfig`).
+        preemption: the flag polled each step (default: SIGTERM handler installed by `fit`).
+        clock: time source for checkpoint policies and throughput (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        preemption: PreemptionFlag | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.run_dir)
+        self.clock = clock
+        self._preemption = preemption
+        self.mesh = config.trainer.mesh.build()
+        self.layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
+
+    # -- pieces --------------------------------------------------------------------------------------
+    def _check_model_fits_data(self, data: PreparedData) -> None:
+        model: Any = self.config.model
+        seq_len = self.config.data.seq_len
+        vocab = int(data.cache.processor_metadata.get("vocab_size", 0))
+        if vocab > model.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab} "
+                f"tokens in {data.tokenizer_path}); set model.vocab_size >= {vocab}"
+            )
+        max_position = getattr(model, "max_position", None)
+        if max_position is not None and seq_len > max_position:
+            raise ValueError(f"data.seq_len={seq_len} exceeds model.max_position={max_position}")
+
+    def _build_optimizer(self) -> Any:
+        return self.config.optimizer.build(total_steps=max(self.config.trainer.steps, 1))
+
+    def _abstract_state(self, optimizer: Any) -> tuple[Callable[[jax.Array], TrainState], Any, Any]:
+        model_config: Any = self.config.model
+
+        def make_state(key: jax.Array) -> TrainState:
+            return init_state(model_config.init(key), optimizer, key)
+
+        key = jax.random.PRNGKey(self.config.trainer.seed)
+        abstract = jax.eval_shape(make_state, key)
+        shardings = self.layout.shardings(abstract, self.mesh)
+        return make_state, abstract, shardings
+
+    def _initial_state(
+        self,
+        manager: CheckpointManager,
+        make_state: Any,
+        abstract: Any,
+        shardings: Any,
+        data_position: dict[str, Any],
+    ) -> TrainState:
+        init = self.config.trainer.init
+        latest = manager.latest_step()
+        if init in ("auto", "resume") and latest is not None:
+            return manager.restore(None, abstract, shardings, expected_data=data_position).state
+        if init == "resume":
+            raise FileNotFoundError(
+                f"trainer.init=resume but {manager.directory} holds no complete checkpoint"
+            )
+        if latest is not None and init != "auto":
+            raise FileExistsError(
+                f"{manager.directory} already holds checkpoint step {latest}; trainer.init={init!r} would mix "
+                "two runs in one directory. Use a new trainer.run_dir or trainer.init=auto to resume."
+            )
+        key = jax.random.PRNGKey(self.config.trainer.seed)
+        state = jax.jit(make_state, out_shardings=shardings)(key)
+        if init.startswith("checkpoint:"):
+            path = resolve_checkpoint(init.removeprefix("checkpoint:"))
+            return manager.restore(
+                path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
+            ).state
+        if init.startswith("weights:"):
+            path = resolve_checkpoint(init.removeprefix("weights:"))
+            params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
+            return _replace_params(state, params)
+        return state
+
+    def restore_state(self, step: int | None = None) -> TrainState:
+        """The state saved in this run's ``checkpoints/`` at ``step`` (None: the latest), on this mesh.
+
+        Raises:
+            FileNotFoundError: no complete checkpoint.
+        """
+        optimizer = self._build_optimizer()
+        _, abstract, shardings = self._abstract_state(optimizer)
+        with CheckpointManager(self.run_dir / "checkpoints") as manager:
+            return manager.restore(step, abstract, shardings).state
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def fit(self) -> FitResult:
+        """Train to ``trainer.steps`` (resuming when a checkpoint exists) and return the final state.
+
+        Raises:
+            SystemExit: with code 143 after saving, when preemption (SIGTERM) was requested.
+            NonFiniteLossError: with ``trainer.nonfinite=stop`` (or too many skipped steps).
+        """
+        cfg = self.config.trainer
+        goodput = Goodput(self.clock)  # started now: time to the first step includes data and state setup
+        if is_main_process():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_resolved_config(self.config, self.run_dir)
+        preemption = self._preemption or install_preemption_handler()
+        data = prepare_data(self.config.data, self.run_dir, is_main=is_main_process(), progress=cfg.progress)
+        self._check_model_fits_data(data)
+        data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
+
+        optimizer = self._build_optimizer()
+        make_state, abstract, shardings = self._abstract_state(optimizer)
+        manager = CheckpointManager(
+            self.run_dir / "checkpoints",
+            save_policy=SavePolicy(self.config.checkpoint.every_steps, self.config.checkpoint.every_seconds),
+            keep_policy=KeepPolicy(self.config.checkpoint.keep_last, self.config.checkpoint.keep_every_steps),
+            clock=self.clock,
+        )
+        state = self._initial_state(manager, make_state, abstract, shardings, data_position)
+        start_step = int(state.step)
+        schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
+        step_fn = jax.jit(
+            make_train_step(
+                lm_loss_fn(cfg.z_loss_weight),
+                optimizer,
+                accumulation=cfg.accumulation,
+                precision=cfg.precision,
+                learning_rate=schedule,
+            ),
+            donate_argnums=0,
+            out_shardings=(shardings, None),
+        )
+        log = MetricsLog(
+            self.config,
+            self.run_dir,
+            self.mesh,
+            start_step=start_step,
+            goodput=goodput,
+            clock=self.clock,
+        )
+        evaluator = (
+            Evaluator(data.validation, self.config, self.mesh, self.layout, data.tokenizer_path)
+            if data.validation is not None
+            else None
+        )
+        metadata = {"data": data_position}
+        loader = Loader(
+            data.train,
+            cfg.batch_size,
+            start_step=start_step,
+            stop_step=cfg.steps,
+            host_index=process_index(),
+            host_count=process_count(),
+        )
+        try:
+            with loader:
+                for step in range(start_step, cfg.steps):
+                    local = next(loader)
+                    batch = global_batch_from_local(local, self.mesh, layout=self.layout)
+                    log.before_step()
+                    state, metrics = step_fn(state, batch)
+                    log.after_step(step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len)
+                    self._apply_nonfinite_policy(metrics, state)
+                    if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                        log.record_eval(step + 1, *evaluator.evaluate(state.params))
+                    if preemption.requested_on_any_process():
+                        with log.checkpoint_timer():
+                            manager.save(step + 1, state, metadata, wait=True)
+                        log.close()
+                        raise SystemExit(PREEMPTION_EXIT_CODE)
+                    with log.checkpoint_timer():
+                        manager.maybe_save(step + 1, state, metadata)
+            with log.checkpoint_timer():
+                if int(state.step) > 0:
+                    manager.save(int(state.step), state, metadata)
+                manager.wait()
+            if evaluator is not None:
+                log.record_eval(int(state.step), *evaluator.evaluate(state.params))
+            sample = self._sample(state, data) if cfg.sample_prompt else None
+            if sample is not None and is_main_process():
+                print(
+                    f"\n--- sample after step {int(state.step)} ---\n{cfg.sample_prompt}{sample}\n---",
+                    flush=True,
+                )
+        finally:
+            manager.close()
+        summary = log.close()
+        return FitResult(
+            state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
+        )
+
+    def _apply_nonfinite_policy(self, metrics: dict[str, Any], state: TrainState) -> None:
+        cfg = self.config.trainer
+        if cfg.nonfinite == "stop":
+            if int(metrics["nonfinite"]):
+                raise NonFiniteLossError(
+                    f"loss or gradient norm is not finite at step {int(state.step)}; the update was not applied "
+                    "and no checkpoint newer than the last finite state is written (trainer.nonfinite=stop)"
+                )
+        elif int(state.nonfinite_steps) > cfg.max_nonfinite_steps:
+            raise NonFiniteLossError(
+                f"{int(state.nonfinite_steps)} steps had a non-finite loss (more than "
+                f"trainer.max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping"
+            )
+
+    def _sample(self, state: TrainState, data: PreparedData) -> str:
+        from tokenizers import Tokenizer
+
+        from halyard.models.sampling import SamplingConfig, generate
+
+        cfg = self.config.trainer
+        tokenizer = Tokenizer.from_file(data.tokenizer_path)
+        prompt = tokenizer.encode(cfg.sample_prompt or "").ids or [0]
+        model = jax.device_get(state.params)
+        generation = generate(
+            model, [prompt], SamplingConfig(max_new_tokens=cfg.sample_tokens, temperature=0.0)
+        )
+        tokens = np.asarray(generation.tokens)[0].tolist()
+        return tokenizer.decode(tokens)
+
+
+def _replace_params(state: TrainState, params: Any) -> TrainState:
+    return TrainState(
+        step=state.step,
+        params=params,
+        opt_state=state.opt_state,
+        key=state.key,
+        nonfinite_steps=state.nonfinite_steps,
+    )

@@ -1,0 +1,173 @@
+"""The Trainer end to end on a tiny Llama: determinism, resume, resharding, preemption, config errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from trainer_fixtures import assert_bitwise_equal, load_config, run_cli, write_config
+
+from halyard.train.trainer.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+def test_same_config_twice_gives_identical_bits(tmp_path: Path, cache_dir: Path) -> None:
+    results = []
+    for name in ("first", "second"):
+        config = load_config(write_config(tmp_path / f"{name}.yaml", tmp_path / name, cache_dir))
+        results.append(Trainer(config).fit())
+    assert [h["loss"] for h in results[0].history] == [h["loss"] for h in results[1].history]
+    assert_bitwise_equal(results[0].state.params, results[1].state.params)
+    losses = [h["loss"] for h in results[0].history]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    lines = (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert (tmp_path / "first" / "config.yaml").exists()
+
+
+class StopAfter:
+    """A preemption flag that asks to stop after ``steps`` steps (as SIGTERM would)."""
+
+    def __init__(self, steps: int) -> None:
+        self.calls = 0
+        self.steps = steps
+
+    def requested_on_any_process(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.steps
+
+
+def test_preempted_run_resumes_to_the_same_bits(tmp_path: Path, cache_dir: Path) -> None:
+    whole = load_config(write_config(tmp_path / "whole.yaml", tmp_path / "whole", cache_dir))
+    reference = Trainer(whole).fit()
+    split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir))
+    with pytest.raises(SystemExit) as stopped:
+        Trainer(split, preemption=StopAfter(4)).fit()
+    assert stopped.value.code == 143
+    assert Trainer(split).restore_state().step == 4
+    resumed = Trainer(split).fit()
+    assert int(resumed.state.step) == 6
+    assert_bitwise_equal(reference.state.params, resumed.state.params)
+    assert_bitwise_equal(reference.state.opt_state, resumed.state.opt_state)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in reference.history][4:]
+
+
+def test_kill9_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path: Path, cache_dir: Path) -> None:
+    reference = Trainer(
+        load_config(
+            write_config(tmp_path / "ref.yaml", tmp_path / "ref", cache_dir, checkpoint={"every_steps": 1})
+        )
+    ).fit()
+    path = write_config(
+        tmp_path / "killed.yaml", tmp_path / "killed", cache_dir, checkpoint={"every_steps": 1}
+    )
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "--config", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    rng = np.random.default_rng(7)
+    target_lines = int(rng.integers(1, 4))
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= target_lines:
+                time.sleep(float(rng.uniform(0.0, 0.3)))
+                break
+            time.sleep(0.05)
+        process.kill()
+    finally:
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    finished = run_cli(["--config", str(path)])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    resumed = Trainer(load_config(path)).restore_state()
+    assert int(resumed.step) == 6
+    assert_bitwise_equal(reference.state.params, resumed.params)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path: Path, cache_dir: Path) -> None:
+    path = write_config(
+        tmp_path / "term.yaml",
+        tmp_path / "term",
+        cache_dir,
+        trainer={"steps": 400},
+        checkpoint={"every_steps": None},
+    )
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "term" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None and not metrics.exists():
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    state = Trainer(load_config(path)).restore_state()
+    assert 1 <= int(state.step) < 400
+
+
+def test_fsdp_checkpoint_restores_on_a_tensor_parallel_mesh_and_on_one_device(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    wide = {"hidden_size": 64}
+    source = write_config(
+        tmp_path / "fsdp.yaml",
+        tmp_path / "fsdp",
+        cache_dir,
+        model=wide,
+        trainer={"steps": 2, "layout": "fsdp", "min_shard": 1, "mesh": {"data": 1, "fsdp": 8}},
+    )
+    trained = Trainer(load_config(source)).fit()
+    embedding_sharding = [leaf.sharding for leaf in jax.tree_util.tree_leaves(trained.state.params)]
+    assert any(len(s.device_set) == 8 and not s.is_fully_replicated for s in embedding_sharding)
+
+    # Same weights on a tensor-parallel mesh: a run whose last step is the checkpoint's restores only.
+    tp = write_config(
+        tmp_path / "tp.yaml",
+        tmp_path / "tp",
+        cache_dir,
+        model=wide,
+        trainer={
+            "steps": 2,
+            "layout": "tensor_parallel",
+            "min_shard": 1,
+            "mesh": {"data": 4, "tensor": 2},
+            "init": f"checkpoint:{tmp_path / 'fsdp'}",
+        },
+    )
+    restored = Trainer(load_config(tp)).fit()
+    assert_bitwise_equal(trained.state.params, restored.state.params)
+    assert any(
+        "tensor" in str(leaf.sharding.spec) for leaf in jax.tree_util.tree_leaves(restored.state.params)
+    )
+
+    # And on a single device, training on from there.
+    one = write_config(
+        tmp_path / "one.yaml",
+        tmp_path / "one",
+        cache_dir,
+        model=wide,
+        trainer={"steps": 3, "init": f"checkpoint:{tmp_path / 'fsdp'}"},
+    )
+    result = run_cli(["--config", str(one)], devices=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished at step 3" in result.stdout

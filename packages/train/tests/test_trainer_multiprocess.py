@@ -1,0 +1,78 @@
+"""A 2-process run (gloo, 2 CPU devices each) trains and checkpoints; one process resumes it.
+
+The data order is a function of the step alone, so the resumed single-process run continues the same
+example stream and the whole loss trajectory equals an uninterrupted single-process run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainer_fixtures import run_cli, write_config
+
+CODE = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+@pytest.mark.multiprocess
+def test_two_process_run_resumes_as_one_process(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    sections = {"trainer": {"batch_size": 8, "mesh": {"data": 4}}, "checkpoint": {"every_steps": 2}}
+    reference = write_config(tmp_path / "ref.yaml", tmp_path / "ref", cache, **sections)
+    done = run_cli(["--config", str(reference)], devices=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    shared = write_config(tmp_path / "multi.yaml", tmp_path / "multi", cache, **sections)
+    port = _free_port()
+    processes = []
+    for process_id in range(2):
+        env = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+            HALYARD_COORDINATOR=f"127.0.0.1:{port}",
+            HALYARD_NUM_PROCESSES="2",
+            HALYARD_PROCESS_ID=str(process_id),
+        )
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CODE, "--config", str(shared), "--trainer.steps", "4"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=600))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+
+    resumed = run_cli(["--config", str(shared)], devices=4)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = _losses(tmp_path / "ref"), _losses(tmp_path / "multi")
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([got[s] for s in range(1, 7)], [expected[s] for s in range(1, 7)], rtol=2e-5)

@@ -1,0 +1,89 @@
+"""Tiny runs for trainer tests: a 2-layer Llama on 30 standard-library files, shared token cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import yaml
+
+from halyard.train.cli import resolve_config_paths
+from halyard.train.config import parse_config
+from halyard.train.run_config import TrainConfig
+
+TINY = {
+    "model": {
+        "type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "max_position": 64,
+    },
+    "data": {
+        "builtin_corpus": "python-stdlib",
+        "max_documents": 30,
+        "tokenizer_vocab_size": 512,
+        "seq_len": 32,
+        "num_workers": 0,
+    },
+    "optimizer": {"type": "adamw", "learning_rate": 0.01, "schedule": {"type": "cosine", "warmup": 2}},
+    "trainer": {"steps": 6, "batch_size": 8, "log_every": 1, "progress": False},
+    "checkpoint": {"every_steps": 2, "every_seconds": None, "keep_last": 10},
+    "trackers": [{"type": "jsonl"}],
+}
+
+
+def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = (
+            deep_update(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
+    return out
+
+
+def write_config(path: Path, run_dir: Path, cache_dir: Path, **sections: dict[str, Any]) -> Path:
+    """A tiny run's YAML at ``path`` with ``sections`` merged over `TINY`."""
+    values = deep_update(TINY, {"trainer": {"run_dir": str(run_dir)}, "data": {"cache_dir": str(cache_dir)}})
+    values = deep_update(values, sections)
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def load_config(path: Path, *overrides: str) -> TrainConfig:
+    return parse_config(TrainConfig, resolve_config_paths(["--config", str(path), *overrides]))
+
+
+def run_cli(
+    args: list[str], *, devices: int = 8, timeout: float = 600, **popen: Any
+) -> subprocess.CompletedProcess:
+    """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env, **popen
+    )
+
+
+def leaves(tree: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(tree))]
+
+
+def assert_bitwise_equal(a: Any, b: Any) -> None:
+    left, right = leaves(a), leaves(b)
+    assert len(left) == len(right)
+    for x, y in zip(left, right):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert np.array_equal(x, y), (
+            f"max difference {np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))}"
+        )
