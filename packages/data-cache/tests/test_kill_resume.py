@@ -20,6 +20,11 @@ SETTINGS = {"chunk_tokens": 100, "progress": False}
 
 def test_kill_minus_nine_then_resume_is_byte_identical(tmp_path: Path, tokenizer_path: str):
     write_jsonl_shards(tmp_path / "src", make_documents(1600, seed=31), num_shards=3)
+    for path in (tmp_path / "src").iterdir():  # bad records all along, so resumed counters are checked too
+        lines = path.read_text().splitlines(keepends=True)
+        for count, position in enumerate(range(len(lines) - 1, 0, -40)):
+            lines.insert(position, '{"text": broken\n' if count % 2 else "\n")
+        path.write_text("".join(lines))
     build_cache(str(tmp_path / "src"), tokenizer_path, str(tmp_path / "reference"), num_workers=0, **SETTINGS)
 
     killed = tmp_path / "killed"
@@ -53,4 +58,7 @@ def test_kill_minus_nine_then_resume_is_byte_identical(tmp_path: Path, tokenizer
 
     resumed = build_cache(str(tmp_path / "src"), tokenizer_path, str(killed), num_workers=0, **SETTINGS)
     assert resumed.is_finished
+    assert (
+        resumed.totals["counters"]["malformed_json"] > 5 and resumed.totals["counters"]["empty_document"] > 5
+    )
     assert folder_bytes(killed) == folder_bytes(tmp_path / "reference")

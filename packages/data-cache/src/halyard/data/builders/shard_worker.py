@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -100,13 +101,22 @@ class _ChunkWriter:
         self.token_parts: list[np.ndarray] = []
         self.length_parts: list[np.ndarray] = []
         self.buffered_tokens = 0
-        # (row, counter name) of rows after the last commit; they count once a commit covers their row.
-        self.pending_issues: list[tuple[int, str]] = []
+        # Bad-record counts not yet in the ledger, grouped by the document that follows them (its row and
+        # the counts of the rows up to it): a commit ending at a document takes the groups up to it. Memory
+        # grows with the buffered documents, never with the number of bad rows.
+        self.pending_groups: deque[tuple[int, Counter[str]]] = deque()
+        self.trailing_issues: Counter[str] = Counter()
         self.rows_seen = progress.rows_done
 
     def add_batch(self, batch: list[Record]) -> None:
-        documents = [record for record in batch if record.text is not None]
-        self.pending_issues.extend((record.row, record.issue) for record in batch if record.issue is not None)
+        documents = []
+        for record in batch:
+            if record.issue is not None:
+                self.trailing_issues[record.issue] += 1
+            if record.text is not None:
+                documents.append(record)
+                self.pending_groups.append((record.row, self.trailing_issues))
+                self.trailing_issues = Counter()
         self.rows_seen = batch[-1].row + 1
         if not documents:
             return
@@ -143,13 +153,12 @@ class _ChunkWriter:
             write_atomic(tokens_path, tokens.tobytes())
             write_atomic(ends_path, np.cumsum(lengths).astype("<i8").tobytes())
             progress.chunks.append(ChunkEntry(int(tokens.size), int(lengths.size), rows_end))
-        still_pending = []
-        for row, name in self.pending_issues:
-            if row < rows_end:
-                progress.counters[name] = progress.counters.get(name, 0) + 1
-            else:
-                still_pending.append((row, name))
-        self.pending_issues = still_pending
+        while self.pending_groups and self.pending_groups[0][0] < rows_end:
+            for name, count in self.pending_groups.popleft()[1].items():
+                progress.counters[name] = progress.counters.get(name, 0) + count
+        if finished:
+            for name, count in self.trailing_issues.items():
+                progress.counters[name] = progress.counters.get(name, 0) + count
         progress.rows_done = rows_end
         progress.finished = finished
         progress.save(self.job.root)
