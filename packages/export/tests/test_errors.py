@@ -77,14 +77,20 @@ def test_unsupported_configs_are_refused_naming_the_option(
 def test_missing_weight_names_the_key_and_shape(llama_folder: Path, tmp_path: Path) -> None:
     folder = _copy(llama_folder, tmp_path)
     _edit_weights(folder, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(MissingWeightError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' \(shape \(48, 32\)\)"):
+    with pytest.raises(
+        MissingWeightError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' \(shape \(48, 32\)\)"
+    ):
         import_hf(folder)
 
 
 def test_unexpected_weight_is_named_not_dropped(llama_folder: Path, tmp_path: Path) -> None:
     folder = _copy(llama_folder, tmp_path)
-    _edit_weights(folder, lambda t: t.update({"model.layers.0.mlp.extra.weight": np.zeros((3, 4), np.float32)}))
-    with pytest.raises(UnexpectedWeightError, match=r"'model\.layers\.0\.mlp\.extra\.weight' \(shape \(3, 4\)\)"):
+    _edit_weights(
+        folder, lambda t: t.update({"model.layers.0.mlp.extra.weight": np.zeros((3, 4), np.float32)})
+    )
+    with pytest.raises(
+        UnexpectedWeightError, match=r"'model\.layers\.0\.mlp\.extra\.weight' \(shape \(3, 4\)\)"
+    ):
         import_hf(folder)
 
 
@@ -105,7 +111,9 @@ def test_shape_mismatch_names_the_key_and_both_shapes(llama_folder: Path, tmp_pa
 def test_config_and_weights_that_disagree_in_width(llama_folder: Path, tmp_path: Path) -> None:
     folder = _copy(llama_folder, tmp_path)
     _edit_config(folder, intermediate_size=64)
-    with pytest.raises(ShapeMismatchError, match=r"mlp\.(gate|up|down)_proj\.weight' has shape \((48, 32|32, 48)\)"):
+    with pytest.raises(
+        ShapeMismatchError, match=r"mlp\.(gate|up|down)_proj\.weight' has shape \((48, 32|32, 48)\)"
+    ):
         import_hf(folder)
 
 
