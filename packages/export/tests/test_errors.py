@@ -74,6 +74,16 @@ def test_unsupported_configs_are_refused_naming_the_option(
         import_hf(folder)
 
 
+def test_qwen2_window_on_only_some_layers_is_refused(tmp_path: Path) -> None:
+    save("qwen2_sliding_window", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["layer_types"]  # the older spelling: layers from max_window_layers on use the window
+    config["max_window_layers"] = 1
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="max_window_layers=1"):
+        import_hf(tmp_path / "hf")
+
+
 def test_missing_weight_names_the_key_and_shape(llama_folder: Path, tmp_path: Path) -> None:
     folder = _copy(llama_folder, tmp_path)
     _edit_weights(folder, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))

@@ -225,7 +225,9 @@ def _llama_fields(family: str, hf: Mapping[str, Any], used: set[str]) -> dict[st
     used.update(names)
     used.update({"num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias"})
     fields["num_kv_heads"] = hf.get("num_key_value_heads") or hf["num_attention_heads"]
-    fields["head_dim"] = hf.get("head_dim")
+    head_dim = hf.get("head_dim")
+    # a head_dim equal to the default is stated by newer transformers versions only: keep configs equal
+    fields["head_dim"] = None if head_dim == hf["hidden_size"] // hf["num_attention_heads"] else head_dim
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
     fields["rope"] = _rope(hf, used)
     fields["sliding_window"] = _sliding_window(family, hf, used)

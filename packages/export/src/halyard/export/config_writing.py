@@ -57,7 +57,6 @@ def _llama(config: LlamaConfig) -> dict[str, Any]:
         "num_hidden_layers": config.num_layers,
         "num_attention_heads": config.num_heads,
         "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_size,
         "max_position_embeddings": config.max_position,
         "rms_norm_eps": config.rms_norm_eps,
         "hidden_act": _ACTIVATIONS.get(config.activation, config.activation),
@@ -67,6 +66,8 @@ def _llama(config: LlamaConfig) -> dict[str, Any]:
         "rope_scaling": scaling,
         "attention_dropout": 0.0,
     }
+    if config.head_dim is not None:
+        values["head_dim"] = config.head_dim
     if family == "llama":
         if config.sliding_window is not None:
             raise _refuse(config, f"sliding_window={config.sliding_window}", "use the mistral family")

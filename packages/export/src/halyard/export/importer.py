@@ -106,7 +106,7 @@ def _check_tied_head(source: WeightSource, plans: list[LeafPlan]) -> None:
 
 def _block_reader(
     plan: LeafPlan, source: WeightSource, dtype: Any
-) -> Callable[[tuple[slice, ...]], np.ndarray]:
+) -> Callable[[tuple[slice, ...] | None], np.ndarray]:
     """Reads any rectangular block of the Halyard array (padding rows of the vocabulary are zeros)."""
     mapping, leaf = plan.mapping, plan.leaf
     num_stacked = len(mapping.stacked)
@@ -117,7 +117,8 @@ def _block_reader(
         reader = lambda slices: source.read(key, slices)
         return mapping.read(reader, plan.hf_sizes, target_slices).astype(dtype)
 
-    def read(index: tuple[slice, ...]) -> np.ndarray:
+    def read(index: tuple[slice, ...] | None) -> np.ndarray:
+        index = index if index is not None else tuple(slice(None) for _ in leaf.axes)
         bounds = tuple(s.indices(axis.size)[:2] for s, axis in zip(index, leaf.axes))
         if bounds in last:  # replicated leaves ask for the same block once per device
             return last[bounds]
