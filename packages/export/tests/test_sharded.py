@@ -142,3 +142,13 @@ def test_vocabulary_padded_for_the_mesh_and_cut_on_export(tmp_path: Path) -> Non
     )
     assert sorted(before) == sorted(after) and all(np.array_equal(before[k], after[k]) for k in before)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == VOCAB
+
+
+def test_import_converts_the_dtype(tmp_path: Path) -> None:
+    original = save("mistral_sliding_window", tmp_path / "hf")
+    config, model = import_hf(tmp_path / "hf", dtype="bfloat16")
+    assert config.param_dtype == "bfloat16"
+    weight = model.layers.layers.mlp.up.weight.array
+    assert weight.dtype == np.dtype(ml_dtypes.bfloat16)
+    stored = original.model.layers[1].mlp.up_proj.weight.detach().to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(np.asarray(weight[1]).astype(np.float32), stored.T)
