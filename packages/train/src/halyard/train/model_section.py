@@ -15,6 +15,7 @@ import draccus
 from halyard.models import config_class, registered_models
 
 
+@dataclasses.dataclass(frozen=True)
 class ModelSection(draccus.ChoiceRegistry):
     """Base of the ``model:`` section; ``type:`` names a family of `halyard.models.registered_models`."""
 

@@ -98,7 +98,13 @@ def decode_config(
         origin = f" (set in {origins[key]})" if origins and key in origins else ""
         raise ConfigError(f"config key '{key}'{origin}: {error.message}{expected_text}.") from None
     except (ParsingError, TypeError, ValueError) as error:
-        raise ConfigError(f"invalid config for {config_class.__name__}: {error}") from None
+        # draccus wraps a section's own validation error (__post_init__); its message is the useful part.
+        reasons = [str(error)]
+        cause = error.__cause__ or error.__context__
+        while cause is not None and len(reasons) < 4:
+            reasons.append(str(cause))
+            cause = cause.__cause__ or cause.__context__
+        raise ConfigError(f"invalid config for {config_class.__name__}: {': '.join(reasons)}") from None
 
 
 def overrides_from_argv(argv: Sequence[str]) -> dict[str, Any]:
@@ -136,7 +142,16 @@ def config_help(config_class: type, prog: str | None = None) -> str:
         config_class: the root config dataclass.
         prog: program name for the usage line.
     """
-    return DraccusArgumentParser(config_class=config_class, prog=prog).parser.format_help()
+    parser = DraccusArgumentParser(config_class=config_class, prog=prog).parser
+    # argparse expands "%(default)s" in help strings: a literal "%" in a docstring must be doubled.
+    actions = {id(a): a for group in parser._action_groups for a in group._group_actions}
+    actions.update({id(a): a for a in parser._actions})
+    for action in actions.values():
+        if action.help and "%" in action.help:
+            action.help = (
+                action.help.replace("%(default)s", "\0").replace("%", "%%").replace("\0", "%(default)s")
+            )
+    return parser.format_help()
 
 
 def save_resolved_config(config: Any, run_dir: str | os.PathLike[str], filename: str = "config.yaml") -> Path:

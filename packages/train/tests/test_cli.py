@@ -1,0 +1,52 @@
+"""The `train` / `halyard` command line: config mistakes exit with code 2 and name the key; help works."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from halyard.train.cli import builtin_configs, main, train_main
+
+
+def _exit_code_and_stderr(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as raised:
+        train_main(argv)
+    return int(raised.value.code), capsys.readouterr().err
+
+
+def test_unknown_model_key_is_named_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--model.num_layrs", "3"])
+    assert code == 2
+    assert "model.num_layrs" in err and "Did you mean 'model.num_layers'" in err
+    assert "Traceback" not in err
+
+
+def test_wrong_type_missing_file_and_bad_value(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--trainer.steps", "many"])
+    assert code == 2 and "trainer.steps" in err and "int" in err
+    code, err = _exit_code_and_stderr(capsys, ["--config", str(tmp_path / "missing.yaml")])
+    assert code == 2 and "missing.yaml" in err
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--trainer.init", "bogus"])
+    assert code == 2 and "trainer.init='bogus'" in err
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--model.type", "llamma"])
+    assert code == 2 and "llama" in err
+
+
+def test_help_lists_every_section(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        train_main(["--help"])
+    assert raised.value.code == 0
+    out = capsys.readouterr().out
+    for key in ("--trainer.steps", "--model.num_layers", "--data.seq_len", "--optimizer.learning_rate"):
+        assert key in out
+
+
+def test_halyard_lists_builtin_configs_and_refuses_unknown_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "demo" in builtin_configs()
+    assert main(["configs"]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert main(["fly"]) == 2
+    assert "unknown command 'fly'" in capsys.readouterr().err
