@@ -17,6 +17,7 @@ Prints the loss of every width at a few checkpoints, then whether the final loss
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import equinox as eqx
@@ -125,7 +126,7 @@ def main() -> None:
         row = [np.mean(results[w][max(0, point - window) : point]) for w in widths]
         print(f"{point:5d}  " + "".join(f"{value:13.4f}" for value in row))
     final = [np.mean(results[w][-window:]) for w in widths]
-    monotone = all(later <= earlier + 1e-3 for earlier, later in zip(final, final[1:]))
+    monotone = all(later <= earlier + 1e-3 for earlier, later in itertools.pairwise(final))
     ratios = ", ".join(f"{w}: {value / final[0]:.3f}" for w, value in zip(widths, final))
     print(f"\nfinal loss relative to width {widths[0]}: {ratios}")
     print(f"wider is better: {'yes' if monotone else 'NO'}")
