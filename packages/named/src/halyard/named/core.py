@@ -12,7 +12,7 @@ import numpy as np
 from halyard.named.axis import Axis, AxisSelector, axis_name, check_unique, format_axes
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class NamedArray:
     """An array plus one `Axis` per dimension.
 
@@ -57,6 +57,10 @@ class NamedArray:
     def tree_flatten(self) -> tuple[tuple[Any], tuple[Axis, ...]]:
         """The array is the only leaf; the axes are static metadata."""
         return (self.array,), self.axes
+
+    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any]], tuple[Axis, ...]]:
+        """Like `tree_flatten`, naming the leaf ``.array`` so key paths read ``params.embed.weight.array``."""
+        return ((jax.tree_util.GetAttrKey("array"), self.array),), self.axes
 
     @classmethod
     def tree_unflatten(cls, axes: tuple[Axis, ...], children: tuple[Any]) -> NamedArray:
