@@ -5,7 +5,8 @@ keeping a running maximum, a running softmax denominator and a running weighted 
 online softmax), so no ``[pos, key_pos]`` matrix larger than one block pair ever exists. The backward
 pass is a custom VJP that recomputes each block's probabilities from the saved log-sum-exp instead of
 storing them (FlashAttention-2, section 3.1.1). Block pairs in which the mask hides every key are
-skipped with ``lax.cond``, which halves the work of causal attention.
+skipped with ``lax.cond``, which halves the work of causal attention. A sequence that fits in one
+block runs without loops or conditionals, which keeps compile times of short sequences low.
 
 Shapes inside this file: ``B`` batch, ``Q``/``K`` number of query/key blocks, ``q``/``k`` block sizes,
 ``h`` kv heads, ``g`` query heads per kv head, ``d`` head size.
@@ -13,8 +14,9 @@ Shapes inside this file: ``B`` batch, ``Q``/``K`` number of query/key blocks, ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +101,24 @@ def _round_up(length: int, block: int) -> int:
     return -(-length // block) * block
 
 
+def _scan(step: Callable[[Any, jax.Array], tuple[Any, Any]], initial: Any, length: int) -> tuple[Any, Any]:
+    """``lax.scan`` over block indices ``0 .. length-1``; one block runs inline (quicker to compile)."""
+    if length == 1:
+        carry, output = step(initial, jnp.asarray(0))
+        return carry, jax.tree.map(lambda leaf: leaf[None], output)
+    return jax.lax.scan(step, initial, jnp.arange(length))
+
+
+def _when_visible(mask: jax.Array, update: Callable, skip: Callable, carry: Any, single_pair: bool) -> Any:
+    """``update(carry)`` if any entry of this block pair is visible, else ``skip(carry)``.
+
+    With a single block pair there is nothing to skip, so no conditional is compiled.
+    """
+    if single_pair:
+        return update(carry)
+    return jax.lax.cond(jnp.any(mask), update, skip, carry)
+
+
 def _block_visible(
     static: _Static, tokens: _Tokens, query_index: jax.Array, key_index: jax.Array
 ) -> jax.Array:
@@ -132,6 +152,7 @@ def _forward(
     """Output ``[B, Q, q, h, g, d]`` and log-sum-exp ``[Q, B, h, g, q]`` (``+inf`` for rows seeing nothing)."""
     batch, num_query_blocks, query_block, num_kv_heads, group, head_size = query.shape
     num_key_blocks = key.shape[1]
+    single = num_query_blocks == 1 and num_key_blocks == 1
 
     def one_query_block(query_index: jax.Array) -> tuple[jax.Array, jax.Array]:
         query_block_values = query[:, query_index]
@@ -162,17 +183,15 @@ def _forward(
                 )
                 return new_max, denominator, accumulator * correction[..., None] + contribution
 
-            return jax.lax.cond(jnp.any(mask), update, lambda carry: carry, carry), None
+            return _when_visible(mask, update, lambda carry: carry, carry, single), None
 
-        (running_max, denominator, accumulator), _ = jax.lax.scan(
-            one_key_block, initial, jnp.arange(num_key_blocks)
-        )
+        (running_max, denominator, accumulator), _ = _scan(one_key_block, initial, num_key_blocks)
         seen = denominator > 0
         output = jnp.where(seen[..., None], accumulator / jnp.where(seen, denominator, 1.0)[..., None], 0.0)
         log_sum_exp = jnp.where(seen, running_max + jnp.log(jnp.where(seen, denominator, 1.0)), jnp.inf)
         return output, log_sum_exp
 
-    output, log_sum_exp = jax.lax.map(one_query_block, jnp.arange(num_query_blocks))
+    output, log_sum_exp = _scan(lambda _, index: (None, one_query_block(index)), None, num_query_blocks)[1]
     # [Q, B, h, g, q, d] -> [B, Q, q, h, g, d]
     output = output.transpose(1, 0, 4, 2, 3, 5).astype(query.dtype)
     return output, log_sum_exp
@@ -195,6 +214,7 @@ def _blocked_forward(
 def _blocked_backward(static: _Static, residuals: tuple, output_cotangent: jax.Array) -> tuple:
     query, key, value, tokens, output, log_sum_exp = residuals
     num_query_blocks, num_key_blocks = query.shape[1], key.shape[1]
+    single = num_query_blocks == 1 and num_key_blocks == 1
     # delta_i = sum_d dO_i * O_i: the softmax backward's row term, [Q, B, h, g, q].
     delta = jnp.einsum(
         "bQqhgd,bQqhgd->Qbhgq",
@@ -233,21 +253,17 @@ def _blocked_backward(static: _Static, residuals: tuple, output_cotangent: jax.A
             def skip(carry: tuple) -> tuple[tuple, jax.Array]:
                 return carry, jnp.zeros(query_block_values.shape, jnp.float32)
 
-            return jax.lax.cond(jnp.any(mask), update, skip, carry)
+            return _when_visible(mask, update, skip, carry, single)
 
         initial = (
             jnp.zeros(key_block_values.shape, jnp.float32),
             jnp.zeros(value_block_values.shape, jnp.float32),
         )
-        (key_gradient, value_gradient), query_gradients = jax.lax.scan(
-            one_query_block, initial, jnp.arange(num_query_blocks)
-        )
+        (key_gradient, value_gradient), query_gradients = _scan(one_query_block, initial, num_query_blocks)
         return query_gradient + query_gradients, (key_gradient, value_gradient)
 
-    query_gradient, (key_gradients, value_gradients) = jax.lax.scan(
-        one_key_block,
-        jnp.zeros((num_query_blocks, *query[:, 0].shape), jnp.float32),
-        jnp.arange(num_key_blocks),
+    query_gradient, (key_gradients, value_gradients) = _scan(
+        one_key_block, jnp.zeros((num_query_blocks, *query[:, 0].shape), jnp.float32), num_key_blocks
     )
     # [Q, B, q, h, g, d] -> [B, Q, q, h, g, d]; [K, B, k, h, d] -> [B, K, k, h, d]
     query_gradient = query_gradient.transpose(1, 0, 2, 3, 4, 5).astype(query.dtype)
