@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	$(PY) -m pip install --quiet $(foreach p,$(PACKAGE_DIRS),-e $(p)) --group dev
 	touch $(STAMP)
 
+# One CPU device for the demo: simulated devices only slow a single small model down.
 demo: $(STAMP)
-	$(VENV)/bin/halyard train --config demo
+	XLA_FLAGS= $(VENV)/bin/halyard train --config demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
