@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+import transformers
 from hf_cases import assert_logits_close, halyard_logits, padded_batch, save, torch_logits
 from safetensors.numpy import load_file, save_file
 
@@ -21,6 +22,7 @@ from halyard.export import (
     UnsupportedModelError,
     export_hf,
     import_hf,
+    read_hf_config,
 )
 from halyard.models import model_config
 
@@ -82,6 +84,36 @@ def test_qwen2_window_on_only_some_layers_is_refused(tmp_path: Path) -> None:
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match="max_window_layers=1"):
         import_hf(tmp_path / "hf")
+
+
+def test_missing_config_key_is_named(llama_folder: Path, tmp_path: Path) -> None:
+    folder = _copy(llama_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    del config["num_hidden_layers"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"required key\(s\) \['num_hidden_layers'\] are missing"):
+        import_hf(folder)
+
+
+def test_omitted_keys_mean_what_they_mean_to_transformers(llama_folder: Path, tmp_path: Path) -> None:
+    folder = _copy(llama_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("rms_norm_eps", "max_position_embeddings", "rope_parameters", "hidden_act"):
+        del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+    ours = read_hf_config(folder)[0]
+    theirs = transformers.LlamaConfig.from_pretrained(folder)
+    assert (ours.rms_norm_eps, ours.max_position, ours.rope.theta, ours.activation) == (
+        theirs.rms_norm_eps,
+        theirs.max_position_embeddings,
+        theirs.rope_parameters["rope_theta"],
+        theirs.hidden_act,
+    )
+
+
+def test_unknown_override_is_named_with_a_suggestion(llama_folder: Path) -> None:
+    with pytest.raises(TypeError, match="did you mean 'remat'"):
+        import_hf(llama_folder, config_overrides={"rematt": "full"})
 
 
 def test_missing_weight_names_the_key_and_shape(llama_folder: Path, tmp_path: Path) -> None:

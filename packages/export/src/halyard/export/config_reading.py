@@ -114,6 +114,46 @@ REQUIRED_VALUES: dict[str, Any] = {
     "scale_attn_by_inverse_layer_idx": False,
 }
 
+# Keys that fix the weights' shapes: a config.json without them is refused.
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),
+    **{
+        family: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        for family in ("llama", "mistral", "qwen2", "mixtral")
+    },
+}
+
+# transformers' defaults for keys a config.json may omit (they differ from Halyard's defaults, e.g. the
+# RMSNorm epsilon): an omitted key means what it means to transformers.
+_LLAMA_DEFAULTS = {"hidden_act": "silu", "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": {
+        "n_inner": None,
+        "n_positions": 1024,
+        "layer_norm_epsilon": 1e-5,
+        "activation_function": "gelu_new",
+    },
+    "llama": {**_LLAMA_DEFAULTS, "max_position_embeddings": 2048, "rope_theta": 10000.0},
+    "mistral": {
+        **_LLAMA_DEFAULTS,
+        "max_position_embeddings": 131072,
+        "num_key_value_heads": 8,
+        "sliding_window": 4096,
+        "rope_theta": 10000.0,
+    },
+    "qwen2": {**_LLAMA_DEFAULTS, "max_position_embeddings": 32768, "rope_theta": 10000.0},
+    "mixtral": {
+        **_LLAMA_DEFAULTS,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072,
+        "num_key_value_heads": 8,
+        "rope_theta": 1e6,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "router_aux_loss_coef": 0.001,
+    },
+}
+
 _FAMILY_BY_MODEL_TYPE = {model_type: family for family, (model_type, _) in HF_ARCHITECTURES.items()}
 
 
@@ -297,20 +337,29 @@ def config_from_hf_dict(
 
     Raises:
         UnsupportedModelError: remote code, an unsupported architecture, an option Halyard does not
-            implement, or a value Halyard's config rejects (each message names the key).
+            implement, a missing required key, or a value Halyard's config rejects (each message names
+            the key).
+        TypeError: an unknown field in ``overrides`` (with a suggestion).
     """
     family = detect_family(hf, where)
+    missing = [key for key in REQUIRED_KEYS[family] if hf.get(key) is None]
+    if missing:
+        raise UnsupportedModelError(
+            f"{where}: the required key(s) {missing} are missing; they fix the shapes of the weights"
+        )
+    given = set(hf)
+    hf = {**HF_DEFAULTS[family], **hf}
     used: set[str] = set()
     try:
         fields = _gpt2_fields(hf, used) if family == "gpt2" else _llama_fields(family, hf, used)
         for key, value in REQUIRED_VALUES.items():
             _require(hf, key, value)
-    except (ValueError, KeyError) as error:
-        if isinstance(error, UnsupportedModelError):
-            raise UnsupportedModelError(f"{where}: {error}") from None
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(f"{where}: {error}") from None
+    except ValueError as error:
         raise UnsupportedModelError(f"{where}: {error}") from error
     unknown = sorted(
-        key for key in hf if key not in used and key not in NEUTRAL_KEYS and key not in REQUIRED_VALUES
+        key for key in given if key not in used and key not in NEUTRAL_KEYS and key not in REQUIRED_VALUES
     )
     if unknown:
         raise UnsupportedModelError(
@@ -318,11 +367,12 @@ def config_from_hf_dict(
             "Halyard's import; they may change what the model computes, so the checkpoint is refused "
             "rather than loaded into a different model"
         )
-    fields.update(overrides or {})
     try:
         config = _CLASSES[family](**fields)
     except (TypeError, ValueError) as error:
         raise UnsupportedModelError(f"{where}: {error}") from error
+    if overrides:
+        config = config.replace(**overrides)  # an unknown field is a TypeError with a suggestion
     info = HfModelInfo(
         family=family,
         vocab_size=int(hf["vocab_size"]),
