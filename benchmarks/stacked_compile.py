@@ -115,11 +115,11 @@ def compile_and_run(step: Any, stack: Any, x: NamedArray) -> tuple[float, float,
 
 def measure(depths: dict[str, int], sizes: dict[str, int], remat: str, unrolled: bool, repeats: int) -> dict:
     """Compile and first-step times per depth, measured in alternating order after one warm-up."""
-    built = {}
+    built: dict[str, tuple[Any, Any, NamedArray, float]] = {}
     for name, num_layers in depths.items():
         start = time.perf_counter()
-        built[name] = build(num_layers, sizes, remat, unrolled)
-        built[name] = (*built[name], time.perf_counter() - start)
+        step, stack, x = build(num_layers, sizes, remat, unrolled)
+        built[name] = (step, stack, x, time.perf_counter() - start)
     compile_and_run(*built["shallow"][:3])  # warm-up: the first compilation in a process is slower
     results: dict[str, Any] = {
         name: {

@@ -126,3 +126,11 @@ def test_plain_pytrees_and_named_arrays():
     loaded = from_state_dict(tree, {"a": np.array([5.0, 6.0, 7.0]), "b.0": np.zeros(2)})
     assert isinstance(loaded["a"], NamedArray) and loaded["a"].axis_names == ("x",)
     assert loaded["b"][2] == 3.0
+
+
+def test_a_stack_at_the_root_with_a_prefix():
+    stack = Stacked.init(Layers, Block, key=jax.random.PRNGKey(9))
+    state = to_state_dict(stack, prefix="h")
+    assert "h.2.up.weight" in state and "h.0.scales.1" in state
+    _assert_same(from_state_dict(stack, state, prefix="h"), stack)
+    assert "0.up.weight" in to_state_dict(stack)

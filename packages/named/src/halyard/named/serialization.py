@@ -41,7 +41,7 @@ def _key_part(entry: Any) -> str:
 
 
 def _join(prefix: str, part: str) -> str:
-    return f"{prefix}.{part}" if prefix else part
+    return ".".join(p for p in (prefix, part) if p)
 
 
 def _entries(tree: Any) -> tuple[list[tuple[str, Any]], Any]:

@@ -58,7 +58,7 @@ class BlockSeq(LayerStack[M]):
         check_layers_axis(Layers)
         check_remat(remat)
         make = block_factory(Block)
-        keys = layer_keys(key, Layers.size)
+        keys = jax.random.split(key, Layers.size)
         return cls(tuple(make(*args, key=keys[i], **kwargs) for i in range(Layers.size)), Layers, remat)
 
     @property

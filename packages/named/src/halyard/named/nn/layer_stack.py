@@ -124,9 +124,9 @@ def stack_layers(layers: Sequence[Any], Layers: Axis) -> Any:
         raise ValueError(f"{len(layers)} layers were given for {Layers!r}")
     first = layers[0]
     dynamic, static = eqx.partition(first, eqx.is_array)
-    reference = jax.tree.structure(dynamic)
+    reference: Any = jax.tree.structure(dynamic)
     for i, layer in enumerate(layers[1:], start=1):
-        if jax.tree.structure(eqx.filter(layer, eqx.is_array)) != reference:
+        if not jax.tree.structure(eqx.filter(layer, eqx.is_array)) == reference:
             raise ValueError(f"Layer {i} does not have the structure (or the axes) of layer 0")
 
     def stack(*xs: Any) -> Any:

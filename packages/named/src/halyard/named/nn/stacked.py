@@ -87,7 +87,7 @@ class Stacked(LayerStack[M]):
         """
         check_layers_axis(Layers)
         check_remat(remat)
-        stacked = _init_layers(block_factory(Block), args, kwargs, layer_keys(key, Layers.size))
+        stacked = _init_layers(block_factory(Block), args, kwargs, jax.random.split(key, Layers.size))
         return cls(add_layers_axis(stacked, Layers), Layers, remat)
 
     @classmethod
