@@ -10,7 +10,9 @@ per-token numbers, so both paths (blocked and full logits) share it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +150,16 @@ def _vocab_blocks(weight: jax.Array, block_size: int) -> jax.Array:
     return weight.reshape(padded // block, block, weight.shape[1])
 
 
+def _scan_blocks(
+    step: Callable[[Any, jax.Array], tuple[Any, Any]], initial: Any, length: int
+) -> tuple[Any, Any]:
+    """``lax.scan`` over vocabulary blocks; a vocabulary in one block runs inline (quicker to compile)."""
+    if length == 1:
+        carry, output = step(initial, jnp.asarray(0))
+        return carry, jax.tree.map(lambda leaf: leaf[None], output)
+    return jax.lax.scan(step, initial, jnp.arange(length))
+
+
 def _block_logits(
     hidden: jax.Array, weight_block: jax.Array, index: jax.Array, vocab: int, scale: float
 ) -> jax.Array:
@@ -181,7 +193,7 @@ def _blocked_logsumexp_and_label_logit(
         jnp.zeros((num_tokens,), jnp.float32),
         jnp.zeros((num_tokens,), jnp.float32),
     )
-    (running_max, running_sum, label_logit), _ = jax.lax.scan(step, initial, jnp.arange(blocks.shape[0]))
+    (running_max, running_sum, label_logit), _ = _scan_blocks(step, initial, blocks.shape[0])
     return running_max + jnp.log(running_sum), label_logit
 
 
@@ -215,8 +227,8 @@ def _blocked_backward(static: tuple[float, int], residuals: tuple, cotangents: t
         weight_gradient = jnp.einsum("nv,ne->ve", logit_gradient, hidden.astype(jnp.float32))
         return hidden_gradient, weight_gradient
 
-    hidden_gradient, weight_gradients = jax.lax.scan(
-        step, jnp.zeros(hidden.shape, jnp.float32), jnp.arange(blocks.shape[0])
+    hidden_gradient, weight_gradients = _scan_blocks(
+        step, jnp.zeros(hidden.shape, jnp.float32), blocks.shape[0]
     )
     weight_gradient = weight_gradients.reshape(-1, weight.shape[1])[:vocab]
     return hidden_gradient.astype(hidden.dtype), weight_gradient.astype(weight.dtype), None
