@@ -221,3 +221,37 @@ def test_nested_block_size_and_offload_fallback():
     expected = "offload" if offload_supported() else "save_dots"
     assert effective_remat("offload") == expected
     assert effective_remat("nested") == "nested"
+
+
+class _Cached(eqx.Module):
+    """Adds a per-layer input (like a KV cache slice) and returns it updated as a per-layer output."""
+
+    scale: NamedArray
+
+    @classmethod
+    def init(cls, *, key):
+        return cls(named(jax.random.normal(key, (8,)), ("embed",)))
+
+    def __call__(self, x, cache, shift):
+        y = x * self.scale + cache + shift
+        return y, cache + 1.0
+
+
+@pytest.mark.parametrize("remat", ["none", "nested"])
+def test_named_arguments_with_the_layers_axis_are_sliced_per_layer(remat):
+    layers = Axis("layers", 4)
+    stacked = Stacked.init(layers, _Cached, key=jax.random.PRNGKey(3), remat=remat)
+    x = _input()
+    cache = named(jax.random.normal(jax.random.PRNGKey(4), (8, 4)), ("embed", "layers"))  # layers not first
+    final, new_cache = jax.jit(lambda s, x, c: s.scan(x, c, shift=2.0))(stacked, x, cache)
+    h = x
+    for i, layer in enumerate(stacked.layers()):
+        h, _ = layer(h, cache["layers", i], 2.0)
+    np.testing.assert_allclose(np.asarray(final.array), np.asarray(h.array), rtol=1e-5, atol=1e-5)
+    assert new_cache.axis_names == ("layers", "embed")
+    np.testing.assert_allclose(np.asarray(new_cache.array), np.asarray(cache.array).T + 1.0, rtol=1e-6)
+    seq_final, seq_cache = stacked.unrolled().scan(x, cache, shift=2.0)
+    np.testing.assert_allclose(np.asarray(seq_final.array), np.asarray(h.array), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(seq_cache.array), np.asarray(new_cache.array), rtol=1e-6)
+    with pytest.raises(ValueError, match="stack has 4 layers"):
+        stacked.scan(x, named(jnp.zeros((8, 3)), ("embed", "layers")), shift=2.0)

@@ -16,6 +16,7 @@ from halyard.named.axis import Axis
 from halyard.named.nn.layer_stack import (
     LayerStack,
     M,
+    PerLayerInputs,
     add_layers_axis,
     block_factory,
     check_layers_axis,
@@ -94,10 +95,14 @@ class BlockSeq(LayerStack[M]):
     ) -> tuple[Any, Any]:
         keys = layer_keys(key, self.Layers.size)
 
-        def step(params: Any, static: Any, carry: Any, layer_key: Any) -> tuple[Any, Any]:
+        inputs = PerLayerInputs(args, kwargs, self.Layers, "BlockSeq")
+
+        def step(params: Any, static: Any, carry: Any, layer_key: Any, slices: list[Any]) -> tuple[Any, Any]:
             layer = eqx.combine(params, static)
-            extra = kwargs if layer_key is None else {**kwargs, "key": layer_key}
-            result = layer(carry, *args, **extra)
+            layer_args, layer_kwargs = inputs.rebuild(slices)
+            if layer_key is not None:
+                layer_kwargs = {**layer_kwargs, "key": layer_key}
+            result = layer(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
             return match_carry(new_carry, carry, "BlockSeq"), output
 
@@ -105,8 +110,10 @@ class BlockSeq(LayerStack[M]):
         for i, layer in enumerate(self.blocks):
             params, static = eqx.partition(layer, eqx.is_array)
             # The static half holds no arrays, so it is closed over rather than traced.
-            run_layer = checkpoint_layer(lambda p, c, k, static=static: step(p, static, c, k), self.remat)
-            x, output = run_layer(params, x, None if keys is None else keys[i])
+            run_layer = checkpoint_layer(
+                lambda p, c, k, s, static=static: step(p, static, c, k, s), self.remat
+            )
+            x, output = run_layer(params, x, None if keys is None else keys[i], [a[i] for a in inputs.sliced])
             outputs.append(output)
         if not with_outputs:
             return x, None

@@ -165,3 +165,37 @@ def match_carry(new: Any, old: Any, where: str) -> Any:
             f"{where}: a layer must return a carry with the structure of its input "
             f"({jax.tree.structure(old, is_leaf=is_named)}), got {jax.tree.structure(new, is_leaf=is_named)}"
         ) from error
+
+
+class PerLayerInputs:
+    """Splits a layer call's extra arguments into per-layer slices and broadcast values.
+
+    A NamedArray argument (anywhere in ``args`` / ``kwargs``) that has the ``Layers`` axis is sliced:
+    layer ``i`` receives its ``i``-th slice, without that axis (a per-layer KV cache, for instance).
+    Everything else is passed unchanged to every layer.
+    """
+
+    def __init__(self, args: tuple, kwargs: dict, Layers: Axis, where: str):
+        self._leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_named)
+        self.sliced_positions: list[int] = []
+        self._sliced_axes: list[tuple[Axis, ...]] = []
+        self.sliced: list[jax.Array] = []  # layer dimension first
+        for position, leaf in enumerate(self._leaves):
+            if is_named(leaf) and leaf.has_axis(Layers.name):
+                index = leaf.axis_index(Layers.name)
+                if leaf.axes[index].size != Layers.size:
+                    raise ValueError(
+                        f"{where}: an argument with axes {format_axes(leaf.axes)} has a {Layers.name!r} axis "
+                        f"of size {leaf.axes[index].size}, but the stack has {Layers.size} layers"
+                    )
+                self.sliced_positions.append(position)
+                self._sliced_axes.append(leaf.axes[:index] + leaf.axes[index + 1 :])
+                self.sliced.append(jnp.moveaxis(leaf.array, index, 0))
+
+    def rebuild(self, slices: Sequence[Any]) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` for one layer, given that layer's slice of each sliced argument."""
+        leaves = list(self._leaves)
+        for position, axes, value in zip(self.sliced_positions, self._sliced_axes, slices):
+            leaves[position] = NamedArray(value, axes)
+        args, kwargs = jax.tree_util.tree_unflatten(self._treedef, leaves)
+        return args, kwargs

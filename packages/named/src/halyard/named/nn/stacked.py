@@ -16,6 +16,7 @@ from halyard.named.axis import Axis
 from halyard.named.nn.layer_stack import (
     LayerStack,
     M,
+    PerLayerInputs,
     add_layers_axis,
     block_factory,
     check_layers_axis,
@@ -126,11 +127,13 @@ class Stacked(LayerStack[M]):
         Args:
             x: the carry (a NamedArray or a pytree of them); each layer must return the same axes
                 (their order may change: it is restored).
-            args, kwargs: passed unchanged to every layer (masks, positions, ...).
+            args, kwargs: passed to every layer: unchanged (masks, positions, ...), except NamedArrays
+                with the ``Layers`` axis (e.g. a KV cache), which are sliced: layer ``i`` gets slice ``i``.
             key: when given, split into one key per layer and passed as ``key=`` (dropout).
 
         Raises:
-            ValueError: a layer changes the carry's axis names or structure.
+            ValueError: a layer changes the carry's axis names or structure; a sliced argument's
+                ``Layers`` axis has another size.
         """
         carry, _ = self._run(x, args, kwargs, key, with_outputs=False)
         return carry
@@ -144,20 +147,24 @@ class Stacked(LayerStack[M]):
         self, x: Any, args: tuple, kwargs: dict, key: jax.Array | None, with_outputs: bool
     ) -> tuple[Any, Any]:
         dynamic, static = eqx.partition(layer_view(self.stacked, self.Layers), eqx.is_array)
+        inputs = PerLayerInputs(args, kwargs, self.Layers, "Stacked")
         keys = layer_keys(key, self.Layers.size)
 
-        def step(carry: Any, per_layer: tuple[Any, Any]) -> tuple[Any, Any]:
-            params, layer_key = per_layer
+        def step(carry: Any, per_layer: tuple[Any, Any, list[Any]]) -> tuple[Any, Any]:
+            params, layer_key, slices = per_layer
             layer = eqx.combine(params, static)
-            extra = kwargs if layer_key is None else {**kwargs, "key": layer_key}
-            result = layer(carry, *args, **extra)
+            layer_args, layer_kwargs = inputs.rebuild(slices)
+            if layer_key is not None:
+                layer_kwargs = {**layer_kwargs, "key": layer_key}
+            result = layer(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
             return match_carry(new_carry, carry, "Stacked"), output
 
+        xs = (dynamic, keys, inputs.sliced)
         if self.remat == "nested":
-            carry, outputs = self._nested_scan(step, x, (dynamic, keys))
+            carry, outputs = self._nested_scan(step, x, xs)
         else:
-            carry, outputs = jax.lax.scan(checkpoint_layer(step, self.remat), x, (dynamic, keys))
+            carry, outputs = jax.lax.scan(checkpoint_layer(step, self.remat), x, xs)
         return carry, add_layers_axis(outputs, self.Layers) if with_outputs else None
 
     def _nested_scan(self, step: Callable[..., Any], x: Any, xs: Any) -> tuple[Any, Any]:
