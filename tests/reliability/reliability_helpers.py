@@ -45,8 +45,6 @@ def tiny_config(tmp: Path, name: str, cache: Path, **sections: dict[str, Any]) -
     return write_config(tmp / f"{name}.yaml", tmp / name, cache, **deep_update(base, sections))
 
 
-
-
 def start_training(
     config: Path, log: Path, *, setup: str = "", devices: int = 8, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
@@ -63,7 +61,9 @@ def start_training(
         os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
     )
     child_env.update(env or {})
-    code = f"import sys\n{setup}\nfrom halyard.train.cli import train_main\nsys.exit(train_main(sys.argv[1:]))\n"
+    code = (
+        f"import sys\n{setup}\nfrom halyard.train.cli import train_main\nsys.exit(train_main(sys.argv[1:]))\n"
+    )
     with open(log, "w") as handle:
         return subprocess.Popen(
             [sys.executable, "-c", code, "--config", str(config)],

@@ -86,7 +86,7 @@ def test_kill9_at_random_moments_resumes_to_the_reference_bits(
                 time.sleep(float(rng.uniform(0.5, 6.0)))
             else:
                 before = set(step_directories(run_dir))
-                wait_until(lambda: bool(set(step_directories(run_dir)) - before), child)
+                wait_until(lambda d=run_dir, b=before: bool(set(step_directories(d)) - b), child)
                 time.sleep(float(rng.uniform(0.0, 0.25)))
             status = kill_hard(child)
             if status == 0:  # the run finished before the kill landed: check it and start another chain

@@ -185,3 +185,16 @@ def test_cpu_device_count_simulates_devices_in_a_fresh_process() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["3", "3", "single"]
+
+
+def test_heartbeat_timeout_from_the_environment(recorded: list[dict]) -> None:
+    environ = {
+        "HALYARD_COORDINATOR": "10.0.0.1:1234",
+        "HALYARD_NUM_PROCESSES": "2",
+        "HALYARD_PROCESS_ID": "1",
+        "HALYARD_HEARTBEAT_TIMEOUT_S": "7",
+    }
+    initialize(environ=environ)
+    assert recorded[-1]["heartbeat_timeout_seconds"] == 7
+    with pytest.raises(ValueError, match="HALYARD_HEARTBEAT_TIMEOUT_S must be an integer"):
+        initialize(environ={**environ, "HALYARD_HEARTBEAT_TIMEOUT_S": "soon"})

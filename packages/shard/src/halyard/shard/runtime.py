@@ -13,6 +13,9 @@ ENV_COORDINATOR = "HALYARD_COORDINATOR"
 """``host:port`` of process 0's coordinator service."""
 ENV_NUM_PROCESSES = "HALYARD_NUM_PROCESSES"
 ENV_PROCESS_ID = "HALYARD_PROCESS_ID"
+ENV_HEARTBEAT_TIMEOUT = "HALYARD_HEARTBEAT_TIMEOUT_S"
+"""Seconds without a heartbeat after which a process counts as dead (when ``initialize`` is not told)."""
+DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def initialize(
     cpu_device_count: int | None = None,
     detect: bool = True,
     initialization_timeout_s: int = 300,
-    heartbeat_timeout_s: int = 100,
+    heartbeat_timeout_s: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ProcessInfo:
     """Join a multi-process run (``jax.distributed.initialize``), or run alone when there is none.
@@ -91,7 +94,9 @@ def initialize(
         cpu_device_count: simulated CPU devices for this process (``jax_num_cpu_devices``; testing).
         detect: ask JAX to detect Slurm / Open MPI / TPU when no coordinates are given.
         initialization_timeout_s: give up when the other processes do not join within this time.
-        heartbeat_timeout_s: a process silent this long is considered dead (the others then stop).
+        heartbeat_timeout_s: a process silent this long is considered dead: the others then stop with an
+            error naming it ("Task 1 heartbeat timeout") instead of waiting forever. Default:
+            ``HALYARD_HEARTBEAT_TIMEOUT_S`` from the environment, else 100.
         environ: the environment to read (default ``os.environ``).
 
     Raises:
@@ -129,6 +134,8 @@ def initialize(
             f"initialize: {', '.join(missing)} missing; give all three coordinates of the run (as "
             f"arguments or environment variables) or none of them"
         )
+    if heartbeat_timeout_s is None:
+        heartbeat_timeout_s = _int_from(environ.get(ENV_HEARTBEAT_TIMEOUT), ENV_HEARTBEAT_TIMEOUT)
     # Older JAX defaulted to no CPU collectives: multi-process CPU runs then fail at the first all-reduce.
     if getattr(jax.config, "jax_cpu_collectives_implementation", None) is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -138,7 +145,7 @@ def initialize(
         process_id=process_id,
         local_device_ids=local_device_ids,
         initialization_timeout=initialization_timeout_s,
-        heartbeat_timeout_seconds=heartbeat_timeout_s,
+        heartbeat_timeout_seconds=heartbeat_timeout_s or DEFAULT_HEARTBEAT_TIMEOUT_S,
     )
     return process_info(source)
 
