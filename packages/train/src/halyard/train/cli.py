@@ -1,7 +1,7 @@
 """Command line: ``train --config CONFIG [--section.key value ...]`` and ``halyard SUBCOMMAND``.
 
 Subcommands of ``halyard``: ``train`` (as ``train``), ``cache`` (build a token cache offline; the
-arguments of ``python -m halyard.data``), ``generate`` and ``eval`` (a run's latest checkpoint),
+arguments of ``python -m halyard.data``), ``generate``, ``eval`` and ``export`` (a run's latest checkpoint),
 ``configs`` (list the built-in configs). A config is a YAML
 file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Config mistakes exit with code 2
 and a message naming the key; preemption (SIGTERM) saves a checkpoint and exits with code 143.
@@ -23,6 +23,7 @@ commands:
   cache     build a token cache offline (python -m halyard.data build --help)
   generate  continue a prompt with a run's checkpoint: halyard generate --run runs/demo --prompt "def "
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo
+  export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
   configs   list the built-in configs
 """
 
@@ -86,11 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from halyard.data.cli import main as data_main
 
         return int(data_main(rest) or 0)
-    if command in ("generate", "eval"):
+    if command in ("generate", "eval", "export"):
         from halyard.train import run_tools
 
-        tool = run_tools.generate_main if command == "generate" else run_tools.eval_main
-        return exit_on_config_error(tool)(rest)
+        tools = {
+            "generate": run_tools.generate_main,
+            "eval": run_tools.eval_main,
+            "export": run_tools.export_main,
+        }
+        return exit_on_config_error(tools[command])(rest)
     if command == "configs":
         for name, path in sorted(builtin_configs().items()):
             print(f"{name:16s} {path}")

@@ -77,7 +77,7 @@ class TrainerConfig:
     seed: int = 0
     """Initialisation and dropout seed."""
     init: str = "auto"
-    """auto (resume if a checkpoint exists, else scratch) | scratch | resume | checkpoint:PATH | weights:PATH | hf:PATH."""
+    """auto | scratch | resume | checkpoint:PATH | weights:PATH | hf:PATH. A run with checkpoints of its own always resumes them (except scratch, which refuses); the source only seeds the first start."""
     mesh: MeshSpec = field(default_factory=MeshSpec)
     """Device mesh: sizes of the data, replica, fsdp, tensor, ... axes (-1 takes the devices left)."""
     layout: str = "data_parallel"

@@ -85,3 +85,33 @@ def eval_main(argv: Sequence[str]) -> int:
     metrics["step"] = int(state.step)
     print(json.dumps(metrics))
     return 0
+
+
+def export_main(argv: Sequence[str]) -> int:
+    """Write a Hugging Face folder (config, safetensors, tokenizer) from a run's checkpoint."""
+    parser = argparse.ArgumentParser(prog="halyard export", description=export_main.__doc__)
+    parser.add_argument("--run", required=True, help="the run folder (trainer.run_dir)")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    parser.add_argument("--max-shard-bytes", type=int, default=None, help="split safetensors above this size")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    args = parser.parse_args(argv)
+
+    from halyard.export import DEFAULT_MAX_SHARD_BYTES, export_hf
+    from halyard.train.trainer.data import tokenizer_path_of
+    from halyard.train.trainer.trainer import Trainer
+
+    config = load_run_config(args.run)
+    state = Trainer(config).restore_state(args.step)
+    tokenizer = tokenizer_path_of(config.data, Path(args.run))
+    folder = export_hf(
+        state.params,
+        args.out,
+        tokenizer=tokenizer if Path(tokenizer).exists() else None,
+        dtype=args.dtype,
+        max_shard_bytes=args.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
+        overwrite=args.overwrite,
+    )
+    print(f"wrote {folder} from step {int(state.step)} of {args.run}")
+    return 0

@@ -30,6 +30,7 @@ class MetricsLog:
         run_dir: where file trackers write.
         mesh: the training mesh (its device count divides the throughput for MFU).
         start_step: the first step of this process (resumed runs start later).
+        model_config: the model's config (for FLOPs per token).
         goodput: the run's goodput accounting, started when the trainer started (default: now).
         clock: a monotonic seconds counter (the goodput's own).
     """
@@ -41,6 +42,7 @@ class MetricsLog:
         mesh: Any,
         *,
         start_step: int,
+        model_config: Any,
         goodput: Goodput | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -50,15 +52,18 @@ class MetricsLog:
         self.main = is_main_process()
         hyperparameters = flatten_config(config)
         self.tracker = (
-            build_trackers(config.trackers, run_dir, hyperparameters=hyperparameters, resume_step=start_step)
+            # Logged steps are 1-based (the step count after the update): this process logs from
+            # start_step + 1 on, and lines from an earlier attempt at those steps are dropped.
+            build_trackers(
+                config.trackers, run_dir, hyperparameters=hyperparameters, resume_step=start_step + 1
+            )
             if self.main
             else None
         )
         self.history: list[dict[str, float]] = []
         self.last: dict[str, float] = {}
         self.num_devices = int(mesh.devices.size)
-        model: Any = config.model
-        self.flops_per_token = float(model.flops_per_token(config.data.seq_len))
+        self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
         self.peak = device_peak_flops(jax.devices()[0], config.trainer.precision.compute)
         self._step_started = 0.0
         self._window_seconds = 0.0

@@ -76,10 +76,12 @@ class Trainer:
         self._preemption = preemption
         self.mesh = config.trainer.mesh.build()
         self.layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
+        # The model's shape: the `model:` section, or the config.json of `trainer.init=hf:PATH`.
+        self.model_config = self._resolve_model_config()
 
     # -- pieces --------------------------------------------------------------------------------------
     def _check_model_fits_data(self, data: PreparedData) -> None:
-        model: Any = self.config.model
+        model: Any = self.model_config
         seq_len = self.config.data.seq_len
         vocab = int(data.cache.processor_metadata.get("vocab_size", 0))
         if vocab > model.vocab_size:
@@ -95,7 +97,7 @@ class Trainer:
         return self.config.optimizer.build(total_steps=max(self.config.trainer.steps, 1))
 
     def _abstract_state(self, optimizer: Any) -> tuple[Callable[[jax.Array], TrainState], Any, Any]:
-        model_config: Any = self.config.model
+        model_config: Any = self.model_config
 
         def make_state(key: jax.Array) -> TrainState:
             return init_state(model_config.init(key), optimizer, key)
@@ -108,6 +110,7 @@ class Trainer:
     def _initial_state(
         self,
         manager: CheckpointManager,
+        optimizer: Any,
         make_state: Any,
         abstract: Any,
         shardings: Any,
@@ -115,29 +118,63 @@ class Trainer:
     ) -> TrainState:
         init = self.config.trainer.init
         latest = manager.latest_step()
-        if init in ("auto", "resume") and latest is not None:
+        if latest is not None:
+            if init == "scratch":
+                raise FileExistsError(
+                    f"{manager.directory} already holds checkpoint step {latest}; trainer.init=scratch would "
+                    "mix two runs in one directory. Use a new trainer.run_dir, or trainer.init=auto to resume."
+                )
+            # Every other mode resumes its own run first: the init source only seeds the first start, so the
+            # same command continues a preempted run instead of starting over.
             return manager.restore(None, abstract, shardings, expected_data=data_position).state
         if init == "resume":
             raise FileNotFoundError(
                 f"trainer.init=resume but {manager.directory} holds no complete checkpoint"
             )
-        if latest is not None and init != "auto":
-            raise FileExistsError(
-                f"{manager.directory} already holds checkpoint step {latest}; trainer.init={init!r} would mix "
-                "two runs in one directory. Use a new trainer.run_dir or trainer.init=auto to resume."
-            )
-        key = jax.random.PRNGKey(self.config.trainer.seed)
-        state = jax.jit(make_state, out_shardings=shardings)(key)
         if init.startswith("checkpoint:"):
             path = resolve_checkpoint(init.removeprefix("checkpoint:"))
             return manager.restore(
                 path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
             ).state
+        key = jax.random.PRNGKey(self.config.trainer.seed)
+        if init.startswith("hf:"):
+            from halyard.export import import_hf
+
+            _, model = import_hf(
+                init.removeprefix("hf:"),
+                layout=self.layout,
+                mesh=self.mesh,
+                config_overrides=self._performance_settings(),
+            )
+            return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
+        state = jax.jit(make_state, out_shardings=shardings)(key)
         if init.startswith("weights:"):
             path = resolve_checkpoint(init.removeprefix("weights:"))
             params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
             return _replace_params(state, params)
         return state
+
+    def _performance_settings(self) -> dict[str, Any]:
+        """The ``model:`` fields that are performance knobs, applied on top of an imported HF config."""
+        model: Any = self.config.model
+        names = (
+            "attention_implementation",
+            "scan_layers",
+            "remat",
+            "param_dtype",
+            "compute_dtype",
+            "loss_block_size",
+        )
+        return {name: getattr(model, name) for name in names}
+
+    def _resolve_model_config(self) -> Any:
+        init = self.config.trainer.init
+        if not init.startswith("hf:"):
+            return self.config.model
+        from halyard.export import read_hf_config
+
+        config, _ = read_hf_config(init.removeprefix("hf:"), overrides=self._performance_settings())
+        return config
 
     def restore_state(self, step: int | None = None) -> TrainState:
         """The state saved in this run's ``checkpoints/`` at ``step`` (None: the latest), on this mesh.
@@ -176,7 +213,7 @@ class Trainer:
             keep_policy=KeepPolicy(self.config.checkpoint.keep_last, self.config.checkpoint.keep_every_steps),
             clock=self.clock,
         )
-        state = self._initial_state(manager, make_state, abstract, shardings, data_position)
+        state = self._initial_state(manager, optimizer, make_state, abstract, shardings, data_position)
         start_step = int(state.step)
         schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
         step_fn = jax.jit(
@@ -195,6 +232,7 @@ class Trainer:
             self.run_dir,
             self.mesh,
             start_step=start_step,
+            model_config=self.model_config,
             goodput=goodput,
             clock=self.clock,
         )

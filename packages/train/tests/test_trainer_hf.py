@@ -1,0 +1,65 @@
+"""`trainer.init=hf:PATH` starts from a Hugging Face folder; `halyard export` writes one back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch  # the CPU build `make test` installs: transformers is the reference
+import transformers
+from trainer_fixtures import assert_bitwise_equal, load_config, write_config
+
+from halyard.export import import_hf
+from halyard.train.cli import main
+from halyard.train.trainer.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    folder = tmp_path_factory.mktemp("hf-llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def test_init_from_hf_then_export_loads_in_transformers(tmp_path: Path, hf_folder: Path) -> None:
+    cache = tmp_path / "cache"
+    start = write_config(
+        tmp_path / "start.yaml",
+        tmp_path / "start",
+        cache,
+        trainer={"steps": 0, "init": f"hf:{hf_folder}"},
+        optimizer={"schedule": {"type": "constant", "warmup": 0}},
+    )
+    started = Trainer(load_config(start)).fit()
+    _, imported = import_hf(hf_folder)
+    assert_bitwise_equal(imported, started.state.params)
+
+    run = write_config(
+        tmp_path / "run.yaml", tmp_path / "run", cache, trainer={"steps": 2, "init": f"hf:{hf_folder}"}
+    )
+    trained = Trainer(load_config(run)).fit()
+    assert int(trained.state.step) == 2
+    out = tmp_path / "exported"
+    assert main(["export", "--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = np.random.default_rng(0).integers(0, 512, (2, 16))
+    with torch.no_grad():
+        expected = reloaded(torch.tensor(tokens)).logits.numpy()
+    from halyard.named import named
+
+    model = jax.device_get(trained.state.params)
+    logits = model(named(tokens.astype(np.int32), ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4)
