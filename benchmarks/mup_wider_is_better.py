@@ -2,8 +2,8 @@
 
 Under muP (`halyard.models` ``mup`` family, with `lr_multipliers`) the learning rate tuned at ``d_base``
 transfers across widths, so every wider model should be at least as good as a narrower one throughout
-training. The data is a synthetic second-order Markov chain (the next token depends on the previous two),
-generated here so the script needs no files and no network; the printed floor is the chain's entropy.
+training. The data is a synthetic Markov chain (the next token depends on the previous one), generated
+here so the script needs no files and no network; the printed floor is the chain's entropy.
 
 Usage::
 
@@ -31,8 +31,8 @@ VOCAB = 64
 
 
 def markov_chain(seed: int, vocab: int, sharpness: float) -> np.ndarray:
-    """Transition probabilities ``[vocab, vocab, vocab]`` (previous two tokens -> next), peaked by ``sharpness``."""
-    logits = np.random.default_rng(seed).normal(size=(vocab, vocab, vocab)) * sharpness
+    """Transition probabilities ``[vocab, vocab]`` (previous token -> next), peaked by ``sharpness``."""
+    logits = np.random.default_rng(seed).normal(size=(vocab, vocab)) * sharpness
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     return probabilities / probabilities.sum(-1, keepdims=True)
 
@@ -41,11 +41,11 @@ def sample_batch(rng: np.random.Generator, chain: np.ndarray, batch: int, length
     """``[batch, length]`` token windows drawn from the chain."""
     vocab = chain.shape[0]
     tokens = np.zeros((batch, length), np.int32)
-    tokens[:, :2] = rng.integers(0, vocab, size=(batch, 2))
+    tokens[:, 0] = rng.integers(0, vocab, size=batch)
     cumulative = chain.cumsum(-1)
-    for t in range(2, length):
+    for t in range(1, length):
         draws = rng.random(batch)[:, None]
-        tokens[:, t] = (cumulative[tokens[:, t - 2], tokens[:, t - 1]] < draws).sum(-1).clip(max=vocab - 1)
+        tokens[:, t] = (cumulative[tokens[:, t - 1]] < draws).sum(-1).clip(max=vocab - 1)
     return tokens
 
 
@@ -105,7 +105,7 @@ def main() -> None:
     widths = args.widths or ([64, 128, 256] if args.quick else [64, 128, 256, 512])
     steps = args.steps or (60 if args.quick else 300)
 
-    chain = markov_chain(args.seed, VOCAB, sharpness=2.0)
+    chain = markov_chain(args.seed, VOCAB, sharpness=3.0)
     rng = np.random.default_rng(args.seed + 1)
     batches = [sample_batch(rng, chain, args.batch, args.seq_len + 1) for _ in range(steps)]
     print(
