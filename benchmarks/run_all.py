@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,8 @@ ROOT = HERE.parent
 
 @dataclass(frozen=True)
 class Figure:
-    """One reported number: where it is in the JSON (dotted path) and its goal (text, for the table)."""
+    """One reported number: where it is in the JSON (dotted path; or ``stdout:REGEX`` whose first group is
+    read from the script's printed output) and its goal (text, for the table)."""
 
     label: str
     path: str
@@ -147,7 +149,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "mup_wider_is_better",
         "mup_wider_is_better.py",
-        (Figure("muP: wider is better", "wider_is_better"), Figure("muP: wider is better", "passed")),
+        (
+            Figure("muP: wider is better", "wider_is_better"),
+            Figure("muP: wider is better", r"stdout:wider is better: (\w+)", "yes"),
+        ),
     ),
     Benchmark(
         "scaling",
@@ -167,12 +172,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "hf_import.py",
         (
             Figure(
-                "HF import peak extra memory / largest tensor",
-                "ratios.peak_extra_over_largest_tensor",
+                "HF import (sharded) transient memory / largest tensor",
+                "ratios.sharded_import_transient_over_largest_tensor",
                 "< 1.5",
                 lambda v: v < 1.5,
             ),
-            Figure("HF import seconds", "import_seconds", unit=" s"),
+            Figure("HF import (sharded, 8 devices) seconds", "steps.import_sharded.seconds", unit=" s"),
+            Figure("HF export seconds", "steps.export.seconds", unit=" s"),
+            Figure(
+                "HF export peak extra memory / largest tensor", "ratios.export_peak_extra_over_largest_tensor"
+            ),
         ),
     ),
 )
@@ -203,7 +212,9 @@ def run_one(benchmark: Benchmark, quick: bool, results_dir: Path, timeout: float
         return {"status": "missing", "seconds": 0.0, "output": f"{script} not found", "result": None}
     output_path = results_dir / f"{benchmark.name}.json"
     command = [sys.executable, str(script), *(benchmark.quick_args if quick else benchmark.full_args)]
-    command += ["--output", str(output_path)]
+    writes_json = '"--output"' in script.read_text()
+    if writes_json:
+        command += ["--output", str(output_path)]
     environment = {**os.environ, **benchmark.env}
     start = time.perf_counter()
     try:
@@ -242,7 +253,11 @@ def table_rows(benchmark: Benchmark, run: dict[str, Any]) -> list[dict[str, str]
     rows = []
     result = run["result"] or {}
     for figure in benchmark.figures:
-        value = lookup(result, figure.path)
+        if figure.path.startswith("stdout:"):
+            match = re.search(figure.path.removeprefix("stdout:"), run["output"])
+            value = match.group(1) if match else None
+        else:
+            value = lookup(result, figure.path)
         if value is None:
             continue
         verdict = ""
@@ -277,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--list", action="store_true", help="list the benchmarks and their commands, run nothing"
     )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: print the table from the JSON already in the results dir",
+    )
     args = parser.parse_args(argv)
 
     names = [b.name for b in BENCHMARKS]
@@ -301,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for benchmark in selected:
         print(f"--- {benchmark.name} ({'quick' if args.quick else 'full'}) ...", flush=True)
-        run = run_one(benchmark, args.quick, results_dir, timeout)
+        if args.collect:
+            path = results_dir / f"{benchmark.name}.json"
+            found = path.exists()
+            result = json.loads(path.read_text()) if found else None
+            run = {"status": "ok" if found else "no result", "seconds": 0.0, "output": "", "result": result}
+        else:
+            run = run_one(benchmark, args.quick, results_dir, timeout)
         runs[benchmark.name] = run
         print(f"    {run['status']} in {run['seconds']:.1f} s", flush=True)
-        if run["status"] not in ("ok", "missing"):
+        if run["status"] not in ("ok", "missing", "no result"):
             failed = True
             print(run["output"], flush=True)
         rows.extend(table_rows(benchmark, run))

@@ -164,17 +164,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = [("halyard", {})] + [parse_variant(v) for v in args.variant]
 
     tokens = np.random.default_rng(0).integers(0, shapes.vocab_size, (shapes.batch_size, shapes.seq_len + 1))
-    key = jax.random.PRNGKey(0)
     runners: list[Runner] = []
     flops_per_step = 0.0
     for name, overrides in variants:
-        step, state = make_halyard_step(shapes, key, **overrides)
+        step, state = make_halyard_step(shapes, jax.random.PRNGKey(0), **overrides)
         runners.append(
             jax_runner(name, step, state, {"tokens": jax.numpy.asarray(tokens)}, lambda m: m["loss"])
         )
         flops_per_step = halyard_model_config(shapes).flops_per_token(shapes.seq_len) * shapes.tokens_per_step
     if not args.no_plain:
-        step, state = make_plain_step(shapes, key)
+        step, state = make_plain_step(shapes, jax.random.PRNGKey(0))
         runners.append(jax_runner("plain_jax", step, state, jax.numpy.asarray(tokens), lambda loss: loss))
     if not args.no_torch:
         torch_step = make_torch_step(shapes)
