@@ -26,7 +26,7 @@ from halyard.train.checkpoint.commit_marker import (
     read_commit_marker,
     write_commit_marker,
 )
-from halyard.train.checkpoint.discovery import latest_complete, scan_checkpoints
+from halyard.train.checkpoint.discovery import DamagedCheckpointWarning, latest_complete, scan_checkpoints
 from halyard.train.checkpoint.durable_files import fsync_directory
 from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY, COMMIT_MARKER, step_directory
 from halyard.train.checkpoint.leaves import LeafRecord, flatten_for_save
@@ -229,9 +229,17 @@ class CheckpointManager:
     ) -> RestoredCheckpoint[State]:
         """Restore a checkpoint of this run (None: the latest complete one); see `restore` for the rest.
 
+        With ``None``, a complete checkpoint whose arrays cannot be read (a file garbled in place) is
+        skipped with a `DamagedCheckpointWarning` naming it, its commit marker renamed to
+        ``halyard_checkpoint.json.unreadable`` (so that step is written again), and the previous complete
+        checkpoint is restored.
+
         Raises:
             FileNotFoundError: when ``None`` is given and there is no complete checkpoint.
+            DamagedCheckpointError: when no complete checkpoint can be read (the newest one's error).
         """
+        if step_or_path is None:
+            return self._restore_newest_readable(target, shardings, expected_data, allow_data_mismatch)
         return restore(
             self._resolve(step_or_path),
             target,
@@ -239,6 +247,47 @@ class CheckpointManager:
             expected_data=expected_data,
             allow_data_mismatch=allow_data_mismatch,
         )
+
+    def _restore_newest_readable(
+        self,
+        target: State,
+        shardings: ShardingsLike,
+        expected_data: Mapping[str, Any] | None,
+        allow_data_mismatch: bool,
+    ) -> RestoredCheckpoint[State]:
+        # A marker vouches for file names and sizes, not contents: a file garbled in place is only found
+        # when read. Such a checkpoint loses its marker (so the run writes that step again) and the
+        # previous complete one is restored instead.
+        self.wait()
+        steps = sorted(self.complete_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"No complete checkpoint under {self.directory} to restore")
+        first_error: DamagedCheckpointError | None = None
+        for step in steps:
+            try:
+                restored = restore(
+                    self.step_path(step),
+                    target,
+                    shardings,
+                    expected_data=expected_data,
+                    allow_data_mismatch=allow_data_mismatch,
+                )
+            except DamagedCheckpointError as error:
+                warnings.warn(
+                    f"Skipping {error}; restoring the previous complete checkpoint instead",
+                    DamagedCheckpointWarning,
+                    stacklevel=3,
+                )
+                if self._process_index == 0:
+                    marker = error.path / COMMIT_MARKER
+                    marker.replace(marker.with_name(COMMIT_MARKER + ".unreadable"))
+                first_error = first_error or error
+            else:
+                if first_error is not None:  # the skipped steps are due again
+                    self._last_save_step = step
+                return restored
+        assert first_error is not None
+        raise first_error
 
     def restore_weights(
         self,

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from halyard.train.checkpoint.commit_marker import CommitMarker, read_commit_marker
+from halyard.train.checkpoint.commit_marker import CommitMarker, DamagedCheckpointError, read_commit_marker
 from halyard.train.checkpoint.data_position import check_data_position
 from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY
 from halyard.train.checkpoint.leaves import LeafRecord, is_prng_key
@@ -227,11 +227,18 @@ def _restore_tree(
         restore_args[record.storage_key] = ocp.ArrayRestoreArgs(
             sharding=placement, global_shape=data_shape, dtype=np.dtype(record.dtype)
         )
-    with ocp.PyTreeCheckpointer() as checkpointer:
-        restored = checkpointer.restore(
-            step_dir / ARRAYS_DIRECTORY,
-            args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=bool(prefix)),
-        )
+    try:
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            restored = checkpointer.restore(
+                step_dir / ARRAYS_DIRECTORY,
+                args=ocp.args.PyTreeRestore(
+                    item=item, restore_args=restore_args, partial_restore=bool(prefix)
+                ),
+            )
+    except Exception as error:  # orbax and TensorStore raise many types for files they cannot decode
+        raise DamagedCheckpointError(
+            step_dir, f"its arrays could not be read ({type(error).__name__}: {str(error)[:300]})"
+        ) from error
     values = []
     for path in paths:
         record = records[path]
