@@ -25,7 +25,11 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_same_config_twice_gives_identical_bits(tmp_path: Path, cache_dir: Path) -> None:
     results = []
     for name in ("first", "second"):
-        config = load_config(write_config(tmp_path / f"{name}.yaml", tmp_path / name, cache_dir))
+        # The first run also writes a profiler trace of steps 2-3: tracing must not change the bits.
+        profile = {"profile_start": 2, "profile_steps": 2} if name == "first" else {}
+        config = load_config(
+            write_config(tmp_path / f"{name}.yaml", tmp_path / name, cache_dir, trainer=profile)
+        )
         results.append(Trainer(config).fit())
     assert [h["loss"] for h in results[0].history] == [h["loss"] for h in results[1].history]
     assert_bitwise_equal(results[0].state.params, results[1].state.params)
@@ -34,6 +38,8 @@ def test_same_config_twice_gives_identical_bits(tmp_path: Path, cache_dir: Path)
     lines = (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
     assert (tmp_path / "first" / "config.yaml").exists()
+    assert list((tmp_path / "first" / "profile").rglob("*.xplane.pb")), "no profiler trace written"
+    assert not (tmp_path / "second" / "profile").exists()
 
 
 class StopAfter:
@@ -171,3 +177,45 @@ def test_fsdp_checkpoint_restores_on_a_tensor_parallel_mesh_and_on_one_device(
     result = run_cli(["--config", str(one)], devices=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished at step 3" in result.stdout
+
+
+def test_mup_models_get_per_parameter_learning_rates(tmp_path: Path, cache_dir: Path) -> None:
+    mup = {
+        "type": "mup",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "d_base": 16,
+        "head_dim": 8,
+        "ff_multiple": 2,
+        "num_layers": 2,
+        "max_position": 64,
+    }
+    config = load_config(
+        write_config(
+            tmp_path / "mup.yaml",
+            tmp_path / "mup",
+            cache_dir,
+            model=mup,
+            optimizer={
+                "weight_decay": 0.0,
+                "max_grad_norm": None,
+                "schedule": {"type": "constant", "warmup": 0},
+            },
+        )
+    )
+    trainer = Trainer(config)
+    model = config.model.init(jax.random.PRNGKey(0))
+    optimizer = trainer.build_optimizer()
+    ones = jax.tree.map(jax.numpy.ones_like, model)
+    updates, _ = optimizer.update(ones, optimizer.init(model), model, loss_fn=None)
+    flat = {
+        jax.tree_util.keystr(path): np.abs(np.asarray(leaf)).max()
+        for path, leaf in jax.tree_util.tree_flatten_with_path(updates)[0]
+    }
+    embedding = next(v for k, v in flat.items() if "embed" in k and "unembed" not in k)
+    hidden = [v for k, v in flat.items() if "proj" in k or "mlp" in k]
+    assert hidden, flat.keys()
+    # AdamW's first update has magnitude lr per element; hidden matrices get lr * d_base / hidden_size.
+    np.testing.assert_allclose(hidden, embedding * 16 / 64, rtol=1e-5)
+    result = trainer.fit()
+    assert result.history[-1]["loss"] < result.history[0]["loss"]

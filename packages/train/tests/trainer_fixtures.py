@@ -55,6 +55,8 @@ def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]
 def write_config(path: Path, run_dir: Path, cache_dir: Path, **sections: dict[str, Any]) -> Path:
     """A tiny run's YAML at ``path`` with ``sections`` merged over `TINY`."""
     values = deep_update(TINY, {"trainer": {"run_dir": str(run_dir)}, "data": {"cache_dir": str(cache_dir)}})
+    if sections.get("model", {}).get("type", "llama") != "llama":
+        values["model"] = sections.pop("model")  # another family: its own fields, not the tiny Llama's
     values = deep_update(values, sections)
     path.write_text(yaml.safe_dump(values))
     return path

@@ -26,7 +26,8 @@ def resolve_multipliers(multipliers: Any | MultiplierFn, params: Any) -> Any:
             a `MultiplierFn` called once per parameter with its dotted path name.
         params: the parameters (or updates) the multipliers apply to.
     """
-    if callable(multipliers):
+    # A model-shaped tree (an equinox module is callable too) is a tree, not a function.
+    if callable(multipliers) and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(multipliers)):
         return map_parameters(lambda name, parameter: float(multipliers(name, parameter)), params)
     return multipliers
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from halyard.data import Loader
+from halyard.models import MupConfig, lr_multipliers
 from halyard.shard import Layout, global_batch_from_local, is_main_process, process_count, process_index
 from halyard.train.checkpoint import (
     PREEMPTION_EXIT_CODE,
@@ -36,6 +37,7 @@ from halyard.train.trainer.data import PreparedData, prepare_data
 from halyard.train.trainer.evaluate import Evaluator
 from halyard.train.trainer.loss import lm_loss_fn
 from halyard.train.trainer.metrics_log import MetricsLog
+from halyard.train.trainer.profiling import ProfileWindow
 from halyard.train.trainer.step import TrainState, init_state, make_train_step
 
 
@@ -93,8 +95,15 @@ class Trainer:
         if max_position is not None and seq_len > max_position:
             raise ValueError(f"data.seq_len={seq_len} exceeds model.max_position={max_position}")
 
-    def _build_optimizer(self) -> Any:
-        return self.config.optimizer.build(total_steps=max(self.config.trainer.steps, 1))
+    def build_optimizer(self) -> Any:
+        """The run's optax optimizer; muP models get their per-parameter learning-rate multipliers."""
+        multipliers = None
+        if isinstance(self.model_config, MupConfig):
+            abstract_model = jax.eval_shape(self.model_config.init, jax.random.PRNGKey(0))
+            multipliers = lr_multipliers(self.model_config, abstract_model)
+        return self.config.optimizer.build(
+            total_steps=max(self.config.trainer.steps, 1), lr_multipliers=multipliers
+        )
 
     def _abstract_state(self, optimizer: Any) -> tuple[Callable[[jax.Array], TrainState], Any, Any]:
         model_config: Any = self.model_config
@@ -182,7 +191,7 @@ class Trainer:
         Raises:
             FileNotFoundError: no complete checkpoint.
         """
-        optimizer = self._build_optimizer()
+        optimizer = self.build_optimizer()
         _, abstract, shardings = self._abstract_state(optimizer)
         with CheckpointManager(self.run_dir / "checkpoints") as manager:
             return manager.restore(step, abstract, shardings).state
@@ -205,7 +214,7 @@ class Trainer:
         self._check_model_fits_data(data)
         data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
 
-        optimizer = self._build_optimizer()
+        optimizer = self.build_optimizer()
         make_state, abstract, shardings = self._abstract_state(optimizer)
         manager = CheckpointManager(
             self.run_dir / "checkpoints",
@@ -250,13 +259,16 @@ class Trainer:
             host_index=process_index(),
             host_count=process_count(),
         )
+        profile = ProfileWindow(self.run_dir, cfg.profile_start, cfg.profile_steps)
         try:
             with loader:
                 for step in range(start_step, cfg.steps):
                     local = next(loader)
                     batch = global_batch_from_local(local, self.mesh, layout=self.layout)
                     log.before_step()
+                    profile.before_step(step)
                     state, metrics = step_fn(state, batch)
+                    profile.after_step(step, metrics)
                     log.after_step(step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len)
                     self._apply_nonfinite_policy(metrics, state)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
@@ -281,6 +293,7 @@ class Trainer:
                     flush=True,
                 )
         finally:
+            profile.close()
             manager.close()
         summary = log.close()
         return FitResult(
