@@ -47,8 +47,11 @@ def test_a_packed_document_gets_the_logits_it_gets_alone() -> None:
     first, second = [3, 7, 1, 9, 4], [8, 2, 6, 5, 3, 1]
     packed = LmBatch.from_tokens(np.array([first + second + [0]]), np.array([[0] * 5 + [1] * 6 + [1]]))
     mask = AttentionMask(causal=True, segment_ids=packed.segment_ids)
-    logits = model(packed.tokens, mask=mask, positions=packed.positions).unwrap("batch", "pos", "vocab")
-    alone = model(named(jnp.asarray([second]), ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+    forward = jax.jit(lambda m, t, k, p: m(t, mask=k, positions=p).unwrap("batch", "pos", "vocab"))
+    logits = forward(model, packed.tokens, mask, packed.positions)
+    alone = jax.jit(lambda m, t: m(t).unwrap("batch", "pos", "vocab"))(
+        model, named(jnp.asarray([second]), ("batch", "pos"))
+    )
     np.testing.assert_allclose(np.asarray(logits[0, 5:11]), np.asarray(alone[0]), atol=1e-5, rtol=1e-5)
 
 

@@ -37,7 +37,7 @@ def _compare(hf_model: Any, model: Any, *, atol: float = 1e-4) -> None:
     mask = AttentionMask(
         causal=True, key_valid=named(jax.numpy.asarray(attention_mask, bool), ("batch", "key_pos"))
     )
-    logits = model(tokens, mask=mask).unwrap("batch", "pos", "vocab")
+    logits = jax.jit(lambda m, t, k: m(t, mask=k))(model, tokens, mask).unwrap("batch", "pos", "vocab")
     valid = attention_mask.astype(bool)
     assert np.abs(expected).max() > 0.05, "logits too small for a meaningful comparison"
     np.testing.assert_allclose(np.asarray(logits)[valid], expected[valid], atol=atol, rtol=1e-4)

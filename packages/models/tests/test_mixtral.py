@@ -42,7 +42,9 @@ def test_mixtral_logits_and_load_balancing_loss_match_transformers() -> None:
     mask = AttentionMask(
         causal=True, key_valid=named(jnp.asarray(attention_mask, bool), ("batch", "key_pos"))
     )
-    logits = np.asarray(model(tokens, mask=mask).unwrap("batch", "pos", "vocab"))
+    logits = np.asarray(
+        jax.jit(lambda m, t, k: m(t, mask=k))(model, tokens, mask).unwrap("batch", "pos", "vocab")
+    )
     valid = attention_mask.astype(bool)
     np.testing.assert_allclose(logits[valid], out.logits.numpy()[valid], atol=1e-4, rtol=1e-4)
 
@@ -53,7 +55,7 @@ def test_mixtral_logits_and_load_balancing_loss_match_transformers() -> None:
             full.router_logits, 4, 2, None
         ).item()
     windows = np.concatenate([ids, ids[:, :1]], axis=1)
-    _, metrics = model.loss(LmBatch.from_tokens(windows))
+    _, metrics = jax.jit(lambda m, b: m.loss(b))(model, LmBatch.from_tokens(windows))
     np.testing.assert_allclose(float(metrics["load_balancing_loss"]), expected_balance, rtol=1e-5)
 
 

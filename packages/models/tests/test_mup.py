@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from halyard.models import LmBatch, MupTransformer, init_model, lr_multipliers, model_config
-from halyard.named import named
+from halyard.models import LmBatch, init_model, lr_multipliers, model_config
+from halyard.named import NamedArray, named
 
 WIDTHS = (64, 128, 256, 512)
 
@@ -30,38 +32,44 @@ def _data(steps: int) -> list[np.ndarray]:
     return [np.asarray((starts[s] * 5 + 3 * offsets) % 64, np.int32) for s in range(steps)]
 
 
-def _adam_steps(model: MupTransformer, config, learning_rate: float, steps: int) -> MupTransformer:
-    """Plain Adam (no optax dependency) with muP per-parameter learning rates."""
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _train_and_measure(
+    config, learning_rate: float, batches: jax.Array, tokens: NamedArray
+) -> dict[str, jax.Array]:
+    """Init, a few steps of plain Adam (no optax dependency) with muP learning rates, then coordinates.
+
+    One compiled program per width (a loop over the steps, not one copy per step)."""
+    model = init_model(config, jax.random.key(0))
     multipliers, _ = eqx.partition(lr_multipliers(config, model), lambda x: isinstance(x, float))
     params, static = eqx.partition(model, eqx.is_inexact_array)
-    first = jax.tree.map(jnp.zeros_like, params)
-    second = jax.tree.map(jnp.zeros_like, params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
 
-    @jax.jit
-    def update(params, first, second, tokens, step):
-        loss_fn = lambda p: eqx.combine(p, static).loss(LmBatch.from_tokens(tokens))[0]
+    def step(index, state):
+        params, first, second = state
+        loss_fn = lambda p: eqx.combine(p, static).loss(LmBatch.from_tokens(batches[index]))[0]
         grads = jax.grad(loss_fn)(params)
         first = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, first, grads)
         second = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, second, grads)
-        correction1, correction2 = 1 - 0.9**step, 1 - 0.999**step
+        count = index + 1
+        correction1, correction2 = 1 - 0.9**count, 1 - 0.999**count
         params = jax.tree.map(
             lambda p, m, v, mult: p - learning_rate * mult * (m / correction1) / (jnp.sqrt(v / correction2) + 1e-8),
             params, first, second, multipliers,
         )  # fmt: skip
         return params, first, second
 
-    for step, tokens in enumerate(_data(steps), start=1):
-        params, first, second = update(params, first, second, tokens, step)
-    return eqx.combine(params, static)
+    params, _, _ = jax.lax.fori_loop(0, batches.shape[0], step, (params, zeros, zeros))
+    return eqx.combine(params, static).coordinates(tokens)
 
 
 def test_coordinate_check_is_flat_across_widths() -> None:
     tokens = named(jnp.asarray(_data(1)[0][:, :16]), ("batch", "pos"))
+    batches = jnp.asarray(np.stack(_data(3)))
     coordinates = {}
     for width in WIDTHS:
-        config = _config(width)
-        model = _adam_steps(init_model(config, jax.random.key(0)), config, learning_rate=1e-2, steps=3)
-        coordinates[width] = jax.tree.map(np.asarray, model.coordinates(tokens))
+        coordinates[width] = jax.tree.map(
+            np.asarray, _train_and_measure(_config(width), 1e-2, batches, tokens)
+        )
     for name in ("attention", "mlp", "residual", "logits"):
         values = np.stack([np.atleast_1d(coordinates[w][name]) for w in WIDTHS])  # [width, layer]
         ratio = values.max(axis=0) / values.min(axis=0)

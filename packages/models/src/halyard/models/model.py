@@ -67,15 +67,14 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree, is_leaf=hn.is_named)
 
 
-@eqx.filter_jit
-def _jitted_init(model_class: Any, config: Any, key: jax.Array) -> Any:
-    return model_class.init(config, key=key)
-
-
 def build_model(model_class: Any, config: Any, key: jax.Array) -> Any:
-    """``model_class.init(config, key=key)`` compiled as one program (eager init would compile every
-    random draw separately); the config is static, so each config compiles once."""
-    return _jitted_init(model_class, config, key)
+    """``model_class.init(config, key=key)``.
+
+    Runs eagerly: each random draw compiles once per shape and is reused by every later config of the
+    same shapes (a jitted init would recompile for every config). Wrap it in ``jax.jit`` or use
+    ``halyard.shard.init_sharded`` to create a large model directly in its sharding.
+    """
+    return model_class.init(config, key=key)
 
 
 class CausalLM(eqx.Module):
