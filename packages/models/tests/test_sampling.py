@@ -42,7 +42,7 @@ def _incremental_logits(model, tokens: NamedArray, prefill: int) -> np.ndarray:
     return np.concatenate(pieces, axis=1)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral", "mup"])
 def test_cached_decoding_matches_full_forward(family: str) -> None:
     model = init_model(tiny(family), jax.random.key(1))
     tokens = random_tokens(2, 11)

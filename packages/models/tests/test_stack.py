@@ -29,7 +29,7 @@ def _plain_scan() -> tuple[float, list[np.ndarray]]:
 
 
 @pytest.mark.parametrize(
-    "scan,remat", [(False, "none"), (True, "full"), (True, "save_dots"), (True, "nested")]
+    "scan,remat", [(False, "none"), (True, "full"), (True, "save_dots"), (True, "nested"), (True, "offload")]
 )
 def test_execution_modes_agree_with_a_plain_scan(scan: bool, remat: str) -> None:
     expected_loss, expected_grads = _plain_scan()
