@@ -190,7 +190,7 @@ class CausalLM(eqx.Module):
         model = self.in_compute_dtype()
         mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
         output = model.decoder(batch.tokens, mask=mask, positions=batch.positions)
-        loss, metrics = next_token_loss(
+        cross_entropy, loss_metrics = next_token_loss(
             output.hidden,
             model.unembedding.astype(output.hidden.dtype),
             batch.labels,
@@ -200,13 +200,12 @@ class CausalLM(eqx.Module):
             logit_scale=self.logit_scale,
             reduction=reduction,
         )
-        loss = _plain(loss)
-        metrics = {name: _plain(value) for name, value in metrics.items()}
+        metrics: dict[str, jax.Array] = {name: _plain(value) for name, value in loss_metrics.items()}
         metrics.update(output.metrics)
         # A summed loss is divided by the token count later (token-weighted accumulation): scale the
         # auxiliary term so that the division gives back mean + aux.
         aux = output.aux_loss * metrics["num_tokens"] if reduction == "sum" else output.aux_loss
-        return loss + aux, metrics
+        return _plain(cross_entropy) + aux, metrics
 
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""

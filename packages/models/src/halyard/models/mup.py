@@ -289,6 +289,7 @@ class MupTransformer(CausalLM):
             attention output, MLP output and residual stream after each layer) and ``logits`` (scalar).
         """
         model = self.in_compute_dtype()
+        assert isinstance(model, MupTransformer)
         hidden, coordinates, _ = model._run(
             tokens, self.complete_mask(mask), default_positions(tokens), None, None
         )

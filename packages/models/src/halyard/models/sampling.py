@@ -200,7 +200,7 @@ def _generate(
     vocab = last.shape[-1]
     stop = jnp.asarray(config.stop_tokens or (-1,), jnp.int32)
 
-    state = dict(
+    state: dict[str, Any] = dict(
         step=jnp.zeros((), jnp.int32),
         logits=last,
         cache=cache,
