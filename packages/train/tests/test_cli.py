@@ -50,3 +50,30 @@ def test_halyard_lists_builtin_configs_and_refuses_unknown_commands(
     assert "demo" in capsys.readouterr().out
     assert main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_generate_eval_and_export_use_a_runs_latest_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer_fixtures import load_config, write_config
+
+    from halyard.train.trainer.trainer import Trainer
+
+    run = tmp_path / "run"
+    config = write_config(
+        tmp_path / "run.yaml",
+        run,
+        tmp_path / "cache",
+        data={"validation_fraction": 0.1},
+        trainer={"steps": 2, "eval_batches": 1},
+    )
+    Trainer(load_config(config)).fit()
+    capsys.readouterr()
+    assert main(["generate", "--run", str(run), "--prompt", "def ", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+    assert main(["eval", "--run", str(run)]) == 0
+    report = capsys.readouterr().out.strip().splitlines()[-1]
+    assert '"eval_bits_per_byte"' in report and '"step": 2' in report
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", "--run", str(tmp_path / "no-such-run")])
+    assert raised.value.code == 2

@@ -66,7 +66,6 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     args = parser.parse_args(argv)
 
-    from halyard.shard import Layout
     from halyard.train.trainer.data import prepare_data
     from halyard.train.trainer.evaluate import Evaluator
     from halyard.train.trainer.trainer import Trainer
@@ -77,11 +76,9 @@ def eval_main(argv: Sequence[str]) -> int:
     trainer = Trainer(config)
     data = prepare_data(config.data, Path(args.run), progress=False)
     state = trainer.restore_state(args.step)
-    layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
     assert data.validation is not None
-    metrics = Evaluator(data.validation, config, trainer.mesh, layout, data.tokenizer_path).evaluate(
-        state.params
-    )
+    evaluator = Evaluator(data.validation, config, trainer.mesh, trainer.layout, data.tokenizer_path)
+    metrics, _ = evaluator.evaluate(state.params)
     metrics["step"] = int(state.step)
     print(json.dumps(metrics))
     return 0

@@ -22,7 +22,7 @@ class PreparedData:
     cache: TokenCache
 
 
-def _sources_and_tokenizer(config: DataConfig, work_dir: Path) -> tuple[list[str], str]:
+def _sources_and_tokenizer(config: DataConfig, work_dir: Path) -> tuple[list[Any], str]:
     if config.builtin_corpus is not None:
         if config.sources:
             raise ValueError("data.sources and data.builtin_corpus are exclusive: set one of them")
