@@ -81,3 +81,11 @@ def test_head_dim_is_independent_of_width() -> None:
     attention = model.layers.layers.attention
     assert attention.q_proj.weight.shape == {"layers": 1, "embed": 16, "heads": 4, "head_size": 8}
     assert attention.k_proj.weight.shape == {"layers": 1, "embed": 16, "kv_heads": 1, "head_size": 8}
+
+
+def test_gpt2_refuses_sequences_longer_than_its_positions() -> None:
+    from tiny import random_tokens, tiny
+
+    model = init_model(tiny("gpt2", max_position=8), jax.random.key(0))
+    with pytest.raises(ValueError, match="8 learned positions but got a sequence of 9"):
+        model(random_tokens(1, 9))

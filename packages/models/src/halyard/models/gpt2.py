@@ -215,7 +215,17 @@ class Gpt2(CausalLM):
         cache: KVCache | None = None,
         cache_index: Any = None,
     ) -> DecoderOutput:
-        """See `CausalLM.decoder`; positions index the learned position table (clipped to its size)."""
+        """See `CausalLM.decoder`; positions index the learned position table.
+
+        Raises:
+            ValueError: the sequence is longer than the ``max_position`` learned positions.
+        """
+        length = tokens.axis_size("pos") if cache is None else cache.max_length
+        if length > self.config.max_position:
+            raise ValueError(
+                f"GPT-2 has {self.config.max_position} learned positions but got a sequence of {length}; "
+                "use shorter windows or a config with a larger max_position"
+            )
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         x = constrain(x)
 
