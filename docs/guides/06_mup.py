@@ -187,6 +187,7 @@ for ax, name in zip(axes, names):
         values = [float(np.mean(records[width][step][name])) for width in WIDTHS]
         ax.plot(WIDTHS, values, "o-", label=f"step {step}")
     ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)  # from zero: a flat line should look flat
     ax.set_title(name)
     ax.set_xlabel("width")
 axes[0].set_ylabel("mean |activation|")
