@@ -8,7 +8,7 @@ from halyard.data.cache import TokenCache
 from halyard.data.datasets import DataManifest, FeistelPermutation, LMDataset, MixtureDataset, host_rows
 from halyard.data.loader import Loader
 from halyard.data.processing import Processor
-from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec
+from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec, UnreadableShardError
 
 __all__ = [
     "BadRecordError",
@@ -23,6 +23,7 @@ __all__ = [
     "Processor",
     "SourceSpec",
     "TokenCache",
+    "UnreadableShardError",
     "build_cache",
     "host_rows",
 ]

@@ -9,6 +9,7 @@ from halyard.data.sources.records import (
     MissingFieldError,
     Record,
     RecordCounters,
+    UnreadableShardError,
 )
 from halyard.data.sources.shards import (
     FORMATS,
@@ -32,6 +33,7 @@ __all__ = [
     "RecordCounters",
     "ShardSpec",
     "SourceSpec",
+    "UnreadableShardError",
     "expand_braces",
     "expand_urls",
     "infer_format",

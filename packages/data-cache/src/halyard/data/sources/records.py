@@ -35,6 +35,13 @@ class BadRecordError(ValueError):
     """A record that cannot be used under ``strict=True``; the message names file:line and the fix."""
 
 
+class UnreadableShardError(ValueError):
+    """A shard whose bytes are not what its suffix says (``.gz`` that is not gzip, a corrupt parquet file).
+
+    The message names the shard's URL, the format and compression it was read as, and the reader's error.
+    """
+
+
 class MissingFieldError(KeyError):
     """A record without the configured text field; the message names the field and the keys found."""
 

@@ -10,7 +10,7 @@ import fsspec
 
 from halyard.data.sources.columnar import read_arrow, read_parquet
 from halyard.data.sources.jsonl import read_json, read_jsonl
-from halyard.data.sources.records import Record
+from halyard.data.sources.records import BadRecordError, MissingFieldError, Record, UnreadableShardError
 from halyard.data.sources.text import read_text
 from halyard.data.sources.urls import expand_urls, is_hf_dataset_folder
 
@@ -140,11 +140,28 @@ def read_shard(shard: ShardSpec, start_row: int = 0, *, strict: bool = False) ->
     Raises:
         FileNotFoundError: the shard's file is missing (names the URL).
         BadRecordError, MissingFieldError: see the readers of each format.
+        UnreadableShardError: the file cannot be decoded as its suffix says (names the URL).
     """
     fs, path = fsspec.core.url_to_fs(shard.url)
     if not fs.exists(path):
         raise FileNotFoundError(f"shard {shard.url!r} does not exist (was it moved or deleted?)")
     if shard.format == "text":
-        return read_text(shard.url, start_row, mode=shard.text_mode, strict=strict)
-    readers = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "arrow": read_arrow}
-    return readers[shard.format](shard.url, start_row, text_field=shard.text_field, strict=strict)
+        records = read_text(shard.url, start_row, mode=shard.text_mode, strict=strict)
+    else:
+        readers = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "arrow": read_arrow}
+        records = readers[shard.format](shard.url, start_row, text_field=shard.text_field, strict=strict)
+    return _naming_the_shard(records, shard)
+
+
+def _naming_the_shard(records: Iterator[Record], shard: ShardSpec) -> Iterator[Record]:
+    # Decompressors and parquet readers raise errors that do not say which file they were reading.
+    try:
+        yield from records
+    except (BadRecordError, MissingFieldError, FileNotFoundError):
+        raise
+    except Exception as error:
+        raise UnreadableShardError(
+            f"shard {shard.url!r} could not be read as {shard.format} (compression inferred from the suffix): "
+            f"{type(error).__name__}: {error}. Check that the file's suffix matches its content, or give "
+            "the format explicitly."
+        ) from error
