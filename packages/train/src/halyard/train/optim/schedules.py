@@ -7,6 +7,7 @@ reaches its final value exactly at the last step `n = total_steps`, so no step r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -28,8 +29,10 @@ def _check(peak_learning_rate: float, warmup_steps: int, total_steps: int) -> No
         raise ValueError(f"total_steps must be positive, got {total_steps}.")
     if not 0 <= warmup_steps <= total_steps:
         raise ValueError(f"warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}.")
-    if peak_learning_rate < 0:
-        raise ValueError(f"the learning rate must be non-negative, got {peak_learning_rate}.")
+    if not math.isfinite(peak_learning_rate) or peak_learning_rate < 0:
+        raise ValueError(
+            f"the learning rate (optimizer.learning_rate) must be a finite number >= 0, got {peak_learning_rate}."
+        )
 
 
 def _warmup_factor(step_number: jnp.ndarray, warmup_steps: int) -> jnp.ndarray:
