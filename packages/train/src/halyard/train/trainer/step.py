@@ -83,7 +83,7 @@ def make_train_step(
         accumulation: microbatches per step; the gradient equals the full batch's token mean.
         precision: the mixed-precision policy.
         learning_rate: the schedule, only to report ``learning_rate`` in the metrics.
-        skip_nonfinite: when the loss or gradient norm is NaN/Inf, keep the old parameters and optimizer
+        skip_nonfinite: when the loss, gradient norm or update norm is NaN/Inf, keep the old parameters and optimizer
             state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
             order stays a function of the step).
         microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
@@ -140,7 +140,10 @@ def make_train_step(
 
         loss = loss_sum / num_tokens
         grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        update_norm = optax.tree.norm(updates)
+        # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
+        # optimizer), which would poison every later step: skip those too.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
         if skip_nonfinite:
             keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
             params = keep(params, state.params)
@@ -150,7 +153,7 @@ def make_train_step(
             "num_tokens": stats["num_tokens"].astype(jnp.float32),
             "grad_norm": grad_norm,
             "param_norm": optax.tree.norm(params),
-            "update_norm": optax.tree.norm(updates),
+            "update_norm": update_norm,
             "nonfinite": (~finite).astype(jnp.int32),
         }
         for name, value in stats.items():
