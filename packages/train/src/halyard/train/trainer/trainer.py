@@ -208,7 +208,6 @@ class Trainer:
         goodput = Goodput(self.clock)  # started now: time to the first step includes data and state setup
         if is_main_process():
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_resolved_config(self.config, self.run_dir)
         preemption = self._preemption or install_preemption_handler()
         data = prepare_data(self.config.data, self.run_dir, is_main=is_main_process(), progress=cfg.progress)
         self._check_model_fits_data(data)
@@ -224,6 +223,8 @@ class Trainer:
         )
         state = self._initial_state(manager, optimizer, make_state, abstract, shardings, data_position)
         start_step = int(state.step)
+        if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
+            save_resolved_config(self.config, self.run_dir)
         schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
         step_fn = jax.jit(
             make_train_step(
