@@ -120,13 +120,7 @@ def on_files(files: Files, config: Any) -> Files:
         if uri != "index.md" and readme.exists():
             _add(files, config, uri, readme_page(readme, pages, uri))
     if not benchmarks.exists():
-        _add(
-            files,
-            config,
-            "concepts/performance.md",
-            "# Performance\n\nThe benchmark scripts live in `benchmarks/` of the repository; each prints "
-            "ratios against a baseline measured in the same run (`python benchmarks/run_all.py`).\n",
-        )
+        _add(files, config, "concepts/performance.md", performance_page())
     if files.get_file_from_path("reliability.md") is None:
         # docs/reliability.md is written separately; until it lands the site says where the facts are.
         _add(
@@ -138,6 +132,36 @@ def on_files(files: Files, config: Any) -> Files:
             "builds, deterministic batches).\n",
         )
     return files
+
+
+def performance_page() -> str:
+    """`concepts/performance.md` while `benchmarks/README.md` does not exist: every benchmark script with
+    the first line of its docstring, and the headline numbers of each recorded result."""
+    import ast
+    import json
+
+    lines = [
+        "# Performance",
+        "Every benchmark is a script in `benchmarks/` that measures Halyard against a baseline in the same "
+        "run and prints the ratio (so the figures hold on any machine); `python benchmarks/run_all.py` runs "
+        "them all and prints one table, `--quick` runs them at smoke size (CI does).",
+        "| script | what it measures |\n|---|---|",
+    ]
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        lines[-1] += f"\n| `benchmarks/{script.name}` | {_cell(doc.strip().splitlines()[0] if doc else '')} |"
+    results = sorted((REPO / "benchmarks" / "results").glob("*.json"))
+    if results:
+        lines.append("## Recorded results\n\nHeadline values of the last full runs (`benchmarks/results/`):")
+    for result in results:
+        data = json.loads(result.read_text())
+        scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str) and len(str(v)) < 60}
+        table = "\n".join(
+            f"| `{k}` | {_cell(str(round(v, 4) if isinstance(v, float) else v))} |"
+            for k, v in scalars.items()
+        )
+        lines.append(f"### `{result.name}`\n\n| field | value |\n|---|---|\n{table}")
+    return "\n\n".join(lines) + "\n"
 
 
 # -- the config reference -----------------------------------------------------------------------------
