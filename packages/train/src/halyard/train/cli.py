@@ -60,9 +60,14 @@ def _run_training(argv: Sequence[str]) -> int:
 
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     initialize()
-    from halyard.train.trainer.trainer import Trainer
+    from halyard.train.checkpoint import CheckpointWriteError
+    from halyard.train.trainer.trainer import NonFiniteLossError, Trainer
 
-    result = Trainer(config).fit()
+    try:
+        result = Trainer(config).fit()
+    except (CheckpointWriteError, NonFiniteLossError) as error:  # a complete message: no traceback
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
     if result.last_metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
         print(f"finished at step {int(result.state.step)}: {shown}", flush=True)

@@ -60,6 +60,12 @@ class CheckpointConfig:
     """Newest complete checkpoints kept (the last complete one is never deleted)."""
     keep_every_steps: int | None = None
     """Keep forever every checkpoint at a multiple of this step."""
+    on_write_error: str = "stop"
+    """When writing a checkpoint fails (disk full, permission denied): stop (exit 1 with the error; the previous checkpoint stays intact) or retry (report it, keep training, save again at the next checkpoint)."""
+
+    def __post_init__(self) -> None:
+        if self.on_write_error not in ("stop", "retry"):
+            raise ValueError(f"checkpoint.on_write_error={self.on_write_error!r}: use stop or retry")
 
 
 @dataclass(frozen=True)

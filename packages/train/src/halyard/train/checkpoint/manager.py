@@ -179,7 +179,8 @@ class CheckpointManager:
         if self._error is not None:
             error, self._error = self._error, None
             raise CheckpointWriteError(
-                f"Writing a checkpoint under {self.directory} failed: {error}"
+                f"Writing the checkpoint of step {self._last_save_step} under {self.directory} failed: "
+                f"{type(error).__name__}: {error}. Complete checkpoints written before it are intact."
             ) from error
 
     def _finish_save(

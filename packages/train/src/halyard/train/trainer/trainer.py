@@ -9,6 +9,7 @@ log -> checkpoint, with preemption (SIGTERM) saving and exiting with code 143.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from halyard.shard import Layout, global_batch_from_local, is_main_process, proc
 from halyard.train.checkpoint import (
     PREEMPTION_EXIT_CODE,
     CheckpointManager,
+    CheckpointWriteError,
     KeepPolicy,
     PreemptionFlag,
     SavePolicy,
@@ -276,14 +278,14 @@ class Trainer:
                         log.record_eval(step + 1, *evaluator.evaluate(state.params))
                     if preemption.requested_on_any_process():
                         with log.checkpoint_timer():
-                            manager.save(step + 1, state, metadata, wait=True)
+                            self._save(manager, step + 1, state, metadata, wait=True)
                         log.close()
                         raise SystemExit(PREEMPTION_EXIT_CODE)
                     with log.checkpoint_timer():
-                        manager.maybe_save(step + 1, state, metadata)
+                        self._save(manager, step + 1, state, metadata, only_when_due=True)
             with log.checkpoint_timer():
                 if int(state.step) > 0:
-                    manager.save(int(state.step), state, metadata)
+                    self._save(manager, int(state.step), state, metadata)
                 manager.wait()
             if evaluator is not None:
                 log.record_eval(int(state.step), *evaluator.evaluate(state.params))
@@ -300,6 +302,36 @@ class Trainer:
         return FitResult(
             state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
         )
+
+    def _save(
+        self,
+        manager: CheckpointManager,
+        step: int,
+        state: TrainState,
+        metadata: dict[str, Any],
+        *,
+        only_when_due: bool = False,
+        wait: bool = False,
+    ) -> None:
+        """Save a checkpoint of ``state`` (with ``only_when_due``: if the save policy wants one now).
+
+        A failed earlier background write surfaces here: with ``checkpoint.on_write_error=retry`` it is
+        reported on stderr and this save is its retry; with ``stop`` the `CheckpointWriteError` propagates.
+        """
+        try:
+            if only_when_due:
+                manager.maybe_save(step, state, metadata)
+            else:
+                manager.save(step, state, metadata, wait=wait)
+        except CheckpointWriteError as error:
+            if self.config.checkpoint.on_write_error != "retry":
+                raise
+            print(
+                f"warning: {error}. Training continues and saves again now (checkpoint.on_write_error=retry)",
+                file=sys.stderr,
+                flush=True,
+            )
+            manager.save(step, state, metadata, wait=wait)
 
     def _apply_nonfinite_policy(self, metrics: dict[str, Any], state: TrainState) -> None:
         cfg = self.config.trainer
