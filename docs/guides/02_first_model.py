@@ -67,6 +67,7 @@ overrides = [
     "--data.validation_fraction", "0.05",
     "--checkpoint.every_steps", str(every),
     "--trainer.progress", "false",
+    "--data.num_workers", "0",  # tokenize in this process: the corpus is small
 ]  # fmt: skip
 config = parse_config(TrainConfig, resolve_config_paths(["--config", "demo", *overrides]))
 print(config.model)
@@ -76,7 +77,7 @@ print("steps:", config.trainer.steps, "batch:", config.trainer.batch_size, "x", 
 # ## A run killed with `kill -9`
 #
 # We start the same run with the `train` command in another process, wait until its first checkpoint is
-# complete, and kill it without warning: no chance to save or clean up. (A polite `SIGTERM`, as sent by a
+# complete and a few more steps are done, and kill it without warning: no chance to save or clean up. (A polite `SIGTERM`, as sent by a
 # preempting scheduler, would make it save a checkpoint and exit with code 143.)
 
 # %%
@@ -88,7 +89,21 @@ command = [sys.executable, "-m", "halyard.train.cli", "train", "--config", "demo
 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 markers = run_dir / "checkpoints"
 deadline = time.monotonic() + 600
-while not list(markers.glob("step_*/halyard_checkpoint.json")) and process.poll() is None:
+
+
+def logged_past_a_checkpoint() -> bool:
+    """True once a checkpoint is complete and a later step was logged: the moment to pull the plug."""
+    complete = [
+        int(p.parent.name.removeprefix("step_")) for p in markers.glob("step_*/halyard_checkpoint.json")
+    ]
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return bool(complete) and any(
+        f'"step": {step}' in " ".join(lines) for step in range(min(complete) + 1, steps)
+    )
+
+
+while not logged_past_a_checkpoint() and process.poll() is None:
     if time.monotonic() > deadline:
         raise TimeoutError("no checkpoint after 10 minutes")
     time.sleep(0.05)
@@ -187,6 +202,7 @@ generate += ["--max-new-tokens", "24"]
 print(subprocess.run(generate, capture_output=True, text=True, check=True).stdout)
 
 # %% [markdown]
-# A small model after a few minutes on a CPU writes Python-looking text, not working code; the demo's
-# 300 steps get further, and the same config scaled up (`model.hidden_size`, `model.num_layers`,
-# `trainer.steps`) is a real run. Next: [your own data](03_your_data.md).
+# After this few steps the model has learned little more than frequent tokens (indentation, common
+# words), so the sample repeats them; the demo's 300 steps of a wider model get to Python-looking lines,
+# and the same config scaled up (`model.hidden_size`, `model.num_layers`, `trainer.steps`) is a real run.
+# Next: [your own data](03_your_data.md).

@@ -106,7 +106,7 @@ steps = 4 if SMOKE else 30
 base = [
     *model_args,
     "--data.builtin_corpus", "python-stdlib", "--data.max_documents", "30" if SMOKE else "120",
-    "--data.tokenizer_vocab_size", "512", "--data.seq_len", "32",
+    "--data.tokenizer_vocab_size", "512", "--data.num_workers", "0", "--data.seq_len", "32",
     "--data.cache_dir", str(WORK.parent / ("cache-stdlib-smoke" if SMOKE else "cache-stdlib-512")),
     "--trainer.batch_size", "16", "--trainer.steps", str(steps), "--trainer.log_every", "1",
     "--trainer.progress", "false", "--trainer.min_shard", "1024", "--checkpoint.every_steps", str(steps),

@@ -75,7 +75,7 @@ overrides = [
     "--trainer.log_every", "1", "--trainer.progress", "false",
     "--trainer.layout", "fsdp", "--trainer.mesh.data", "1", "--trainer.mesh.fsdp", "-1", "--trainer.min_shard", "1024",
     "--data.builtin_corpus", "python-stdlib", "--data.max_documents", "30" if SMOKE else "120",
-    "--data.tokenizer_vocab_size", "512", "--data.seq_len", "32", "--data.cache_dir", str(cache),
+    "--data.tokenizer_vocab_size", "512", "--data.num_workers", "0", "--data.seq_len", "32", "--data.cache_dir", str(cache),
     "--optimizer.learning_rate", "0.003", "--checkpoint.every_steps", str(steps),
 ]  # fmt: skip
 run_config = parse_config(TrainConfig, overrides)

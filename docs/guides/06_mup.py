@@ -121,8 +121,9 @@ trainers = {width: make_trainer(width) for width in WIDTHS}
 # ## The sweep: narrow, then wide
 #
 # Final training loss (mean of the last few steps) for each learning rate, at the narrowest and the widest
-# width. Under muP the curves have their minimum at the same learning rate, and the wide model is better
-# at every learning rate near it.
+# width. Under muP the two curves have the same shape with their minimum in the same place (on a grid
+# with steps of about 3x, the same or a neighbouring point), and the wide model is better at every
+# learning rate near it.
 
 # %%
 final = {}
@@ -156,7 +157,8 @@ figure.savefig(FIGURES / "06_lr_transfer.png", dpi=100)
 # ## Transfer: train the wide model once
 #
 # The narrow model's best learning rate, used as it is for the wide model, against the wide model's own
-# sweep:
+# sweep: the wide run needs no tuning of its own, and comes within a few percent of its best loss (here
+# at most 3%, checked).
 
 # %%
 transferred = best[NARROW]
@@ -164,6 +166,7 @@ wide_at_transferred = final[WIDE][LEARNING_RATES.index(transferred)]
 print(f"wide model at the transferred rate {transferred:g}: {wide_at_transferred:.3f}")
 print(f"wide model at its own best rate {best[WIDE]:g}: {np.nanmin(final[WIDE]):.3f}")
 print(f"narrow model at its best rate: {np.nanmin(final[NARROW]):.3f}")
+assert wide_at_transferred <= 1.03 * np.nanmin(final[WIDE]), "the transferred rate should be near-optimal"
 
 # %% [markdown]
 # ## The coordinate check
