@@ -97,3 +97,20 @@ def test_script_cells_render_to_markdown() -> None:
     assert "Some *text*." in page
     assert "```python\nx = 1\n```" in page
     assert "[`g.py`](g.py)" in page
+
+
+def test_config_reference_lists_every_key() -> None:
+    from halyard.train.config import flatten_config
+    from halyard.train.run_config import TrainConfig
+
+    sys.path.insert(0, str(REPO / "docs" / "_hooks"))
+    try:
+        from halyard_docs import config_reference
+    finally:
+        sys.path.pop(0)
+    page = config_reference()
+    for key in flatten_config(TrainConfig()):
+        shown = f"`{key}: " if key.endswith(".type") else f"`{key}`"
+        assert shown in page, f"the config reference misses {key}"
+    for family in ("gpt2", "llama", "mistral", "mixtral", "mup", "qwen2"):
+        assert f"`model.type: {family}`" in page
