@@ -29,6 +29,10 @@ def test_wrong_type_missing_file_and_bad_value(capsys: pytest.CaptureFixture[str
     assert code == 2 and "missing.yaml" in err
     code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--trainer.init", "bogus"])
     assert code == 2 and "trainer.init='bogus'" in err
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--data.seq_len", "4096"])
+    assert code == 2 and "data.seq_len=4096 exceeds model.max_position=256" in err
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--trainer.mesh.data", "3"])
+    assert code == 2 and "3" in err
     code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--model.type", "llamma"])
     assert code == 2 and "llama" in err
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from halyard.train.config import exit_on_config_error, parse_config
+from halyard.train.config import ConfigError, exit_on_config_error, parse_config
 
 USAGE = """usage: halyard <command> [arguments]
 
@@ -64,7 +64,11 @@ def _run_training(argv: Sequence[str]) -> int:
     from halyard.train.trainer.trainer import NonFiniteLossError, Trainer
 
     try:
-        result = Trainer(config).fit()
+        trainer = Trainer(config)
+    except ValueError as error:  # an impossible mesh, layout or shape: a config mistake (exit 2)
+        raise ConfigError(str(error)) from None
+    try:
+        result = trainer.fit()
     except (CheckpointWriteError, NonFiniteLossError) as error:  # a complete message: no traceback
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -82,20 +82,20 @@ class Trainer:
         self.layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
         # The model's shape: the `model:` section, or the config.json of `trainer.init=hf:PATH`.
         self.model_config = self._resolve_model_config()
+        # Checked before any data is prepared: a large cache should not be built for a run that cannot start.
+        max_position = getattr(self.model_config, "max_position", None)
+        if max_position is not None and config.data.seq_len > max_position:
+            raise ValueError(f"data.seq_len={config.data.seq_len} exceeds model.max_position={max_position}")
 
     # -- pieces --------------------------------------------------------------------------------------
     def _check_model_fits_data(self, data: PreparedData) -> None:
         model: Any = self.model_config
-        seq_len = self.config.data.seq_len
         vocab = int(data.cache.processor_metadata.get("vocab_size", 0))
         if vocab > model.vocab_size:
             raise ValueError(
                 f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab} "
                 f"tokens in {data.tokenizer_path}); set model.vocab_size >= {vocab}"
             )
-        max_position = getattr(model, "max_position", None)
-        if max_position is not None and seq_len > max_position:
-            raise ValueError(f"data.seq_len={seq_len} exceeds model.max_position={max_position}")
 
     def build_optimizer(self) -> Any:
         """The run's optax optimizer; muP models get their per-parameter learning-rate multipliers."""
