@@ -5,11 +5,15 @@ programs are timed in alternating rounds: the loss alone (``forward``), ``value_
 (``grad``) and the trainer's full step (``step``: grad + clipping + AdamW). The backward pass is
 ``grad - forward`` and the optimizer ``step - grad``. With ``--hlo`` each optimized program's op counts
 (fusions, dots, scatters, transposes, copies, while loops) are listed, to see what XLA made of it.
+With ``--trace DIR`` one step of each config is traced with ``jax.profiler`` and the op time is split
+into matmuls, copies/transposes, zero-fills and the rest (run with
+``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true`` so that XLA's CPU ops appear in the trace).
 
 Usage::
 
     python benchmarks/train_step_profile.py --variant full_logits:loss_block_size=none
     python benchmarks/train_step_profile.py --quick --hlo
+    XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step_profile.py --trace /tmp/trace
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/train_step_profile.json).
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
+import gzip
 import json
 import re
 import statistics
@@ -38,6 +44,7 @@ from train_step import QUICK_SHAPES, halyard_model_config, make_halyard_step, pa
 from halyard.models import LmBatch
 
 RESULTS = Path(__file__).parent / "results" / "train_step_profile.json"
+HLO_NAME = re.compile(r"^[a-z][a-z0-9_\-]*(\.[0-9]+)?$")  # an HLO instruction, not a runtime frame
 OPS = (
     "fusion",
     "dot",
@@ -60,6 +67,40 @@ def hlo_op_counts(compiled: Any) -> dict[str, int]:
         if match and match.group(1) in OPS:
             counts[match.group(1)] += 1
     return dict(sorted(counts.items()))
+
+
+def op_time_shares(run_step: Callable[[], Any], directory: Path) -> dict[str, Any]:
+    """Trace one call of ``run_step`` and split the time of XLA's leaf ops into categories (shares)."""
+    jax.profiler.start_trace(str(directory), create_perfetto_trace=True)
+    jax.block_until_ready(run_step())
+    jax.profiler.stop_trace()
+    files = sorted(glob.glob(str(directory / "**" / "*.trace.json.gz"), recursive=True))
+    if not files:
+        return {}
+    with gzip.open(files[-1]) as handle:
+        events = json.load(handle)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    seconds: collections.Counter[str] = collections.Counter()
+    top: collections.Counter[str] = collections.Counter()
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") != "X" or not HLO_NAME.match(name) or name.startswith(("while", "cond")):
+            continue  # runtime frames and loops (their bodies' ops are counted themselves)
+        if name.startswith(("ynn_fusion", "xnn_fusion", "dot", "onednn")):
+            category = "matmul"
+        elif name.startswith("wrapped_broadcast"):
+            category = "zero_fill"
+        elif "copy" in name or "transpose" in name:
+            category = "copy_transpose"
+        else:
+            category = "elementwise_other"
+        seconds[category] += event.get("dur", 0) / 1e6
+        top[name] += event.get("dur", 0) / 1e6
+    total = sum(seconds.values()) or 1.0
+    return {
+        "shares": {name: value / total for name, value in seconds.most_common()},
+        "top_ops_seconds": dict(top.most_common(12)),
+    }
 
 
 def halyard_programs(
@@ -113,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-default", action="store_true", help="skip Halyard's default config")
     parser.add_argument("--no-plain", action="store_true", help="skip plain JAX")
     parser.add_argument("--hlo", action="store_true", help="also count ops in the optimized HLO")
+    parser.add_argument("--trace", type=Path, default=None, help="trace one step per config into this folder")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = QUICK_SHAPES if args.quick else Gpt2Shapes()
@@ -149,6 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.hlo:
         for name, programs in configs.items():
             hlo[name] = {part: hlo_op_counts(c) for part, c in programs["_compiled"]().items()}
+    traces = {}
+    if args.trace is not None:
+        for name, programs in configs.items():
+            traces[name] = op_time_shares(programs["step"], args.trace / name)
     print(f"shapes {asdict(shapes)}, {rounds} rounds (median seconds)")
     print(f"{'config':>18} {'forward':>8} {'backward':>9} {'optimizer':>10} {'step':>7} {'grad/fwd':>9}")
     for name, row in table.items():
@@ -159,8 +205,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, parts_counts in hlo.items():
         for part, counts in parts_counts.items():
             print(f"{name:>18} {part:>8} HLO: {counts}")
+    for name, trace in traces.items():
+        shares = ", ".join(f"{k} {100 * v:.1f}%" for k, v in trace.get("shares", {}).items())
+        print(f"{name:>18} step op time: {shares or 'no XLA ops in the trace (set the XLA flag)'}")
     result = {
         "benchmark": "train_step_profile",
+        "op_time": traces,
         "shapes": asdict(shapes),
         "rounds": rounds,
         "variants": dict(variants),

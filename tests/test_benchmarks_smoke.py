@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/run_all.py --quick for train_step and scaling (the other benchmarks have their
+"""Smoke test of benchmarks/run_all.py --quick for train_step, scaling and hf_import (the other benchmarks have their
 own smoke tests in their packages). Checks that the figures are produced and sane, never their speed."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_run_all_quick_train_step_and_scaling(tmp_path: Path) -> None:
+def test_run_all_quick_train_step_scaling_hf_import(tmp_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "train_step", "scaling",
+        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "train_step", "scaling", "hf_import",
          "--results-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
@@ -52,5 +52,11 @@ def test_run_all_quick_train_step_and_scaling(tmp_path: Path) -> None:
         scaling["layouts"]["data_parallel"]["state_bytes_per_device"]
         == scaling["layouts"]["data_parallel"]["state_bytes_total"]
     )
+    hf = json.loads((tmp_path / "hf_import.json").read_text())
+    for step in ("import_sharded", "import_unsharded"):
+        # Every imported byte is accounted for: the imported parameters are exactly the model's.
+        assert hf["steps"][step]["imported_parameter_bytes"] == hf["model_bytes"]
+        assert hf["steps"][step]["seconds"] > 0
+    assert math.isfinite(hf["ratios"]["sharded_import_transient_over_largest_tensor"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {run["status"] for run in summary["runs"].values()} == {"ok"}
