@@ -112,6 +112,8 @@ class TrainerConfig:
     """Text to continue at the end of training (a sample of the model's output)."""
     sample_tokens: int = 64
     """Tokens to generate for the sample."""
+    sample_temperature: float = 0.8
+    """Sampling temperature for the sample (0: greedy); top-k 40 when above 0, seeded by trainer.seed."""
     progress: bool = True
     """Show a progress bar."""
 

@@ -65,7 +65,8 @@ class MetricsLog:
         self.num_devices = int(mesh.devices.size)
         self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
         self.peak = device_peak_flops(jax.devices()[0], config.trainer.precision.compute)
-        self._step_started = 0.0
+        self._window_start: float | None = None
+        self._excluded_seconds = 0.0
         self._window_seconds = 0.0
         self._window_tokens = 0
         self._pending: list[tuple[int, Any]] = []
@@ -76,24 +77,35 @@ class MetricsLog:
             self._bar = tqdm(total=config.trainer.steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def before_step(self) -> None:
-        self._step_started = self.clock()
+        if self._window_start is None:
+            self._window_start = self.clock()
 
-    def after_step(self, step: int, metrics: dict[str, Any], *, tokens: int) -> None:
-        """Record a finished (dispatched) step; blocks on the device only when metrics are fetched."""
+    def after_step(self, step: int, metrics: dict[str, Any], *, tokens: int) -> bool:
+        """Record a dispatched step; every ``log_every`` steps wait for it and fetch the metrics.
+
+        Steps run asynchronously, so time is measured per window between fetches: the window's wall time,
+        less the checkpoint and evaluation time inside it, is step time (data loading included).
+
+        Returns:
+            Whether the metrics were fetched (the device caught up) at this step.
+        """
         self._pending.append((step, metrics))
         first = self.goodput.first_step_seconds is None
+        if not first:  # the first step includes compilation: keep it out of the throughput
+            self._window_tokens += tokens
         fetch = first or step % self.config.trainer.log_every == 0 or step == self.config.trainer.steps
         if fetch:
             jax.block_until_ready(metrics)
-        seconds = self.clock() - self._step_started
-        self.goodput.add("step", seconds)
-        if not first:  # the first step includes compilation: keep it out of the throughput
-            self._window_seconds += seconds
-            self._window_tokens += tokens
-        if fetch:
+            now = self.clock()
+            start = self._window_start if self._window_start is not None else now
+            self._window_seconds = max(now - start - self._excluded_seconds, 0.0)
+            self.goodput.add("step", self._window_seconds, num_steps=len(self._pending))
             self._flush()
+            self._window_start = now
+            self._excluded_seconds = 0.0
         if self._bar is not None:
             self._bar.update(1)
+        return fetch
 
     def _flush(self) -> None:
         for step, metrics in self._pending:
@@ -124,6 +136,7 @@ class MetricsLog:
 
     def record_eval(self, step: int, metrics: dict[str, float], seconds: float) -> None:
         self.goodput.add("evaluation", seconds)
+        self._excluded_seconds += seconds
         if self.tracker is not None:
             self.tracker.log(metrics, step)
         self.last.update(metrics)
@@ -133,8 +146,12 @@ class MetricsLog:
 
     @contextlib.contextmanager
     def checkpoint_timer(self) -> Iterator[None]:
-        with self.goodput.checkpoint():
-            yield
+        started = self.clock()
+        try:
+            with self.goodput.checkpoint():
+                yield
+        finally:
+            self._excluded_seconds += self.clock() - started
 
     def close(self) -> dict[str, float]:
         """Finish the trackers; return (and print) the goodput summary."""

@@ -272,8 +272,10 @@ class Trainer:
                     profile.before_step(step)
                     state, metrics = step_fn(state, batch)
                     profile.after_step(step, metrics)
-                    log.after_step(step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len)
-                    self._apply_nonfinite_policy(metrics, state)
+                    fetched = log.after_step(
+                        step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len
+                    )
+                    self._apply_nonfinite_policy(metrics, state, fetched=fetched)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                         log.record_eval(step + 1, *evaluator.evaluate(state.params))
                     if preemption.requested_on_any_process():
@@ -287,8 +289,12 @@ class Trainer:
                 if int(state.step) > 0:
                     self._save(manager, int(state.step), state, metadata)
                 manager.wait()
-            if evaluator is not None:
-                log.record_eval(int(state.step), *evaluator.evaluate(state.params))
+            final_step = int(state.step)
+            evaluated_in_loop = (
+                bool(cfg.eval_every) and final_step % cfg.eval_every == 0 and final_step > start_step
+            )
+            if evaluator is not None and not evaluated_in_loop:
+                log.record_eval(final_step, *evaluator.evaluate(state.params))
             sample = self._sample(state, data) if cfg.sample_prompt else None
             if sample is not None and is_main_process():
                 print(
@@ -333,7 +339,9 @@ class Trainer:
             )
             manager.save(step, state, metadata, wait=wait)
 
-    def _apply_nonfinite_policy(self, metrics: dict[str, Any], state: TrainState) -> None:
+    def _apply_nonfinite_policy(self, metrics: dict[str, Any], state: TrainState, *, fetched: bool) -> None:
+        """Stop on a non-finite step (``stop``: checked every step, a host sync) or on too many skipped
+        steps (``skip``: checked whenever metrics were fetched anyway, so the step pipeline keeps flowing)."""
         cfg = self.config.trainer
         if cfg.nonfinite == "stop":
             if int(metrics["nonfinite"]):
@@ -341,7 +349,7 @@ class Trainer:
                     f"loss or gradient norm is not finite at step {int(state.step)}; the update was not applied "
                     "and no checkpoint newer than the last finite state is written (trainer.nonfinite=stop)"
                 )
-        elif int(state.nonfinite_steps) > cfg.max_nonfinite_steps:
+        elif fetched and int(state.nonfinite_steps) > cfg.max_nonfinite_steps:
             raise NonFiniteLossError(
                 f"{int(state.nonfinite_steps)} steps had a non-finite loss (more than "
                 f"trainer.max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping"
@@ -356,9 +364,12 @@ class Trainer:
         tokenizer = Tokenizer.from_file(data.tokenizer_path)
         prompt = tokenizer.encode(cfg.sample_prompt or "").ids or [0]
         model = jax.device_get(state.params)
-        generation = generate(
-            model, [prompt], SamplingConfig(max_new_tokens=cfg.sample_tokens, temperature=0.0)
+        sampling = SamplingConfig(
+            max_new_tokens=cfg.sample_tokens,
+            temperature=cfg.sample_temperature,
+            top_k=40 if cfg.sample_temperature > 0 else None,
         )
+        generation = generate(model, [prompt], sampling, key=jax.random.key(cfg.seed))
         tokens = np.asarray(generation.tokens)[0].tolist()
         return tokenizer.decode(tokens)
 
