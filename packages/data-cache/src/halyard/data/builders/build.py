@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from halyard.data.builders.build_lock import build_lock
 from halyard.data.builders.local import default_num_workers, run_local
 from halyard.data.builders.progress import BuildProgress
 from halyard.data.builders.ray_builder import run_ray
@@ -163,13 +164,19 @@ def build_cache(
     ]
 
     def run() -> None:
+        with build_lock(root):
+            build_pending()
+
+    def build_pending() -> None:
+        # Shards another builder finished while this one waited for the lock are not built again.
+        pending = [job for job in jobs if not shard_is_finished(root, job.shard_index)]
         bar = BuildProgress(root, len(shards), enabled=progress)
         try:
             if builder == "local":
-                run_local(jobs, processor, num_workers, poll=bar.poll, poll_seconds=0.5)
+                run_local(pending, processor, num_workers, poll=bar.poll, poll_seconds=0.5)
             else:
                 run_ray(
-                    jobs,
+                    pending,
                     processor,
                     ray_address=ray_address,
                     num_workers=num_workers or None,
