@@ -62,6 +62,8 @@ class CheckpointConfig:
     """Keep forever every checkpoint at a multiple of this step."""
     on_write_error: str = "stop"
     """When writing a checkpoint fails (disk full, permission denied): stop (exit 1 with the error; the previous checkpoint stays intact) or retry (report it, keep training, save again at the next checkpoint)."""
+    verify_checksums: bool = True
+    """Before restoring, check every file against the checksum recorded at save time (one extra read of the checkpoint): resuming skips a damaged checkpoint for the previous one; an explicit checkpoint: path fails naming the file. false loads damaged data without noticing."""
 
     def __post_init__(self) -> None:
         if self.on_write_error not in ("stop", "retry"):
