@@ -3,52 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import jax
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
 
 from halyard.export.config_writing import config_to_hf_dict, generation_config_dict
 from halyard.export.families import mappings_for
-from halyard.export.plan import LeafPlan, leaf_plans
+from halyard.export.plan import leaf_plans
+from halyard.export.safetensors_writing import write_safetensors
 from halyard.export.sources import SAFETENSORS, SAFETENSORS_INDEX
+from halyard.export.tensor_gathering import Contribution, gather_tensor
 from halyard.export.tokenizer_files import TokenizerInfo, read_tokenizer, write_tokenizer_files
 from halyard.models import CausalLM
 
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
-
-
-def _to_host(array: jax.Array) -> np.ndarray:
-    """The whole array on this host (gathered from other processes when it spans several)."""
-    if isinstance(array, jax.Array) and not array.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-    return np.asarray(jax.device_get(array))
-
-
-def _block(plan: LeafPlan, indices: dict[str, int]) -> np.ndarray:
-    """One Hugging Face tensor's share of a Halyard parameter, vocabulary rows beyond the export cut."""
-    array = plan.leaf.array
-    index: list[Any] = [indices[name] for name in plan.mapping.stacked]
-    for name in plan.mapping.target:
-        index.append(slice(0, plan.hf_sizes[name]) if name == "vocab" else slice(None))
-    return _to_host(array[tuple(index)])
-
-
-def _tensor(contributions: list[tuple[LeafPlan, dict[str, int]]], dtype: np.dtype) -> np.ndarray:
-    """Assemble one Hugging Face tensor from every (parameter, stacked index) that lives in it."""
-    first = contributions[0][0]
-    full = first.mapping.sizes_with_part(first.hf_sizes)
-    view = np.zeros([full[name] for name in first.mapping.view_names], dtype=np.float32)
-    for plan, indices in contributions:
-        plan.mapping.place(view, _block(plan, indices).astype(np.float32))
-    return np.ascontiguousarray(view.reshape(first.hf_shape()).astype(dtype))
 
 
 def _shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
@@ -79,17 +52,24 @@ def _special_ids(
     return ids
 
 
-def _clear_previous_export(folder: Path, overwrite: bool) -> None:
+def _previous_export(folder: Path) -> list[Path]:
     if not folder.exists():
-        folder.mkdir(parents=True)
-        return
-    previous = [p for p in folder.iterdir() if p.name == "config.json" or p.name.startswith("model")]
+        return []
+    return [p for p in folder.iterdir() if p.name == "config.json" or p.name.startswith("model")]
+
+
+def _check_previous_export(folder: Path, overwrite: bool) -> None:
+    previous = _previous_export(folder)
     if previous and not overwrite:
         raise FileExistsError(
             f"{folder} already holds a model ({', '.join(sorted(p.name for p in previous))}); choose an empty "
             "folder or pass overwrite=True"
         )
-    for path in previous:
+
+
+def _clear_previous_export(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in _previous_export(folder):
         if path.name.endswith(".safetensors") or path.name == SAFETENSORS_INDEX:
             path.unlink()
 
@@ -110,8 +90,10 @@ def export_hf(
     """Write ``model`` as a Hugging Face folder: config.json, generation_config.json, safetensors, tokenizer.
 
     Args:
-        model: a Halyard GPT-2, Llama, Mistral, Qwen2 or Mixtral (sharded or not; parameters are gathered
-            one Hugging Face tensor at a time).
+        model: a Halyard GPT-2, Llama, Mistral, Qwen2 or Mixtral, sharded or not. Each safetensors file is
+            written tensor by tensor as each is gathered from the devices, so the host holds about one
+            Hugging Face tensor at a time. Across several processes, every process must call this (they
+            all take part in the gathers) and only process 0 writes.
         folder: where to write (created; must not already hold a model unless ``overwrite``).
         tokenizer: ``tokenizer.json`` or a folder with one (plus ``tokenizer_config.json``...): copied
             alongside, and its BOS/EOS/pad tokens become the config's ids unless given explicitly.
@@ -157,15 +139,24 @@ def export_hf(
         pad_token_id=ids["pad"],
     )
     folder = Path(folder)
-    _clear_previous_export(folder, overwrite)
+    # Only process 0 writes; every process checks the folder first and then takes part in the gathers.
+    writer = jax.process_index() == 0
+    _check_previous_export(folder, overwrite)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("halyard.export_hf: folder checked")
+    if writer:
+        _clear_previous_export(folder)
 
     plans = leaf_plans(model, mappings, vocab_size)
-    contributions: dict[str, list[tuple[LeafPlan, dict[str, int]]]] = defaultdict(list)
+    contributions: dict[str, list[Contribution]] = defaultdict(list)
     for plan in plans:
         for indices in plan.stacked_indices():
             contributions[plan.mapping.key(indices)].append((plan, indices))
-    itemsize = EXPORT_DTYPES[dtype].itemsize
-    sizes = {key: int(np.prod(parts[0][0].hf_shape())) * itemsize for key, parts in contributions.items()}
+    export_dtype = EXPORT_DTYPES[dtype]
+    shapes = {key: parts[0][0].hf_shape() for key, parts in contributions.items()}
+    sizes = {key: math.prod(shape) * export_dtype.itemsize for key, shape in shapes.items()}
     shards = _shards(sizes, max_shard_bytes)
     names = (
         [SAFETENSORS]
@@ -174,10 +165,17 @@ def export_hf(
     )
     weight_map = {}
     for name, keys in zip(names, shards):
-        tensors = {key: _tensor(contributions[key], EXPORT_DTYPES[dtype]) for key in keys}
-        save_file(tensors, str(folder / name), metadata={"format": "pt"})
+        # One tensor at a time: gathered, written, dropped (the file's header is known from the shapes).
+        write_safetensors(
+            folder / name if writer else None,
+            {key: shapes[key] for key in keys},
+            export_dtype,
+            lambda key: gather_tensor(contributions[key], export_dtype),
+            metadata={"format": "pt"},
+        )
         weight_map.update(dict.fromkeys(keys, name))
-        del tensors
+    if not writer:
+        return folder
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
         (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")

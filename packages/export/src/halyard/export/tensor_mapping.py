@@ -134,13 +134,22 @@ class TensorMapping:
             names = [name for name in names if name != self.part[0]]
         return view.transpose([names.index(name) for name in self.target])
 
-    def place(self, view: np.ndarray, block: np.ndarray) -> None:
-        """Write a whole Halyard block (one stacked index, `target` order) into ``view``, the Hugging Face
-        tensor reshaped to the left-side axes (`view_names` order)."""
+    def place(
+        self, view: np.ndarray, block: np.ndarray, target_slices: Sequence[slice] | None = None
+    ) -> None:
+        """Write a Halyard block (one stacked index, `target` order) into ``view``, the Hugging Face tensor
+        reshaped to the left-side axes (`view_names` order).
+
+        Args:
+            view: the Hugging Face tensor's view, written in place (values are cast to its dtype).
+            block: the Halyard block, axes in `target` order.
+            target_slices: where the block lies along each `target` axis; default: the whole array.
+        """
         names = [name for name in self.view_names if self.part is None or name != self.part[0]]
         arranged = block.transpose([self.target.index(name) for name in names])
-        if self.part is None:
-            view[...] = arranged
-            return
-        index = tuple(self.part[1] if name == self.part[0] else slice(None) for name in self.view_names)
+        where = dict(zip(self.target, target_slices)) if target_slices is not None else {}
+        index = tuple(
+            self.part[1] if self.part is not None and name == self.part[0] else where.get(name, slice(None))
+            for name in self.view_names
+        )
         view[index] = arranged
