@@ -70,7 +70,12 @@ def test_bad_records_are_counted_in_the_ledger_and_strict_fails(tmp_path: Path, 
         b'{"text": "good"}\n{"text": oops\n{"text": ""}\n{"text": "bad \xff byte"}\n{"text": "end"}\n'
     )
     cache = build_cache(str(source), tokenizer_path, str(tmp_path / "c"), num_workers=0, progress=False)
-    assert cache.totals["counters"] == {"empty_document": 1, "invalid_utf8": 1, "malformed_json": 1}
+    assert cache.totals["counters"] == {
+        "bad_example": 0,
+        "empty_document": 1,
+        "invalid_utf8": 1,
+        "malformed_json": 1,
+    }
     assert cache.num_documents == 3 and cache.totals["rows"] == 5
     with pytest.raises(BadRecordError, match=r"bad\.jsonl:2: malformed JSON"):
         build_cache(

@@ -1,11 +1,15 @@
 """halyard.data: raw text shards -> a parallel, resumable tokenization cache -> deterministic batches.
 
+Documents train on every token; chat and prompt/completion examples (``ExampleFormat``) store a per-token
+loss mask next to the tokens, and batches then carry ``loss_mask``.
+
 No JAX needed: batches are numpy arrays, usable from any framework.
 """
 
 from halyard.data.builders import BuildHandle, CacheMismatchError, build_cache
 from halyard.data.cache import TokenCache
 from halyard.data.datasets import DataManifest, FeistelPermutation, LMDataset, MixtureDataset, host_rows
+from halyard.data.examples import ExampleError, ExampleFormat
 from halyard.data.loader import Loader
 from halyard.data.processing import Processor
 from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec, UnreadableShardError
@@ -15,6 +19,8 @@ __all__ = [
     "BuildHandle",
     "CacheMismatchError",
     "DataManifest",
+    "ExampleError",
+    "ExampleFormat",
     "FeistelPermutation",
     "LMDataset",
     "Loader",

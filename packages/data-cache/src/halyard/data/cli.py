@@ -8,6 +8,7 @@ import sys
 
 from halyard.data.builders.build import DEFAULT_CHUNK_TOKENS, DEFAULT_FIRST_CHUNK_TOKENS, build_cache
 from halyard.data.cache.reader import TokenCache
+from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS, ExampleFormat
 from halyard.data.sources.shards import FORMATS
 
 
@@ -46,6 +47,28 @@ def make_parser() -> argparse.ArgumentParser:
         default="document",
         choices=("document", "line"),
         help="text files: one document per file or per line",
+    )
+    build.add_argument(
+        "--example-format",
+        default="text",
+        choices=EXAMPLE_KINDS,
+        help="what each record holds: text (documents, every token trained on), chat (a message list; "
+        "only assistant turns are trained on) or prompt_completion (only the completion is); the last two "
+        "store a loss mask and read jsonl/json",
+    )
+    build.add_argument("--messages-field", default="messages", help="chat: key of the message list")
+    build.add_argument("--role-field", default="role", help="chat: key of a message's role")
+    build.add_argument("--content-field", default="content", help="chat: key of a message's text")
+    build.add_argument("--prompt-field", default="prompt", help="prompt_completion: key of the prompt")
+    build.add_argument(
+        "--completion-field", default="completion", help="prompt_completion: key of the completion"
+    )
+    build.add_argument(
+        "--chat-template",
+        default="simple",
+        choices=CHAT_TEMPLATES,
+        help="chat: simple (plain-text role markers, see ExampleFormat) or tokenizer (the tokenizer's own "
+        "chat_template)",
     )
     build.add_argument(
         "--bos", default="auto", type=_special, help="auto | true | false | <token> (default: auto)"
@@ -90,6 +113,15 @@ def main(argv: list[str] | None = None) -> int:
             text_field=args.text_field,
             format=args.format,
             text_mode=args.text_mode,
+            example_format=ExampleFormat(
+                kind=args.example_format,
+                messages_field=args.messages_field,
+                role_field=args.role_field,
+                content_field=args.content_field,
+                prompt_field=args.prompt_field,
+                completion_field=args.completion_field,
+                chat_template=args.chat_template,
+            ),
             bos=args.bos,
             eos=args.eos,
             chunk_tokens=args.chunk_tokens,
@@ -133,6 +165,7 @@ def describe(cache: TokenCache) -> dict[str, object]:
         "documents": cache.num_documents,
         "tokens": cache.num_tokens,
         "token_dtype": cache.token_dtype.name,
+        "loss_mask": cache.has_loss_mask,
         "chunk_tokens": cache.identity["chunk_tokens"],
         "processor": cache.processor_metadata,
         "bad_records": counters,

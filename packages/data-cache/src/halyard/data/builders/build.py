@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from halyard.data.cache.ledger import (
     save_cache_ledger,
 )
 from halyard.data.cache.reader import TokenCache
+from halyard.data.examples.formats import ExampleFormat
 from halyard.data.processing.processor import Processor
+from halyard.data.processing.tokenizer import TokenizerSpec, load_tokenizer
 from halyard.data.sources.shards import SourceSpec, resolve_shards
 
 DEFAULT_CHUNK_TOKENS = 1 << 19
@@ -72,6 +75,7 @@ def build_cache(
     text_field: str = "text",
     format: str = "auto",
     text_mode: str = "document",
+    example_format: ExampleFormat | str = "text",
     bos: bool | str = "auto",
     eos: bool | str = "auto",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -94,6 +98,9 @@ def build_cache(
         text_field: JSON key / column of the text, for patterns given as strings.
         format: ``"auto"`` (by suffix) or a format name, for patterns given as strings.
         text_mode: ``"document"`` or ``"line"`` for text files given as strings.
+        example_format: what the records of patterns given as strings hold: ``"text"`` (documents),
+            ``"chat"`` or ``"prompt_completion"`` (supervised fine-tuning examples; the cache then stores
+            a per-token loss mask), or an ``ExampleFormat`` with field names and the chat template.
         bos: BOS policy: ``"auto"`` (what the tokenizer adds by itself), ``True``, ``False``, or a token.
         eos: EOS token: ``"auto"`` (detected) or a token; an EOS always ends each document.
         chunk_tokens: a chunk closes at the first document end at or after this many tokens.
@@ -113,21 +120,35 @@ def build_cache(
 
     Raises:
         CacheMismatchError: ``out_dir`` holds a cache with other settings (the differences are listed).
-        FileNotFoundError, ValueError, BadRecordError, MissingFieldError: bad sources or records.
+        FileNotFoundError, ValueError, BadRecordError, MissingFieldError: bad sources or records (an
+            invalid example is a ``BadRecordError`` naming file:line under ``strict``, else skipped and
+            counted as ``bad_example``).
     """
     if builder not in ("local", "ray"):
         raise ValueError(f"builder {builder!r} is not known; use 'local' or 'ray'")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
-    processor = Processor.create(tokenizer, bos=bos, eos=eos, split_chars=split_chars)
+    tokenizer_spec = load_tokenizer(tokenizer)
+    if isinstance(example_format, str):
+        example_format = ExampleFormat(kind=example_format)
     if isinstance(sources, str | SourceSpec):
         sources = [sources]
     specs = [
-        SourceSpec((source,), format=format, text_field=text_field, text_mode=text_mode)
+        SourceSpec(
+            (source,), format=format, text_field=text_field, text_mode=text_mode, example=example_format
+        )
         if isinstance(source, str)
         else source
         for source in sources
     ]
+    specs = [_with_tokenizer_template(spec, tokenizer_spec) for spec in specs]
+    processor = Processor.create(
+        tokenizer_spec,
+        bos=bos,
+        eos=eos,
+        split_chars=split_chars,
+        loss_mask=any(spec.example is not None and spec.example.has_targets for spec in specs),
+    )
     shards = resolve_shards(specs)
     first_chunk_tokens = max(1, min(first_chunk_tokens, chunk_tokens))
     identity = build_identity(
@@ -207,6 +228,15 @@ def build_cache(
     handle.thread = threading.Thread(target=run_in_background, name=f"halyard.data build {root}", daemon=True)
     handle.thread.start()
     return handle
+
+
+def _with_tokenizer_template(spec: SourceSpec, tokenizer: TokenizerSpec) -> SourceSpec:
+    if spec.example is None:
+        return spec
+    example = spec.example.with_tokenizer_template(
+        tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token, tokenizer.source
+    )
+    return dataclasses.replace(spec, example=example)
 
 
 def _delete_cache(root: str) -> None:

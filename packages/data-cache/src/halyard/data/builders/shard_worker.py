@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import fsspec
 import numpy as np
 
-from halyard.data.cache.layout import chunk_paths, remove_temporaries, write_atomic
+from halyard.data.cache.layout import chunk_mask_path, chunk_paths, remove_temporaries, write_atomic
 from halyard.data.cache.ledger import ChunkEntry, ShardProgress
 from halyard.data.processing.processor import Processor
 from halyard.data.sources.records import Record
@@ -81,7 +81,10 @@ def _batches(records: Iterator[Record], batch_chars: int) -> Iterator[list[Recor
     characters = 0
     for record in records:
         batch.append(record)
-        characters += len(record.text) if record.text is not None else 0
+        if record.text is not None:
+            characters += len(record.text)
+        elif record.segments is not None:
+            characters += sum(len(text) for text, _ in record.segments)
         if characters >= budget:
             yield batch
             batch, characters = [], 0
@@ -100,6 +103,7 @@ class _ChunkWriter:
         self.dtype = processor.token_dtype
         self.token_parts: list[np.ndarray] = []
         self.length_parts: list[np.ndarray] = []
+        self.mask_parts: list[np.ndarray] = []
         self.buffered_tokens = 0
         # Bad-record counts not yet in the ledger, grouped by the document that follows them (its row and
         # the counts of the rows up to it): a commit ending at a document takes the groups up to it. Memory
@@ -113,14 +117,23 @@ class _ChunkWriter:
         for record in batch:
             if record.issue is not None:
                 self.trailing_issues[record.issue] += 1
-            if record.text is not None:
+            if record.text is not None or record.segments is not None:
                 documents.append(record)
                 self.pending_groups.append((record.row, self.trailing_issues))
                 self.trailing_issues = Counter()
         self.rows_seen = batch[-1].row + 1
         if not documents:
             return
-        tokens, lengths = self.processor.encode([record.text for record in documents])  # type: ignore[misc]
+        mask: np.ndarray | None = None
+        if self.processor.loss_mask:
+            # A plain document in a cache with masks is one target piece: every token is trained on.
+            examples = [
+                record.segments if record.segments is not None else ((record.text or "", True),)
+                for record in documents
+            ]
+            tokens, lengths, mask = self.processor.encode_examples(examples)
+        else:
+            tokens, lengths = self.processor.encode([record.text for record in documents])  # type: ignore[misc]
         rows = np.fromiter((record.row for record in documents), dtype=np.int64, count=len(documents))
         ends = np.cumsum(lengths)
         first = 0
@@ -130,6 +143,8 @@ class _ChunkWriter:
             last = int(np.searchsorted(ends, consumed_before + needed, side="left"))
             stop = min(last + 1, len(documents))
             self.token_parts.append(tokens[consumed_before : int(ends[stop - 1])])
+            if mask is not None:
+                self.mask_parts.append(mask[consumed_before : int(ends[stop - 1])])
             self.length_parts.append(lengths[first:stop])
             self.buffered_tokens += int(ends[stop - 1]) - consumed_before
             if last < len(documents):
@@ -152,6 +167,11 @@ class _ChunkWriter:
             tokens_path, ends_path = chunk_paths(self.job.root, self.job.shard_index, chunk_index)
             write_atomic(tokens_path, tokens.tobytes())
             write_atomic(ends_path, np.cumsum(lengths).astype("<i8").tobytes())
+            if self.processor.loss_mask:
+                mask = np.concatenate(self.mask_parts).astype(np.uint8, copy=False)
+                write_atomic(
+                    chunk_mask_path(self.job.root, self.job.shard_index, chunk_index), mask.tobytes()
+                )
             progress.chunks.append(ChunkEntry(int(tokens.size), int(lengths.size), rows_end))
         while self.pending_groups and self.pending_groups[0][0] < rows_end:
             for name, count in self.pending_groups.popleft()[1].items():
@@ -162,7 +182,7 @@ class _ChunkWriter:
         progress.rows_done = rows_end
         progress.finished = finished
         progress.save(self.job.root)
-        self.token_parts, self.length_parts, self.buffered_tokens = [], [], 0
+        self.token_parts, self.length_parts, self.mask_parts, self.buffered_tokens = [], [], [], 0
 
 
 def shard_is_finished(root: str, shard_index: int) -> bool:

@@ -30,6 +30,11 @@ def chunk_paths(root: str, shard_index: int, chunk_index: int) -> tuple[str, str
     return stem + ".tokens", stem + ".ends"
 
 
+def chunk_mask_path(root: str, shard_index: int, chunk_index: int) -> str:
+    """The loss-mask file of one chunk (one ``uint8`` per token, 1 on training targets; SFT caches only)."""
+    return f"{shard_folder(root, shard_index)}/{chunk_index:06d}.mask"
+
+
 def cache_ledger_path(root: str) -> str:
     """The cache's top-level ledger (build settings, processor metadata, and when finished, everything)."""
     return f"{root.rstrip('/')}/{LEDGER_NAME}"

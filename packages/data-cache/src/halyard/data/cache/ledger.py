@@ -36,7 +36,7 @@ class ShardProgress:
     shard when finished), its chunks in order, its bad-record counters, and whether it is finished."""
 
     shard_index: int
-    source: dict[str, str]
+    source: dict[str, Any]
     rows_done: int = 0
     finished: bool = False
     chunks: list[ChunkEntry] = field(default_factory=list)

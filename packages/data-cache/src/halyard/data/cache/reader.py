@@ -14,7 +14,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from halyard.data.cache.layout import chunk_paths
+from halyard.data.cache.layout import chunk_mask_path, chunk_paths
 from halyard.data.cache.ledger import ShardProgress, fingerprint, load_cache_ledger
 
 _ENDS_CACHED = 64
@@ -93,6 +93,11 @@ class TokenCache:
     def token_dtype(self) -> np.dtype:
         """The stored token dtype: little-endian ``uint16`` or ``uint32``."""
         return np.dtype(self.processor_metadata["token_dtype"]).newbyteorder("<")
+
+    @property
+    def has_loss_mask(self) -> bool:
+        """True when the cache stores a per-token loss mask (built from chat or prompt/completion examples)."""
+        return bool(self.processor_metadata.get("loss_mask", False))
 
     @property
     def is_finished(self) -> bool:
@@ -233,6 +238,31 @@ class TokenCache:
             IndexError: the range goes past the end of a finished cache (names both numbers).
             TimeoutError: see ``wait_for_tokens``.
         """
+        return self._read_column(
+            start, stop, self.token_dtype, lambda s, c: chunk_paths(self._fs_root, s, c)[0]
+        )
+
+    def read_loss_mask(self, start: int, stop: int) -> np.ndarray:
+        """The loss mask of tokens ``[start, stop)``: ``uint8``, 1 where the token is a training target.
+
+        Waits like ``read`` (a chunk's mask is published with its tokens).
+
+        Raises:
+            ValueError: the cache has no loss mask (it was built from plain text documents).
+            IndexError, TimeoutError: see ``read``.
+        """
+        if not self.has_loss_mask:
+            raise ValueError(
+                f"the cache at {self.root} has no loss mask: it was built from text documents (every token "
+                "is a target); build it with example_format='chat' or 'prompt_completion' for one"
+            )
+        return self._read_column(
+            start, stop, np.dtype(np.uint8), lambda s, c: chunk_mask_path(self._fs_root, s, c)
+        )
+
+    def _read_column(
+        self, start: int, stop: int, dtype: np.dtype, path_of: Callable[[int, int], str]
+    ) -> np.ndarray:
         if stop > self.num_tokens:
             self.wait_for_tokens(stop)
         if stop > self.num_tokens or start < 0 or start > stop:
@@ -242,18 +272,18 @@ class TokenCache:
             )
         parts = []
         position = start
-        itemsize = self.token_dtype.itemsize
+        itemsize = dtype.itemsize
         while position < stop:
             chunk = self._chunks[bisect.bisect_right(self._token_ends, position)]
             local_start = position - chunk.token_start
             local_stop = min(stop, chunk.token_start + chunk.tokens) - chunk.token_start
-            tokens_path, _ = chunk_paths(self._fs_root, chunk.shard_index, chunk.chunk_index)
-            raw = self._fs.cat_file(tokens_path, start=local_start * itemsize, end=local_stop * itemsize)
-            parts.append(np.frombuffer(raw, dtype=self.token_dtype))
+            path = path_of(chunk.shard_index, chunk.chunk_index)
+            raw = self._fs.cat_file(path, start=local_start * itemsize, end=local_stop * itemsize)
+            parts.append(np.frombuffer(raw, dtype=dtype))
             position = chunk.token_start + local_stop
         if len(parts) == 1:
             return parts[0]
-        return np.concatenate(parts) if parts else np.zeros(0, self.token_dtype)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
     def document_ends(self, start: int, stop: int) -> np.ndarray:
         """Global positions (exclusive ends) of the documents ending inside ``(start, stop]``, ascending.

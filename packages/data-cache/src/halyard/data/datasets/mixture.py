@@ -135,7 +135,9 @@ class MixtureDataset:
 
         Returns:
             ``tokens`` and ``segment_ids`` ``[batch_size // host_count, seq_len + 1]`` int32, and
-            ``source`` ``[batch_size // host_count]`` int32 (the component index of each row).
+            ``source`` ``[batch_size // host_count]`` int32 (the component index of each row). When some
+            component stores a loss mask, also ``loss_mask`` (int32 0/1; all ones on rows of text
+            components, whose every token is a target).
 
         Raises:
             ValueError: see ``host_rows``; components with different ``seq_len``.
@@ -148,10 +150,18 @@ class MixtureDataset:
         width = lengths.pop() + 1
         tokens = np.empty((len(rows), width), np.int32)
         segment_ids = np.empty((len(rows), width), np.int32)
+        # Decided by the components, not the rows of this step: every batch has the same keys.
+        with_mask = any(dataset.has_loss_mask for dataset in self.datasets.values())
+        loss_mask = np.ones((len(rows), width), np.int32)
         for index, name in enumerate(self.names):
             chosen = components == index
             if chosen.any():
                 part = self.datasets[name].examples(local[chosen])
                 tokens[chosen] = part["tokens"]
                 segment_ids[chosen] = part["segment_ids"]
-        return {"tokens": tokens, "segment_ids": segment_ids, "source": components.astype(np.int32)}
+                if "loss_mask" in part:
+                    loss_mask[chosen] = part["loss_mask"]
+        batch = {"tokens": tokens, "segment_ids": segment_ids, "source": components.astype(np.int32)}
+        if with_mask:
+            batch["loss_mask"] = loss_mask
+        return batch

@@ -178,20 +178,31 @@ class LMDataset:
             result[chosen] = start + permutation(offsets[chosen])
         return result
 
+    @property
+    def has_loss_mask(self) -> bool:
+        """True when examples carry a ``loss_mask`` (the cache was built from chat/prompt-completion data)."""
+        return self.cache.has_loss_mask
+
     def examples(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Examples ``indices`` of the stream: ``tokens`` and ``segment_ids``, both ``[len(indices), seq_len + 1]``
-        int32 (waits for tokens not committed yet)."""
+        int32 (waits for tokens not committed yet), and ``loss_mask`` (int32 0/1, same shape: is the
+        token a training target) when the cache stores one."""
         windows = self.windows(indices)
         width = self.seq_len + 1
         tokens = np.empty((len(windows), width), np.int32)
         segment_ids = np.empty((len(windows), width), np.int32)
+        loss_mask = np.empty((len(windows), width), np.int32) if self.has_loss_mask else None
         offsets = np.arange(width, dtype=np.int64)
         for row, window in enumerate(windows):
             start = int(window) * self.seq_len
             tokens[row] = self.cache.read(start, start + width)
             ends = self.cache.document_ends(start, start + width)
             segment_ids[row] = np.searchsorted(ends, start + offsets, side="right")
-        return {"tokens": tokens, "segment_ids": segment_ids}
+            if loss_mask is not None:
+                loss_mask[row] = self.cache.read_loss_mask(start, start + width)
+        if loss_mask is None:
+            return {"tokens": tokens, "segment_ids": segment_ids}
+        return {"tokens": tokens, "segment_ids": segment_ids, "loss_mask": loss_mask}
 
     def batch(
         self, step: int, batch_size: int, host_index: int = 0, host_count: int = 1
@@ -205,7 +216,8 @@ class LMDataset:
             host_count: the number of hosts sharing the batch; must divide ``batch_size``.
 
         Returns:
-            ``tokens`` and ``segment_ids``, both ``[batch_size // host_count, seq_len + 1]`` int32.
+            ``tokens`` and ``segment_ids``, both ``[batch_size // host_count, seq_len + 1]`` int32, and
+            ``loss_mask`` of the same shape when the cache stores one (see ``examples``).
 
         Raises:
             ValueError: see ``host_rows``.

@@ -28,15 +28,24 @@ class Processor:
         policy: which BOS/EOS tokens surround each document.
         split_chars: documents longer than this many characters are split (``safe_split``), tokenized
             piece by piece and rejoined, which bounds worker memory for huge documents.
+        loss_mask: the cache stores a per-token loss mask next to the tokens (set when some source holds
+            chat or prompt/completion examples; see ``encode_examples``).
     """
 
     tokenizer: TokenizerSpec
     policy: SpecialTokenPolicy
     split_chars: int = 100_000
+    loss_mask: bool = False
 
     @classmethod
     def create(
-        cls, tokenizer: Any, *, bos: bool | str = "auto", eos: bool | str = "auto", split_chars: int = 100_000
+        cls,
+        tokenizer: Any,
+        *,
+        bos: bool | str = "auto",
+        eos: bool | str = "auto",
+        split_chars: int = 100_000,
+        loss_mask: bool = False,
     ) -> Processor:
         """Load a tokenizer and detect its BOS/EOS policy (see ``load_tokenizer`` and ``detect_policy``).
 
@@ -45,6 +54,7 @@ class Processor:
             bos: ``"auto"``, ``True``, ``False`` or a token string.
             eos: ``"auto"`` or a token string.
             split_chars: see the class attribute.
+            loss_mask: see the class attribute.
 
         Raises:
             ValueError, FileNotFoundError, TypeError: from loading or policy detection.
@@ -53,7 +63,7 @@ class Processor:
         policy = detect_policy(
             spec.build(), bos=bos, eos=eos, declared_bos=spec.bos_token, declared_eos=spec.eos_token
         )
-        return cls(spec, policy, split_chars)
+        return cls(spec, policy, split_chars, loss_mask)
 
     @property
     def backend(self) -> Tokenizer:
@@ -72,7 +82,7 @@ class Processor:
 
     def metadata(self) -> dict[str, Any]:
         """What identifies the bytes this processor produces; stored in the ledger and compared on reuse."""
-        return {
+        metadata = {
             "processor_version": PROCESSOR_VERSION,
             "tokenizer_sha256": self.tokenizer.sha256,
             "vocab_size": self.vocab_size,
@@ -80,6 +90,9 @@ class Processor:
             "split_chars": self.split_chars,
             "token_dtype": self.token_dtype.name,
         }
+        if self.loss_mask:  # absent for text caches, so their identity is what it was before masks existed
+            metadata["loss_mask"] = True
+        return metadata
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize documents into one stream ``[bos] content [eos] [bos] content [eos] ...``.
@@ -102,6 +115,61 @@ class Processor:
                 for text in texts
             ]
         return self._add_special_tokens(contents)
+
+    def encode_examples(
+        self, examples: list[tuple[tuple[str, bool], ...]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokenize examples into one stream with a loss mask: ``[bos] piece piece ... [eos]`` per example.
+
+        Every piece is tokenized on its own (without the tokenizer's special tokens) and the ids are
+        concatenated, so an example's target tokens are exactly the tokens of its target pieces. The BOS
+        is never a target; the EOS is a target when the last piece is (the model learns to stop after the
+        completion). As in ``encode``, no BOS/EOS is added when the text already starts/ends with it.
+
+        Args:
+            examples: each a tuple of ``(text, is_target)`` pieces (a plain document is one target piece).
+
+        Returns:
+            ``(tokens, lengths, loss_mask)``: tokens ``[total] uint32``, the length of each example
+            ``[len(examples)] int64`` including its BOS/EOS, and ``[total] uint8`` 1 on target tokens.
+        """
+        pieces = [text for example in examples for text, _ in example if text]
+        short = [text for text in pieces if len(text) <= self.split_chars]
+        short_ids = iter(
+            [encoding.ids for encoding in self.backend.encode_batch_fast(short, add_special_tokens=False)]
+            if short
+            else []
+        )
+        token_parts: list[np.ndarray] = []
+        mask_parts: list[np.ndarray] = []
+        lengths = np.zeros(len(examples), np.int64)
+        bos_id, eos_id = self.policy.bos_id, self.policy.eos_id
+        for index, example in enumerate(examples):
+            ids_parts, target_parts = [], []
+            last_target = False
+            for text, target in example:
+                if not text:
+                    continue
+                ids = np.asarray(
+                    next(short_ids) if len(text) <= self.split_chars else self._encode_long(text), np.uint32
+                )
+                ids_parts.append(ids)
+                target_parts.append(np.full(ids.size, target, np.uint8))
+                last_target = target
+            ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint32)
+            mask = np.concatenate(target_parts) if target_parts else np.zeros(0, np.uint8)
+            if bos_id is not None and not (ids.size and ids[0] == bos_id):
+                ids = np.concatenate([np.asarray([bos_id], np.uint32), ids])
+                mask = np.concatenate([np.zeros(1, np.uint8), mask])
+            if not (ids.size and ids[-1] == eos_id):
+                ids = np.concatenate([ids, np.asarray([eos_id], np.uint32)])
+                mask = np.concatenate([mask, np.asarray([last_target], np.uint8)])
+            token_parts.append(ids)
+            mask_parts.append(mask)
+            lengths[index] = ids.size
+        if not token_parts:
+            return np.zeros(0, np.uint32), lengths, np.zeros(0, np.uint8)
+        return np.concatenate(token_parts), lengths, np.concatenate(mask_parts)
 
     def _encode_long(self, text: str) -> np.ndarray:
         pieces = safe_split(text, self.split_chars)

@@ -22,12 +22,15 @@ class TokenizerSpec:
         bos_token: the BOS token named by ``tokenizer_config.json`` or the tokenizer object, if any.
         eos_token: the EOS token named likewise, if any.
         source: where it came from (for messages only; not part of the identity).
+        chat_template: the Jinja chat template named by ``tokenizer_config.json`` or the tokenizer object,
+            if any (used by chat examples with ``chat_template="tokenizer"``).
     """
 
     serialized: str
     bos_token: str | None
     eos_token: str | None
     source: str
+    chat_template: str | None = None
 
     @cached_property
     def sha256(self) -> str:
@@ -54,9 +57,14 @@ def _without_truncation(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def _spec_from_tokenizer(
-    tokenizer: Tokenizer, bos_token: str | None, eos_token: str | None, source: str, owned: bool = False
+    tokenizer: Tokenizer,
+    bos_token: str | None,
+    eos_token: str | None,
+    source: str,
+    owned: bool = False,
+    chat_template: str | None = None,
 ) -> TokenizerSpec:
-    spec = TokenizerSpec(tokenizer.to_str(), bos_token, eos_token, source)
+    spec = TokenizerSpec(tokenizer.to_str(), bos_token, eos_token, source, chat_template)
     if owned:  # built here from a file: reuse it instead of parsing the JSON again
         _BUILT_TOKENIZERS.setdefault(spec.sha256, _without_truncation(tokenizer))
     return spec
@@ -67,7 +75,8 @@ def load_tokenizer(tokenizer: Any) -> TokenizerSpec:
 
     Args:
         tokenizer: a path or fsspec URL of a ``tokenizer.json``; a folder holding ``tokenizer.json`` (and
-            optionally ``tokenizer_config.json`` / ``special_tokens_map.json`` naming BOS/EOS); a
+            optionally ``tokenizer_config.json`` / ``special_tokens_map.json`` naming BOS/EOS, and a chat
+            template in ``tokenizer_config.json`` or ``chat_template.jinja``); a
             ``tokenizers.Tokenizer``; a ``transformers`` fast tokenizer object; or a ``TokenizerSpec``.
 
     Raises:
@@ -87,6 +96,7 @@ def load_tokenizer(tokenizer: Any) -> TokenizerSpec:
             _token_text(getattr(tokenizer, "bos_token", None)),
             _token_text(getattr(tokenizer, "eos_token", None)),
             f"{type(tokenizer).__name__} object",
+            chat_template=_template_text(getattr(tokenizer, "chat_template", None)),
         )
     raise TypeError(
         f"cannot use a {type(tokenizer).__name__} as a tokenizer: pass a path to tokenizer.json, a tokenizer "
@@ -106,16 +116,25 @@ def _load_path(path: str) -> TokenizerSpec:
             f"tokenizer folder {path!r} has no tokenizer.json; only fast (tokenizers-library) tokenizers are "
             "supported: save one with tokenizer.save_pretrained(folder) from a fast tokenizer"
         )
-    bos_token = eos_token = None
+    bos_token = eos_token = chat_template = None
     for config_name in ("special_tokens_map.json", "tokenizer_config.json"):
         config_path = local.rstrip("/") + "/" + config_name
         if fs.exists(config_path):
             config = json.loads(_read_text(folder + "/" + config_name))
             bos_token = _token_text(config.get("bos_token")) or bos_token
             eos_token = _token_text(config.get("eos_token")) or eos_token
+            chat_template = _template_text(config.get("chat_template")) or chat_template
+    # transformers >= 4.43 saves the template to its own file (it then takes precedence over the config).
+    if fs.exists(local.rstrip("/") + "/chat_template.jinja"):
+        chat_template = _read_text(folder + "/chat_template.jinja")
     # Re-serialized, so a file saved pretty-printed and the same tokenizer in memory hash alike.
     return _spec_from_tokenizer(
-        Tokenizer.from_str(_read_text(folder + "/tokenizer.json")), bos_token, eos_token, path, owned=True
+        Tokenizer.from_str(_read_text(folder + "/tokenizer.json")),
+        bos_token,
+        eos_token,
+        path,
+        owned=True,
+        chat_template=chat_template,
     )
 
 
@@ -130,3 +149,14 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):
         return token.get("content")
     return str(token)
+
+
+def _template_text(template: Any) -> str | None:
+    # A template is a string, or (older configs) a list of named templates where "default" is the chat one.
+    if isinstance(template, str):
+        return template
+    if isinstance(template, list):
+        for entry in template:
+            if isinstance(entry, dict) and entry.get("name") == "default":
+                return entry.get("template")
+    return None

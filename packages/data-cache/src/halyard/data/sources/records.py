@@ -12,7 +12,8 @@ logger = logging.getLogger("halyard.data")
 MALFORMED_JSON = "malformed_json"
 INVALID_UTF8 = "invalid_utf8"
 EMPTY_DOCUMENT = "empty_document"
-COUNTER_NAMES = (MALFORMED_JSON, INVALID_UTF8, EMPTY_DOCUMENT)
+BAD_EXAMPLE = "bad_example"
+COUNTER_NAMES = (MALFORMED_JSON, INVALID_UTF8, EMPTY_DOCUMENT, BAD_EXAMPLE)
 
 # How many bad records per shard are logged with their file:line before the log goes quiet.
 LOGGED_PER_SHARD = 5
@@ -23,12 +24,14 @@ class Record(NamedTuple):
 
     ``row`` is the 0-based row index inside the shard (a line for jsonl and line-mode text, a row for
     parquet and arrow, an element for a json array, 0 for a whole-file text document). ``text`` is None
-    when the row is skipped; ``issue`` names the counter the row increments (or None).
+    when the row is skipped; ``issue`` names the counter the row increments (or None). A chat or
+    prompt/completion example has ``text=None`` and its ``(text, is_target)`` pieces in ``segments``.
     """
 
     row: int
     text: str | None
     issue: str | None
+    segments: tuple[tuple[str, bool], ...] | None = None
 
 
 class BadRecordError(ValueError):
@@ -40,6 +43,11 @@ class UnreadableShardError(ValueError):
 
     The message names the shard's URL, the format and compression it was read as, and the reader's error.
     """
+
+
+class ExampleError(ValueError):
+    """A record that is not a valid example (unknown role, no assistant turn, a field of the wrong type);
+    the message names file:line."""
 
 
 class MissingFieldError(KeyError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -14,7 +15,12 @@ from halyard.data.sources.records import BadRecordError, MissingFieldError, Reco
 from halyard.data.sources.text import read_text
 from halyard.data.sources.urls import expand_urls, is_hf_dataset_folder
 
+if TYPE_CHECKING:
+    from halyard.data.examples.formats import ExampleFormat
+
 FORMATS = ("text", "jsonl", "json", "parquet", "arrow")
+# File formats that can hold chat and prompt/completion examples (nested JSON objects).
+_EXAMPLE_FORMATS = ("jsonl", "json")
 _COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 _SUFFIX_FORMATS = {
     ".jsonl": "jsonl",
@@ -38,12 +44,15 @@ class SourceSpec:
         format: ``"auto"`` (from the suffix, compression suffixes ignored) or one of ``FORMATS``.
         text_field: the JSON key or column holding the text (jsonl, json, parquet, arrow).
         text_mode: for text files, ``"document"`` (one document per file) or ``"line"`` (one per line).
+        example: chat or prompt/completion examples (jsonl/json only) instead of ``text_field`` documents;
+            None reads documents.
     """
 
     urls: tuple[str, ...]
     format: str = "auto"
     text_field: str = "text"
     text_mode: str = "document"
+    example: ExampleFormat | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -64,10 +73,24 @@ class ShardSpec:
     format: str
     text_field: str
     text_mode: str
+    example: ExampleFormat | None = None
 
-    def describe(self) -> dict[str, str]:
-        """The fields stored in the ledger for this shard."""
-        return {"url": self.url, "format": self.format, "text_field": self.text_field, "mode": self.text_mode}
+    @property
+    def has_targets(self) -> bool:
+        """True when the shard holds chat or prompt/completion examples (a loss mask is stored)."""
+        return self.example is not None and self.example.has_targets
+
+    def describe(self) -> dict[str, Any]:
+        """The fields stored in the ledger for this shard (the example format only when it is not text)."""
+        described: dict[str, Any] = {
+            "url": self.url,
+            "format": self.format,
+            "text_field": self.text_field,
+            "mode": self.text_mode,
+        }
+        if self.example is not None and self.example.has_targets:
+            described["example"] = self.example.describe()
+        return described
 
 
 def infer_format(url: str) -> str:
@@ -109,12 +132,19 @@ def resolve_shards(sources: SourceSpec | str | Sequence[SourceSpec | str]) -> li
         for url in expand_urls(list(spec.urls)):
             if is_hf_dataset_folder(url):
                 shards.extend(
-                    ShardSpec(file_url, "arrow", spec.text_field, spec.text_mode)
+                    ShardSpec(file_url, "arrow", spec.text_field, spec.text_mode, spec.example)
                     for file_url in _hf_arrow_files(url)
                 )
                 continue
             format_name = infer_format(url) if spec.format == "auto" else spec.format
-            shards.append(ShardSpec(url, format_name, spec.text_field, spec.text_mode))
+            shards.append(ShardSpec(url, format_name, spec.text_field, spec.text_mode, spec.example))
+    for shard in shards:
+        if shard.has_targets and shard.format not in _EXAMPLE_FORMATS:
+            assert shard.example is not None
+            raise ValueError(
+                f"{shard.url}: {shard.example.kind} examples are read from jsonl or json files, not "
+                f"{shard.format}; convert the shard to JSON lines (one example object per line)"
+            )
     if not shards:
         raise ValueError("the sources expand to no shard at all; check the patterns")
     return shards
@@ -135,7 +165,8 @@ def read_shard(shard: ShardSpec, start_row: int = 0, *, strict: bool = False) ->
     Args:
         shard: the shard to read.
         start_row: 0-based row to start from (resume point).
-        strict: fail on malformed records and invalid UTF-8 instead of skipping/replacing and counting.
+        strict: fail on malformed records, invalid examples and invalid UTF-8 instead of
+            skipping/replacing and counting.
 
     Raises:
         FileNotFoundError: the shard's file is missing (names the URL).
@@ -147,8 +178,13 @@ def read_shard(shard: ShardSpec, start_row: int = 0, *, strict: bool = False) ->
         raise FileNotFoundError(f"shard {shard.url!r} does not exist (was it moved or deleted?)")
     if shard.format == "text":
         records = read_text(shard.url, start_row, mode=shard.text_mode, strict=strict)
+    elif shard.format in _EXAMPLE_FORMATS:
+        read = read_jsonl if shard.format == "jsonl" else read_json
+        records = read(
+            shard.url, start_row, text_field=shard.text_field, strict=strict, example=shard.example
+        )
     else:
-        readers = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "arrow": read_arrow}
+        readers = {"parquet": read_parquet, "arrow": read_arrow}
         records = readers[shard.format](shard.url, start_row, text_field=shard.text_field, strict=strict)
     return _naming_the_shard(records, shard)
 

@@ -1,0 +1,92 @@
+"""Render a chat with a tokenizer's own Jinja ``chat_template`` and find the assistant's part of the text.
+
+The template is run the way ``transformers`` runs it (a sandboxed Jinja environment with ``trim_blocks``,
+``lstrip_blocks``, ``raise_exception`` and a ``tojson`` filter; variables ``messages``,
+``add_generation_prompt``, ``bos_token``, ``eos_token``). Templates render the whole conversation, so the
+assistant turns are found by rendering prefixes: for the assistant message ``i``, the text of
+``messages[:i]`` with the generation prompt is what comes before the turn, and the text of
+``messages[:i + 1]`` ends right after it. What lies between is the turn's target text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from halyard.data.sources.records import ExampleError
+
+# One compiled template per process and template text.
+_COMPILED: dict[str, Any] = {}
+
+
+def _compiled(template: str) -> Any:
+    compiled = _COMPILED.get(template)
+    if compiled is None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ExampleError(message)
+
+        def tojson(value: Any, indent: int | None = None) -> str:
+            return json.dumps(value, indent=indent, ensure_ascii=False)
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        environment.filters["tojson"] = tojson
+        environment.globals["raise_exception"] = raise_exception
+        compiled = _COMPILED[template] = environment.from_string(template)
+    return compiled
+
+
+def render_with_template(
+    template: str, messages: list[dict[str, str]], where: str, bos_token: str = "", eos_token: str = ""
+) -> tuple[tuple[str, bool], ...]:
+    """Render ``messages`` with a Jinja chat template into ``(text, is_target)`` segments.
+
+    Args:
+        template: the ``chat_template`` text.
+        messages: ``{"role", "content"}`` dicts (already validated).
+        where: ``file:line`` for messages.
+        bos_token: the value of the template's ``bos_token`` variable.
+        eos_token: the value of the template's ``eos_token`` variable.
+
+    Raises:
+        ExampleError: the template raised, or it renders a conversation so that a shorter conversation
+            is not a prefix of a longer one (the assistant's text cannot be located); use the simple
+            template then.
+    """
+    compiled = _compiled(template)
+
+    def render(prefix: list[dict[str, str]], generation_prompt: bool) -> str:
+        try:
+            return str(
+                compiled.render(
+                    messages=prefix,
+                    add_generation_prompt=generation_prompt,
+                    bos_token=bos_token,
+                    eos_token=eos_token,
+                )
+            )
+        except ExampleError as error:
+            raise ExampleError(f"{where}: the tokenizer's chat template refused the chat: {error}") from None
+
+    full = render(messages, False)
+    segments: list[tuple[str, bool]] = []
+    done = 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render(messages[:index], True)
+        through = render(messages[: index + 1], False)
+        if len(before) < done or not (full.startswith(through) and through.startswith(before)):
+            raise ExampleError(
+                f"{where}: the tokenizer's chat template does not render message {index} as an extension of "
+                "the messages before it, so the assistant's tokens cannot be located; use "
+                "chat_template='simple'"
+            )
+        segments.append((full[done : len(before)], False))
+        segments.append((full[len(before) : len(through)], True))
+        done = len(through)
+    segments.append((full[done:], False))
+    return tuple((text, target) for text, target in segments if text)
