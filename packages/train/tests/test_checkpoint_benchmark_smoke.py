@@ -28,3 +28,34 @@ def test_checkpoint_benchmark_quick_mode(tmp_path: Path) -> None:
     assert result["checkpoint_to_raw_bandwidth_ratio"] > 0
     assert result["async_stall_fraction_of_sync_save"] >= 0
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint_save.json"]  # cleaned up after itself
+
+
+def test_checksum_benchmark_quick_mode(tmp_path: Path) -> None:
+    script = SCRIPT.with_name("checkpoint_checksum.py")
+    output = tmp_path / "checkpoint_checksum.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--repeats",
+            "1",
+            "--dir",
+            str(tmp_path),
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "time ratio read+xxh3_64/read" in completed.stdout
+    result = json.loads(output.read_text())
+    assert result["bytes"] >= 4 * 1024 * 1024 * 4  # the four 1024 x 1024 f32 layers at least
+    assert set(result["checksums"]) == {"xxh3_64", "crc32", "sha256", "blake2b"}
+    assert all(row["time_over_read"] > 0 for row in result["checksums"].values())
+    assert [path.name for path in tmp_path.iterdir()] == [
+        "checkpoint_checksum.json"
+    ]  # cleaned up after itself

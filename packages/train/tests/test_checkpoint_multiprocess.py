@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from halyard.train.checkpoint import latest_complete, read_commit_marker, restore
+from halyard.train.checkpoint.checksums import file_checksum
 
 pytestmark = pytest.mark.multiprocess
 
@@ -95,7 +96,13 @@ def test_two_processes_save_and_one_process_restores(tmp_path: Path) -> None:
         assert child.returncode == 0 and "ok" in output.splitlines(), output[-4000:]
 
     assert latest_complete(root) == 3
-    assert read_commit_marker(root / "step_00000003").process_count == 2
+    marker = read_commit_marker(root / "step_00000003")
+    assert marker.process_count == 2
+    # Process 0 checksummed every file after both processes finished, those process 1 wrote included.
+    assert set(marker.checksums) == set(marker.files)
+    assert any("process_1" in name for name in marker.files), sorted(marker.files)
+    for name, recorded in marker.checksums.items():
+        assert file_checksum(root / "step_00000003" / name) == recorded, name
     one_device = SingleDeviceSharding(jax.devices()[0])
     target = {"w": jax.ShapeDtypeStruct(WEIGHTS.shape, np.float32, sharding=one_device), "step": 0}
     restored = restore(root / "step_00000003", target, expected_data={"seed": 1})

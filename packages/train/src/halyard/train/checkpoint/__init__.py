@@ -12,7 +12,13 @@ manager.maybe_save(step, state, {"data": data_position, "config_hash": config_ha
 ```
 """
 
-from halyard.train.checkpoint.commit_marker import CommitMarker, DamagedCheckpointError, read_commit_marker
+from halyard.train.checkpoint.commit_marker import (
+    ChecksumMismatchError,
+    CommitMarker,
+    DamagedCheckpointError,
+    UnverifiedCheckpointWarning,
+    read_commit_marker,
+)
 from halyard.train.checkpoint.data_position import DATA_METADATA_KEY, DataMismatchError, metadata_differences
 from halyard.train.checkpoint.discovery import (
     CheckpointScan,
@@ -39,6 +45,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointScan",
     "CheckpointWriteError",
+    "ChecksumMismatchError",
     "CommitMarker",
     "DamagedCheckpointError",
     "DamagedCheckpointWarning",
@@ -48,6 +55,7 @@ __all__ = [
     "PreemptionFlag",
     "RestoredCheckpoint",
     "SavePolicy",
+    "UnverifiedCheckpointWarning",
     "broadcast_from_process_zero",
     "install_preemption_handler",
     "latest_complete",

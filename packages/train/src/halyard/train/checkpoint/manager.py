@@ -62,6 +62,9 @@ class CheckpointManager:
         compress: zstd-compress the arrays. Off by default: trained weights and Adam moments are
             high-entropy floats (~5-8% smaller) while compression multiplies the CPU time of a save by
             about four, CPU that the background write takes from the training loop.
+        verify_checksums: before restoring, compare every file with the checksum recorded when it was
+            saved (see `checksums`); ``restore(None, ...)`` then falls back past a damaged checkpoint.
+            False skips that read of the checkpoint (and loads damaged data without noticing).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class CheckpointManager:
         broadcast: Broadcast = broadcast_from_process_zero,
         process_index: int | None = None,
         compress: bool = False,
+        verify_checksums: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.save_policy = save_policy
@@ -81,6 +85,7 @@ class CheckpointManager:
         self._clock = clock
         self._broadcast = broadcast
         self._process_index = jax.process_index() if process_index is None else process_index
+        self.verify_checksums = verify_checksums
         self._checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=compress))
         existing = scan_checkpoints(self.directory, warn=False).complete
         self._last_save_step: int | None = max(existing) if existing else None
@@ -230,14 +235,15 @@ class CheckpointManager:
     ) -> RestoredCheckpoint[State]:
         """Restore a checkpoint of this run (None: the latest complete one); see `restore` for the rest.
 
-        With ``None``, a complete checkpoint whose arrays cannot be read (a file garbled in place) is
-        skipped with a `DamagedCheckpointWarning` naming it, its commit marker renamed to
+        With ``None``, a complete checkpoint whose arrays cannot be read or whose files no longer match
+        their checksums (a file garbled in place) is skipped with a `DamagedCheckpointWarning` naming it, its commit marker renamed to
         ``halyard_checkpoint.json.unreadable`` (so that step is written again), and the previous complete
         checkpoint is restored.
 
         Raises:
             FileNotFoundError: when ``None`` is given and there is no complete checkpoint.
-            DamagedCheckpointError: when no complete checkpoint can be read (the newest one's error).
+            DamagedCheckpointError: when no complete checkpoint can be read (the newest one's error), or
+                an explicitly chosen one is damaged (`ChecksumMismatchError` for changed content).
         """
         if step_or_path is None:
             return self._restore_newest_readable(target, shardings, expected_data, allow_data_mismatch)
@@ -247,6 +253,7 @@ class CheckpointManager:
             shardings,
             expected_data=expected_data,
             allow_data_mismatch=allow_data_mismatch,
+            verify_checksums=self.verify_checksums,
         )
 
     def _restore_newest_readable(
@@ -256,8 +263,8 @@ class CheckpointManager:
         expected_data: Mapping[str, Any] | None,
         allow_data_mismatch: bool,
     ) -> RestoredCheckpoint[State]:
-        # A marker vouches for file names and sizes, not contents: a file garbled in place is only found
-        # when read. Such a checkpoint loses its marker (so the run writes that step again) and the
+        # Discovery checks names and sizes only (one stat per file); contents are checked (checksums) or
+        # decoded when read, so a file garbled in place is only found here. Such a checkpoint loses its marker (so the run writes that step again) and the
         # previous complete one is restored instead.
         self.wait()
         steps = sorted(self.complete_steps(), reverse=True)
@@ -272,6 +279,7 @@ class CheckpointManager:
                     shardings,
                     expected_data=expected_data,
                     allow_data_mismatch=allow_data_mismatch,
+                    verify_checksums=self.verify_checksums,
                 )
             except DamagedCheckpointError as error:
                 warnings.warn(
@@ -299,7 +307,13 @@ class CheckpointManager:
         params_path: str,
     ) -> State:
         """Restore only the weights subtree; see `restore_weights`."""
-        return restore_weights(self._resolve(step_or_path), target_params, shardings, params_path=params_path)
+        return restore_weights(
+            self._resolve(step_or_path),
+            target_params,
+            shardings,
+            params_path=params_path,
+            verify_checksums=self.verify_checksums,
+        )
 
     def _resolve(self, step_or_path: int | str | Path | None) -> Path:
         self.wait()

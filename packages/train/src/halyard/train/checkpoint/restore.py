@@ -17,7 +17,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from halyard.train.checkpoint.commit_marker import CommitMarker, DamagedCheckpointError, read_commit_marker
+from halyard.train.checkpoint.commit_marker import (
+    CommitMarker,
+    DamagedCheckpointError,
+    read_commit_marker,
+    verify_file_checksums,
+)
 from halyard.train.checkpoint.data_position import check_data_position
 from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY
 from halyard.train.checkpoint.leaves import LeafRecord, is_prng_key
@@ -51,6 +56,7 @@ def restore(
     *,
     expected_data: Mapping[str, Any] | None = None,
     allow_data_mismatch: bool = False,
+    verify_checksums: bool = True,
 ) -> RestoredCheckpoint[State]:
     """Restore a complete checkpoint into the structure, shapes, dtypes and shardings of ``target``.
 
@@ -67,9 +73,13 @@ def restore(
         expected_data: the current run's data position (the ``"data"`` entry of ``extra_metadata`` given
             to ``save``); when given, a checkpoint with a different one is refused.
         allow_data_mismatch: warn instead of refusing a different data position.
+        verify_checksums: compare every file's content with the checksum recorded at save time before
+            reading (one extra read of the checkpoint); False loads a damaged checkpoint anyway.
 
     Raises:
         DamagedCheckpointError: when ``path`` is not a complete checkpoint.
+        ChecksumMismatchError: (a `DamagedCheckpointError`) when a file's content changed since the save,
+            naming the step, the file and both checksums.
         DataMismatchError: for a different data position (see ``expected_data``).
         ValueError: when the target's leaves, shapes or dtypes differ from the checkpoint's (naming them).
     """
@@ -82,6 +92,8 @@ def restore(
             checkpoint_path=step_dir,
             allow_data_mismatch=allow_data_mismatch,
         )
+    if verify_checksums:
+        verify_file_checksums(step_dir, marker)
     state = _restore_tree(step_dir, marker, target, shardings, prefix="", what="state")
     return RestoredCheckpoint(state, marker.step, marker.extra_metadata, step_dir)
 
@@ -92,6 +104,7 @@ def restore_weights(
     shardings: ShardingsLike = None,
     *,
     params_path: str,
+    verify_checksums: bool = True,
 ) -> State:
     """Restore only a subtree (the model weights) of a checkpoint, e.g. for ``init: checkpoint PATH``.
 
@@ -102,9 +115,11 @@ def restore_weights(
         params_path: where the weights sit in the saved state, as ``jax.tree_util.keystr`` prints the
             path (``"['params']"`` for a dict state, ``".params"`` for a dataclass or equinox module), or
             a bare name (``"params"``) meaning whichever of those two the checkpoint holds.
+        verify_checksums: as in `restore` (every file of the checkpoint is checked, not only the weights').
 
     Raises:
-        DamagedCheckpointError: when ``path`` is not a complete checkpoint.
+        DamagedCheckpointError: when ``path`` is not a complete checkpoint, or (`ChecksumMismatchError`)
+            a file's content changed since the save.
         ValueError: when no saved leaf lies under ``params_path`` (listing the saved top-level entries),
             or the weights differ in leaves, shapes or dtypes.
     """
@@ -113,6 +128,8 @@ def restore_weights(
     candidates = [f".{params_path}", f"['{params_path}']"] if bare_name else [params_path]
     for prefix in candidates:
         if any(_is_under(leaf.path, prefix) for leaf in marker.leaves):
+            if verify_checksums:
+                verify_file_checksums(path, marker)
             return _restore_tree(Path(path), marker, target_params, shardings, prefix=prefix, what="weights")
     tops = sorted({_top_level(leaf.path) for leaf in marker.leaves})
     raise ValueError(

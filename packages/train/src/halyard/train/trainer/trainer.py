@@ -202,7 +202,9 @@ class Trainer:
         """
         optimizer = self.build_optimizer()
         _, abstract, shardings = self._abstract_state(optimizer)
-        with CheckpointManager(self.run_dir / "checkpoints") as manager:
+        with CheckpointManager(
+            self.run_dir / "checkpoints", verify_checksums=self.config.checkpoint.verify_checksums
+        ) as manager:
             return manager.restore(step, abstract, shardings).state
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class Trainer:
             save_policy=SavePolicy(self.config.checkpoint.every_steps, self.config.checkpoint.every_seconds),
             keep_policy=KeepPolicy(self.config.checkpoint.keep_last, self.config.checkpoint.keep_every_steps),
             clock=self.clock,
+            verify_checksums=self.config.checkpoint.verify_checksums,
         )
         state = self._initial_state(manager, optimizer, make_state, abstract, shardings, data_position)
         start_step = int(state.step)
