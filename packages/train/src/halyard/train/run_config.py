@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.shard import MeshSpec
 from halyard.train.model_section import ModelSection, model_section
 from halyard.train.optim import AdamWConfig, OptimizerConfig
@@ -46,6 +47,43 @@ class DataConfig:
     """Use at most this many documents of a `builtin_corpus` (smoke runs)."""
     num_workers: int | None = None
     """Tokenizer processes for the cache build (default: the machine's cores)."""
+    format: str = "text"
+    """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on) or prompt_completion (only the completion is trained on). chat and prompt_completion read jsonl/json sources and store a loss mask in the cache."""
+    messages_field: str = "messages"
+    """format=chat: the key of the message list."""
+    role_field: str = "role"
+    """format=chat: the key of a message's role."""
+    content_field: str = "content"
+    """format=chat: the key of a message's text."""
+    prompt_field: str = "prompt"
+    """format=prompt_completion: the key of the prompt."""
+    completion_field: str = "completion"
+    """format=prompt_completion: the key of the completion (appended to the prompt as it is)."""
+    chat_template: str = "simple"
+    """format=chat: simple (each message is <marker of its role><content><end_of_turn>; the assistant's content and end_of_turn are targets) or tokenizer (the chat_template of the tokenizer folder's tokenizer_config.json or chat_template.jinja)."""
+    system_marker: str = "<|system|>\n"
+    """chat_template=simple: text before a system message (default: <|system|> and a newline)."""
+    user_marker: str = "<|user|>\n"
+    """chat_template=simple: text before a user message (default: <|user|> and a newline)."""
+    assistant_marker: str = "<|assistant|>\n"
+    """chat_template=simple: text before an assistant message (default: <|assistant|> and a newline)."""
+    end_of_turn: str = "\n"
+    """chat_template=simple: text after every message (default: a newline)."""
+    strict: bool = False
+    """Stop the cache build at the first bad record (malformed JSON, unknown role, chat without an assistant turn), naming file:line; false skips it and counts it in the cache ledger."""
+
+    def __post_init__(self) -> None:
+        if self.format not in EXAMPLE_KINDS:
+            raise ValueError(f"data.format={self.format!r}: use one of {', '.join(EXAMPLE_KINDS)}")
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(
+                f"data.chat_template={self.chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}"
+            )
+        if self.format != "text" and self.builtin_corpus is not None:
+            raise ValueError(
+                f"data.format={self.format!r} needs data.sources of jsonl/json examples; "
+                "data.builtin_corpus is plain text (use data.format=text)"
+            )
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from halyard.data import LMDataset, TokenCache, build_cache
+from halyard.data import ExampleFormat, LMDataset, TokenCache, build_cache
 from halyard.shard import barrier
 from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
 from halyard.train.run_config import DataConfig
@@ -48,13 +48,32 @@ def tokenizer_path_of(config: DataConfig, run_dir: Path) -> str:
     return config.tokenizer or str(work_dir / "corpus" / "tokenizer.json")
 
 
+def example_format_of(config: DataConfig) -> ExampleFormat:
+    """The cache's `ExampleFormat` from the ``data:`` section (``format`` and the chat/prompt fields)."""
+    return ExampleFormat(
+        kind=config.format,
+        messages_field=config.messages_field,
+        role_field=config.role_field,
+        content_field=config.content_field,
+        prompt_field=config.prompt_field,
+        completion_field=config.completion_field,
+        chat_template=config.chat_template,
+        system_marker=config.system_marker,
+        user_marker=config.user_marker,
+        assistant_marker=config.assistant_marker,
+        end_of_turn=config.end_of_turn,
+    )
+
+
 def prepare_data(
     config: DataConfig, run_dir: Path, *, is_main: bool = True, progress: bool = True
 ) -> PreparedData:
     """Build (or reuse) the token cache and open the train and validation splits.
 
     Process 0 writes the corpus, tokenizer and cache; the others wait at a barrier and then read. A cache
-    built with another tokenizer or BOS/EOS policy is refused by the builder, naming the difference.
+    built with another tokenizer or BOS/EOS policy is refused by the builder, naming the difference. With
+    ``data.format`` chat or prompt_completion the cache stores a loss mask and every batch carries
+    ``loss_mask[B, S+1]`` (1 on the assistant/completion tokens), which the loss weights tokens by.
 
     Args:
         config: the ``data:`` section.
@@ -72,6 +91,8 @@ def prepare_data(
             tokenizer_path,
             cache_path,
             text_field=config.text_field,
+            example_format=example_format_of(config),
+            strict=config.strict,
             num_workers=config.num_workers,
             progress=progress,
         )
