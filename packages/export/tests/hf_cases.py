@@ -114,6 +114,12 @@ CASES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
         transformers.Qwen2ForCausalLM,
         _llama_like(use_sliding_window=True, sliding_window=4, max_window_layers=0),
     ),
+    # layer 0 attends to everything, layers 1 and 2 only to the last 4 positions (transformers' rule)
+    "qwen2_window_from_layer_1": (
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        _llama_like(use_sliding_window=True, sliding_window=4, max_window_layers=1, num_hidden_layers=3),
+    ),
     "mixtral": (
         transformers.MixtralConfig,
         transformers.MixtralForCausalLM,

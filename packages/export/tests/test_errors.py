@@ -76,14 +76,46 @@ def test_unsupported_configs_are_refused_naming_the_option(
         import_hf(folder)
 
 
-def test_qwen2_window_on_only_some_layers_is_refused(tmp_path: Path) -> None:
+def test_qwen2_max_window_layers_without_layer_types_sets_the_full_attention_layers(tmp_path: Path) -> None:
     save("qwen2_sliding_window", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["layer_types"]  # the older spelling: layers from max_window_layers on use the window
     config["max_window_layers"] = 1
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="max_window_layers=1"):
+    halyard_config, _ = import_hf(tmp_path / "hf")
+    assert halyard_config.layer_windows == (None, 4)
+    del config["max_window_layers"]  # transformers' default (28) covers both layers: no window at all
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert import_hf(tmp_path / "hf")[0].layer_windows == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("case", "layer_types"),
+    [
+        ("qwen2_sliding_window", ["sliding_attention", "full_attention"]),  # a window before a full layer
+        ("mistral_sliding_window", ["full_attention", "sliding_attention"]),  # mistral: one kind for all
+    ],
+)
+def test_other_per_layer_windows_are_refused(case: str, layer_types: list[str], tmp_path: Path) -> None:
+    save(case, tmp_path / "hf")
+    _edit_config(tmp_path / "hf", layer_types=layer_types)
+    with pytest.raises(UnsupportedModelError, match="layer_types"):
         import_hf(tmp_path / "hf")
+
+
+def test_a_window_on_some_layers_exports_only_as_qwen2(tmp_path: Path) -> None:
+    mistral = model_config(
+        "mistral",
+        vocab_size=61,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        sliding_window=4,
+        full_attention_layers=1,
+    ).init(jax.random.key(0))
+    with pytest.raises(UnsupportedModelError, match="full_attention_layers=1.*use the qwen2 family"):
+        export_hf(mistral, tmp_path / "mistral")
 
 
 def test_missing_config_key_is_named(llama_folder: Path, tmp_path: Path) -> None:

@@ -223,30 +223,43 @@ def _rope(hf: Mapping[str, Any], used: set[str]) -> RotaryConfig:
     return rope
 
 
-def _sliding_window(family: str, hf: Mapping[str, Any], used: set[str]) -> int | None:
-    used.update({"sliding_window", "use_sliding_window", "layer_types"})
+# transformers' Qwen2Config default for max_window_layers (a config.json may omit it).
+_QWEN2_MAX_WINDOW_LAYERS = 28
+
+
+def _sliding_window(family: str, hf: Mapping[str, Any], used: set[str]) -> tuple[int | None, int]:
+    """``(sliding_window, full_attention_layers)`` from ``sliding_window``, ``use_sliding_window``,
+    ``max_window_layers`` and ``layer_types``, by transformers' rule: ``layer_types`` when given, else (Qwen2)
+    the layers from ``max_window_layers`` on use the window."""
+    used.update({"sliding_window", "use_sliding_window", "layer_types", "max_window_layers"})
     window = hf.get("sliding_window")
     if family == "qwen2" and not hf.get("use_sliding_window", False):
         window = None
     layer_types = hf.get("layer_types")
-    if family == "qwen2" and window is not None and layer_types is None and hf.get("max_window_layers", 0):
-        raise UnsupportedModelError(
-            f"use_sliding_window with max_window_layers={hf['max_window_layers']}: the first layers use "
-            "full attention and the others a window; Halyard uses one attention kind for every layer"
-        )
+    num_layers = int(hf["num_hidden_layers"])
+    if layer_types is None and family == "qwen2" and window is not None:
+        full = min(int(hf.get("max_window_layers", _QWEN2_MAX_WINDOW_LAYERS)), num_layers)
+        layer_types = ["full_attention"] * full + ["sliding_attention"] * (num_layers - full)
     if layer_types is not None:
-        kinds = set(layer_types)
-        if kinds == {"sliding_attention"} and window is not None:
-            return int(window)
-        if kinds != {"full_attention"}:
-            raise UnsupportedModelError(
-                f"layer_types {layer_types}: Halyard models use one attention kind for every layer "
-                "(all full_attention, or all sliding_attention with a sliding_window)"
-            )
-        return None
+        layer_types = list(layer_types)
+        if set(layer_types) == {"full_attention"}:
+            return None, 0
+        full = layer_types.index("sliding_attention") if "sliding_attention" in layer_types else -1
+        prefix = ["full_attention"] * full + ["sliding_attention"] * (len(layer_types) - full)
+        if window is not None and full >= 0 and layer_types == prefix and (full == 0 or family == "qwen2"):
+            if len(layer_types) != num_layers:
+                raise UnsupportedModelError(
+                    f"layer_types lists {len(layer_types)} layers but num_hidden_layers={num_layers}"
+                )
+            return int(window), full
+        raise UnsupportedModelError(
+            f"layer_types {layer_types} (sliding_window={window}) for model_type {family!r}: Halyard "
+            "supports every layer full_attention, every layer sliding_attention with a sliding_window, or "
+            "(qwen2) full_attention layers followed by sliding_attention layers"
+        )
     if window is not None and family in ("llama", "gpt2"):
         raise UnsupportedModelError(f"sliding_window={window} is not an option of model_type {family!r}")
-    return None if window is None else int(window)
+    return (None if window is None else int(window)), 0
 
 
 def _llama_fields(family: str, hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
@@ -270,7 +283,9 @@ def _llama_fields(family: str, hf: Mapping[str, Any], used: set[str]) -> dict[st
     fields["head_dim"] = None if head_dim == hf["hidden_size"] // hf["num_attention_heads"] else head_dim
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
     fields["rope"] = _rope(hf, used)
-    fields["sliding_window"] = _sliding_window(family, hf, used)
+    fields["sliding_window"], full_attention_layers = _sliding_window(family, hf, used)
+    if full_attention_layers:
+        fields["full_attention_layers"] = full_attention_layers
     if family == "llama":
         fields["attention_bias"] = bool(hf.get("attention_bias", False))
         fields["mlp_bias"] = bool(hf.get("mlp_bias", False))

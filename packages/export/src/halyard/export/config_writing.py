@@ -85,14 +85,23 @@ def _llama(config: LlamaConfig) -> dict[str, Any]:
                 "use attention_bias=True, qkv_bias_only=True",
             )
         window = config.sliding_window
-        kind = "full_attention" if window is None else "sliding_attention"
         values.update(
             use_sliding_window=window is not None,
             sliding_window=window,
-            max_window_layers=0 if window is not None else config.num_layers,
-            layer_types=[kind] * config.num_layers,
+            # transformers: the layers from max_window_layers on use the window (when use_sliding_window)
+            max_window_layers=config.full_attention_layers if window is not None else config.num_layers,
+            layer_types=[
+                "full_attention" if layer_window is None else "sliding_attention"
+                for layer_window in config.layer_windows
+            ],
         )
         return values
+    if config.full_attention_layers:
+        raise _refuse(
+            config,
+            f"full_attention_layers={config.full_attention_layers} (a window on only some layers)",
+            "use the qwen2 family",
+        )
     if config.attention_bias:
         raise _refuse(config, "attention_bias=True", "use the llama or qwen2 family")
     values["sliding_window"] = config.sliding_window

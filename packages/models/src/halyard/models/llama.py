@@ -3,6 +3,14 @@
 h = x + Attention(RMSNorm(x))          # RoPE, grouped-query heads
 y = h + SwiGLU(RMSNorm(h))
 logits = RMSNorm(y_L) · W_out          # W_out = embedding when tied
+
+Per-layer attention windows (Qwen2's ``use_sliding_window`` with ``max_window_layers``): the first
+``full_attention_layers`` layers attend to every earlier position, the later ones only to the last
+``sliding_window``. The layers stay one `LayerStack` (one parameter tree whatever the windows), and the
+decoder runs it as two consecutive scans over slices of that stack, one per window. A window is a
+static property of the attention mask (every attention implementation specialises on it), so this keeps
+each scan over identical layers with one static mask, where a scanned per-layer window would have to
+become a traced mask value in every implementation.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+import halyard.named as hn
 from halyard.models.attention import AttentionMask
 from halyard.models.config import ModelConfig, register_model
 from halyard.models.flops import decoder_flops_per_token
@@ -23,7 +32,7 @@ from halyard.models.layers.mlp import GatedMLP
 from halyard.models.layers.self_attention import SelfAttention
 from halyard.models.model import CausalLM, DecoderOutput, build_model
 from halyard.models.rotary import RotaryConfig
-from halyard.models.stack import LayerStack
+from halyard.models.stack import LAYERS, LayerStack
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Embedding, Linear, RMSNorm
 from halyard.shard import constrain
@@ -49,6 +58,9 @@ class LlamaConfig(ModelConfig):
         qkv_bias_only: with ``attention_bias``, no bias on the output projection (Qwen2).
         mlp_bias: biases in the MLP.
         sliding_window: attend only to the last ``sliding_window`` positions (Mistral), or None.
+        full_attention_layers: with ``sliding_window``, the first this-many layers attend to every earlier
+            position and only the later layers use the window (Hugging Face Qwen2's ``max_window_layers``
+            when ``use_sliding_window``); 0: every layer uses the window. See `layer_windows`.
         activation: MLP gate activation (``silu`` for SwiGLU).
         initializer_range: std of every weight at init (Hugging Face's convention).
     """
@@ -68,6 +80,7 @@ class LlamaConfig(ModelConfig):
     qkv_bias_only: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None
+    full_attention_layers: int = 0
     activation: str = "silu"
     initializer_range: float = 0.02
 
@@ -95,6 +108,22 @@ class LlamaConfig(ModelConfig):
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"{name}.sliding_window must be positive or None, got {self.sliding_window}")
+        if self.full_attention_layers:
+            if self.family not in ("llama", "mistral", "qwen2"):
+                raise ValueError(
+                    f"{name}.full_attention_layers={self.full_attention_layers}: the {self.family!r} family "
+                    "uses one window for every layer; leave it 0"
+                )
+            if not 0 <= self.full_attention_layers <= self.num_layers:
+                raise ValueError(
+                    f"{name}.full_attention_layers={self.full_attention_layers} must lie between 0 and "
+                    f"num_layers={self.num_layers}"
+                )
+            if self.sliding_window is None:
+                raise ValueError(
+                    f"{name}.full_attention_layers={self.full_attention_layers} only applies with a "
+                    "sliding_window; set sliding_window or leave full_attention_layers 0"
+                )
         check_activation(self.activation, f"{name}.activation")
 
     @property
@@ -106,6 +135,14 @@ class LlamaConfig(ModelConfig):
     def kv_heads(self) -> int:
         """Number of key/value heads."""
         return self.num_kv_heads
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's attention window (None: every earlier position), in layer order."""
+        return tuple(
+            None if index < self.full_attention_layers else self.sliding_window
+            for index in range(self.num_layers)
+        )
 
     def init(self, key: jax.Array) -> Llama:
         """A `Llama` with parameters drawn as in Hugging Face (N(0, initializer_range**2), norms at one)."""
@@ -130,15 +167,21 @@ class LlamaConfig(ModelConfig):
             self.hidden_size * self.head_size * (2 * self.num_heads + 2 * self.num_kv_heads)
             + 3 * self.hidden_size * self.intermediate_size
         )
-        return decoder_flops_per_token(
-            matmul_params_per_layer=dense,
-            num_layers=self.num_layers,
-            attention_width=self.num_heads * self.head_size,
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            seq_len=seq_len,
-            sliding_window=self.sliding_window,
-        )
+
+        def flops(num_layers: int, window: int | None) -> float:
+            return decoder_flops_per_token(
+                matmul_params_per_layer=dense,
+                num_layers=num_layers,
+                attention_width=self.num_heads * self.head_size,
+                vocab_size=self.vocab_size,
+                hidden_size=self.hidden_size,
+                seq_len=seq_len,
+                sliding_window=window,
+            )
+
+        # Layers without the window attend to more keys; the output projection is counted once.
+        full_attention_extra = flops(1, None) - flops(1, self.sliding_window)
+        return flops(self.num_layers, self.sliding_window) + self.full_attention_layers * full_attention_extra
 
 
 @register_model("mistral")
@@ -276,15 +319,62 @@ class Llama(CausalLM):
     ) -> DecoderOutput:
         """See `CausalLM.decoder`."""
         x = constrain(self.embed(tokens).astype(self.embed.weight.dtype))
+        keys: list[NamedArray] = []
+        values: list[NamedArray] = []
+        for start, stop, segment_mask in self._segments(mask):
 
-        def step(layer: LlamaBlock, h: NamedArray, *layer_cache: NamedArray) -> tuple[NamedArray, Any]:
-            out, new_cache = layer(h, mask, positions, tuple(layer_cache) or None, cache_index)
-            return out, new_cache
+            def step(
+                layer: LlamaBlock, h: NamedArray, *layer_cache: NamedArray, mask: AttentionMask = segment_mask
+            ) -> tuple[NamedArray, Any]:
+                out, new_cache = layer(h, mask, positions, tuple(layer_cache) or None, cache_index)
+                return out, new_cache
 
-        if cache is None:
-            x, _ = self.layers.apply(step, x)
-            new_cache = None
-        else:
-            x, (keys, values) = self.layers.apply(step, x, cache.key, cache.value)
-            new_cache = KVCache(keys, values)
+            layers = self._layer_range(start, stop)
+            if cache is None:
+                x, _ = layers.apply(step, x)
+            else:
+                cache_slices = [
+                    _layer_slice(part, start, stop, self.layers.num_layers)
+                    for part in (cache.key, cache.value)
+                ]
+                x, (segment_keys, segment_values) = layers.apply(step, x, *cache_slices)
+                keys.append(segment_keys)
+                values.append(segment_values)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(hn.concatenate(LAYERS, keys), hn.concatenate(LAYERS, values))
         return DecoderOutput(self.norm(x), jnp.zeros((), jnp.float32), {}, new_cache)
+
+    def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
+        """``mask`` (causal by default); with `LlamaConfig.full_attention_layers` the config's window is
+        added per layer by `decoder`, otherwise here (see `CausalLM.complete_mask`)."""
+        if self.config.full_attention_layers == 0:
+            return super().complete_mask(mask)
+        return AttentionMask(causal=True) if mask is None else mask
+
+    def _segments(self, mask: AttentionMask) -> list[tuple[int, int, AttentionMask]]:
+        """``(first layer, end layer, mask)`` for each run of layers with the same window.
+
+        A window given explicitly in ``mask`` applies to every layer; otherwise the layers from
+        ``full_attention_layers`` on get the config's window.
+        """
+        num_layers, full = self.layers.num_layers, self.config.full_attention_layers
+        if full == 0 or full == num_layers or mask.sliding_window is not None:
+            return [(0, num_layers, mask)]
+        windowed = dataclasses.replace(mask, sliding_window=self.config.sliding_window)
+        return [(0, full, mask), (full, num_layers, windowed)]
+
+    def _layer_range(self, start: int, stop: int) -> LayerStack:
+        """Layers ``start..stop-1`` as a `LayerStack` (the stack itself when that is every layer)."""
+        num_layers = self.layers.num_layers
+        if (start, stop) == (0, num_layers):
+            return self.layers
+        sliced = jax.tree.map(
+            lambda x: _layer_slice(x, start, stop, num_layers), self.layers.layers, is_leaf=hn.is_named
+        )
+        return LayerStack(sliced, stop - start, self.layers.scan, self.layers.remat)
+
+
+def _layer_slice(x: NamedArray, start: int, stop: int, num_layers: int) -> NamedArray:
+    """Layers ``start..stop-1`` of a NamedArray with a leading ``layers`` axis (itself when all)."""
+    return x if (start, stop) == (0, num_layers) else x[LAYERS, start:stop]
