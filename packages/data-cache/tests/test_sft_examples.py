@@ -313,3 +313,33 @@ def test_command_line_builds_a_prompt_completion_cache(tmp_path: Path, tokenizer
     prompt = tokenizer.encode("say", add_special_tokens=False).ids
     ((tokens, mask),) = cache_examples(TokenCache.open(str(tmp_path / "c")))
     assert mask == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
+
+
+def test_chat_template_is_read_from_tokenizer_config(tmp_path: Path, tokenizer):
+    from halyard.data.processing import load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "chat_template": template}))
+    spec = load_tokenizer(str(folder))
+    assert spec.chat_template == template and spec.eos_token == EOS
+    listed = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": listed}))
+    assert load_tokenizer(str(folder)).chat_template == template
+
+
+def test_template_that_is_not_prefix_stable_is_refused_per_record(tmp_path: Path, tokenizer):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    # Renders the number of messages first: a longer chat does not extend a shorter one.
+    template = "{{ messages | length }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    source = write_records(tmp_path / "chat.jsonl", chats(1))
+    example = ExampleFormat(kind="chat", chat_template="tokenizer")
+    with pytest.raises(BadRecordError, match=r"chat\.jsonl:1: .*use chat_template='simple'"):
+        build_cache(
+            str(source), str(folder), str(tmp_path / "c"), example_format=example, strict=True, num_workers=0
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -13,6 +14,7 @@ from trainer_fixtures import load_config, write_config
 
 from halyard.models import LmBatch
 from halyard.models.attention import AttentionMask
+from halyard.train.config import ConfigError
 from halyard.train.trainer.data import prepare_data
 from halyard.train.trainer.loss import lm_loss_fn
 from halyard.train.trainer.trainer import Trainer
@@ -184,3 +186,18 @@ def test_first_step_loss_is_the_masked_mean(tmp_path: Path, sft_files, accumulat
     masked, unmasked = hand_computed_losses(result.state.params, data.train.batch(0, 8))
     assert abs(masked - unmasked) > 1e-3
     assert result.history[0]["loss"] == pytest.approx(masked, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--data.format=dialogue", "data.format='dialogue': use one of text, chat, prompt_completion"),
+        ("--data.chat_template=jinja", "data.chat_template='jinja': use one of simple, tokenizer"),
+    ],
+)
+def test_bad_sft_settings_name_the_key(tmp_path: Path, sft_files, override: str, message: str) -> None:
+    path = write_config(tmp_path / "bad.yaml", tmp_path / "run", tmp_path / "cache")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path, override)
+    with pytest.raises(ConfigError, match="data.builtin_corpus is plain text"):
+        load_config(path, "--data.format=chat")
