@@ -6,7 +6,9 @@ as a safetensors folder. Then, each in a fresh process (so the peak memory belon
 - ``import_sharded``: `halyard.export.import_hf` into an FSDP layout on 8 simulated CPU devices
   (``MeshSpec(data=1, fsdp=8)``, ``Layout.fsdp()``): every device's block is read from the memory-mapped file;
 - ``import_unsharded``: `import_hf` onto one device;
-- ``export``: `halyard.export.export_hf` of the sharded model back to a safetensors folder.
+- ``export``: `halyard.export.export_hf` of the sharded model back to a safetensors folder (the child
+  imports the model first, then returns the import's freed heap to the OS with ``malloc_trim`` before
+  the baseline, so that the export's allocations cannot hide in memory the import freed).
 
 Memory is the process's anonymous resident memory (``RssAnon`` of /proc/self/status, sampled every
 2 ms): memory-mapped file pages are page cache, not memory the import allocated. On CPU the "devices"
@@ -50,6 +52,18 @@ def anonymous_resident_bytes() -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/self/status has no RssAnon line (Linux only)")
+
+
+def release_freed_heap() -> None:
+    """Return memory freed earlier in this process to the OS (glibc ``malloc_trim``), so that a later
+    step's allocations raise ``RssAnon`` instead of silently reusing the freed heap; no-op elsewhere."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class PeakSampler:
@@ -106,6 +120,7 @@ def measure(step: str, folder: Path, export_folder: Path) -> dict[str, Any]:
     if step == "export":
         _, model = import_hf(folder, layout=layout, mesh=mesh)
         jax.block_until_ready(model)
+        release_freed_heap()  # the import's freed transient memory would otherwise hide the export's
     baseline = anonymous_resident_bytes()
     start = time.perf_counter()
     with PeakSampler() as sampler:
