@@ -104,7 +104,8 @@ class ExampleFormat:
         if not template:
             raise ValueError(
                 f"chat_template='tokenizer' but the tokenizer {tokenizer_source!r} has no chat_template (it "
-                "is read from tokenizer_config.json next to tokenizer.json); use chat_template='simple'"
+                "is read from tokenizer_config.json or chat_template.jinja next to tokenizer.json: pass the "
+                "tokenizer folder); use chat_template='simple' otherwise"
             )
         return replace(
             self,
