@@ -3,12 +3,15 @@
 h = x + Attention(RMSNorm(x))
 y = h + MoE(RMSNorm(h))                      # top_k of num_experts SwiGLU experts per token
 loss = CE + router_aux_loss_coef * load_balancing + router_z_loss_coef * router_z
+
+The router losses are means over the batch's real tokens: `CausalLM.loss` passes the loss mask as the
+decoder's ``token_mask``, so padding and loss-masked positions do not count in them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -131,11 +134,15 @@ class MixtralBlock(eqx.Module):
         positions: NamedArray,
         cache: Any = None,
         cache_index: Any = None,
+        token_mask: NamedArray | None = None,
     ) -> tuple[NamedArray, tuple[Any, RouterStats]]:
-        """``x (batch, pos, embed) -> (same, (updated layer cache, router statistics))``."""
+        """``x (batch, pos, embed) -> (same, (updated layer cache, router statistics))``.
+
+        ``token_mask`` (``batch, pos``; None: all) selects the tokens counted in the router statistics.
+        """
         attended, cache = self.attention(self.input_norm(x), mask, positions, cache, cache_index)
         h = constrain(x + attended)
-        routed, stats = self.moe(self.post_attention_norm(h))
+        routed, stats = self.moe(self.post_attention_norm(h), token_mask)
         return constrain(h + routed), (cache, stats)
 
 
@@ -147,6 +154,7 @@ class Mixtral(CausalLM):
     norm: RMSNorm
     lm_head: Linear | None
     config: MixtralConfig = eqx.field(static=True)
+    decoder_takes_token_mask: ClassVar[bool] = True
 
     @classmethod
     def init(cls, config: MixtralConfig, *, key: jax.Array) -> Mixtral:
@@ -186,12 +194,18 @@ class Mixtral(CausalLM):
         positions: NamedArray,
         cache: KVCache | None = None,
         cache_index: Any = None,
+        token_mask: NamedArray | None = None,
     ) -> DecoderOutput:
-        """See `CausalLM.decoder`; ``aux_loss`` holds the weighted load-balancing and router z-losses."""
+        """See `CausalLM.decoder`; ``aux_loss`` holds the weighted load-balancing and router z-losses.
+
+        Args:
+            token_mask: 0/1 per token ``(batch..., pos)``: the router losses are means over the tokens
+                where it is 1 (`CausalLM.loss` passes the loss mask); None counts every token.
+        """
         x = constrain(self.embed(tokens))
 
         def step(layer: MixtralBlock, h: NamedArray, *layer_cache: NamedArray) -> tuple[NamedArray, Any]:
-            return layer(h, mask, positions, tuple(layer_cache) or None, cache_index)
+            return layer(h, mask, positions, tuple(layer_cache) or None, cache_index, token_mask)
 
         if cache is None:
             x, (_, stats) = self.layers.apply(step, x)

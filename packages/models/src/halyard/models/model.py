@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -78,7 +78,15 @@ def build_model(model_class: Any, config: Any, key: jax.Array) -> Any:
 
 
 class CausalLM(eqx.Module):
-    """A decoder-only language model over named axes (``batch``, ``pos``, ``embed``, ``vocab``...)."""
+    """A decoder-only language model over named axes (``batch``, ``pos``, ``embed``, ``vocab``...).
+
+    Attributes:
+        decoder_takes_token_mask: whether the family's `decoder` accepts ``token_mask`` (0/1 per token,
+            ``(batch..., pos)``) for statistics that average over tokens (MoE router losses); `loss` then
+            passes the batch's loss mask, so padding and loss-masked positions do not count in them.
+    """
+
+    decoder_takes_token_mask: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -189,7 +197,8 @@ class CausalLM(eqx.Module):
         """
         model = self.in_compute_dtype()
         mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
-        output = model.decoder(batch.tokens, mask=mask, positions=batch.positions)
+        token_mask: dict[str, Any] = {"token_mask": batch.loss_mask} if self.decoder_takes_token_mask else {}
+        output = model.decoder(batch.tokens, mask=mask, positions=batch.positions, **token_mask)
         cross_entropy, loss_metrics = next_token_loss(
             output.hidden,
             model.unembedding.astype(output.hidden.dtype),

@@ -13,7 +13,10 @@ The layer also returns `RouterStats`, summed over tokens, from which the model c
 load-balancing loss of Switch Transformer / Mixtral (as in transformers' ``load_balancing_loss_func``:
 ``num_experts * sum_e f_e * P_e`` with ``f_e`` the share of assignments to expert ``e`` and ``P_e`` the
 mean router probability, both over all layers' tokens) and ST-MoE's router z-loss
-(mean of ``logsumexp(router_logits)**2``).
+(mean of ``logsumexp(router_logits)**2``). Given a ``token_mask``, the sums run over the real tokens
+only: padding and loss-masked positions are still routed (dispatch is dropless) but neither pull the
+balance towards the experts they happen to choose nor count in the means (like transformers'
+``load_balancing_loss_func`` with an ``attention_mask``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class RouterStats(NamedTuple):
     Attributes:
         assignments: float ``[experts]`` number of (token, slot) assignments to each expert.
         probabilities: float ``[experts]`` sum of router probabilities per expert.
-        tokens: number of tokens routed.
+        tokens: number of tokens counted (all routed tokens, or the sum of the token mask).
         z_loss: sum over tokens of ``logsumexp(router_logits)**2``.
     """
 
@@ -55,14 +58,19 @@ def load_balancing_loss(stats: RouterStats) -> jax.Array:
     """
     assignments = stats.assignments.reshape(-1, stats.assignments.shape[-1]).sum(0)
     probabilities = stats.probabilities.reshape(-1, stats.probabilities.shape[-1]).sum(0)
-    tokens = jnp.sum(stats.tokens)
+    tokens = _at_least_one(jnp.sum(stats.tokens))
     num_experts = assignments.shape[-1]
     return num_experts * jnp.sum((assignments / tokens) * (probabilities / tokens))
 
 
 def router_z_loss(stats: RouterStats) -> jax.Array:
-    """Mean over every routed token (of every layer) of ``logsumexp(router_logits)**2``."""
-    return jnp.sum(stats.z_loss) / jnp.sum(stats.tokens)
+    """Mean over every counted token (of every layer) of ``logsumexp(router_logits)**2``."""
+    return jnp.sum(stats.z_loss) / _at_least_one(jnp.sum(stats.tokens))
+
+
+def _at_least_one(tokens: jax.Array) -> jax.Array:
+    # A batch whose tokens are all masked has zero sums: its losses are 0, not 0/0.
+    return jnp.where(tokens > 0, tokens, 1.0)
 
 
 class MoeMLP(eqx.Module):
@@ -128,11 +136,22 @@ class MoeMLP(eqx.Module):
         weights = top_probabilities / jnp.sum(top_probabilities, axis=-1, keepdims=True)
         return flat_logits, experts.astype(jnp.int32), weights
 
-    def __call__(self, x: NamedArray) -> tuple[NamedArray, RouterStats]:
-        """``x[..., embed] -> ([..., embed], router statistics of these tokens)``."""
+    def __call__(self, x: NamedArray, token_mask: NamedArray | None = None) -> tuple[NamedArray, RouterStats]:
+        """``x[..., embed] -> ([..., embed], router statistics of these tokens)``.
+
+        Args:
+            x: hidden states with an ``embed`` axis; every other axis is a token axis.
+            token_mask: 0/1 weight of each token in the router statistics, with ``x``'s axes except
+                ``embed`` (e.g. the batch's loss mask over ``batch, pos``); None counts every token.
+                The layer's output does not depend on it.
+
+        Raises:
+            ValueError: when ``token_mask`` has other axes than ``x`` without ``embed``.
+        """
         other = tuple(a for a in x.axes if a.name != "embed")
         ordered = x.rearrange(*[a.name for a in other], "embed")
         tokens = ordered.array.reshape(-1, ordered.array.shape[-1])
+        weight = self._token_weights(token_mask, other)
         logits, experts, weights = self.route(x)
         num_tokens, num_experts = logits.shape
 
@@ -153,10 +172,33 @@ class MoeMLP(eqx.Module):
 
         y = NamedArray(combined.reshape(ordered.array.shape), ordered.axes).rearrange(*x.axis_names)
         probabilities = jax.nn.softmax(logits, axis=-1)
-        stats = RouterStats(
-            assignments=group_sizes.astype(jnp.float32),
-            probabilities=jnp.sum(probabilities, axis=0),
-            tokens=jnp.asarray(num_tokens, jnp.float32),
-            z_loss=jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
-        )
+        if weight is None:
+            stats = RouterStats(
+                assignments=group_sizes.astype(jnp.float32),
+                probabilities=jnp.sum(probabilities, axis=0),
+                tokens=jnp.asarray(num_tokens, jnp.float32),
+                z_loss=jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
+            )
+        else:
+            stats = RouterStats(
+                assignments=jnp.zeros(num_experts, jnp.float32)
+                .at[flat_experts]
+                .add(jnp.repeat(weight, self.top_k)),
+                probabilities=jnp.sum(probabilities * weight[:, None], axis=0),
+                tokens=jnp.sum(weight),
+                z_loss=jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * weight),
+            )
         return constrain(y), stats
+
+    @staticmethod
+    def _token_weights(token_mask: NamedArray | None, token_axes: tuple[Axis, ...]) -> jax.Array | None:
+        """``token_mask`` as float32 ``[tokens]`` in the order of ``token_axes`` (None stays None)."""
+        if token_mask is None:
+            return None
+        if {a.name: a.size for a in token_mask.axes} != {a.name: a.size for a in token_axes}:
+            raise ValueError(
+                f"MoeMLP token_mask has axes {token_mask.shape}, expected the token axes of x "
+                f"{dict((a.name, a.size) for a in token_axes)} (x's axes without embed)"
+            )
+        ordered = token_mask.rearrange(*[a.name for a in token_axes])
+        return jax.lax.stop_gradient(ordered.array.reshape(-1).astype(jnp.float32))
