@@ -155,12 +155,8 @@ def test_lm_batch_with_the_loaders_mask_gives_the_masked_mean(tmp_path: Path, sf
 # The train step's loss function (halyard/train/trainer/loss.py, outside this feature's files) must pass
 # batch.get("loss_mask") to LmBatch.from_tokens; until it does these fail, and strict xfail turns into a
 # failure the day it does, so the marker cannot outlive the gap.
-NEEDS_LOSS_FN = pytest.mark.xfail(
-    strict=True, reason="trainer/loss.py does not pass the loader's loss_mask to LmBatch.from_tokens yet"
-)
 
 
-@NEEDS_LOSS_FN
 def test_the_trainer_loss_function_counts_only_target_tokens(tmp_path: Path, sft_files) -> None:
     config = sft_config(tmp_path, sft_files, "lossfn")
     data = prepare_data(config.data, tmp_path / "lossfn", progress=False)
@@ -177,7 +173,6 @@ def test_the_trainer_loss_function_counts_only_target_tokens(tmp_path: Path, sft
     assert float(changed_sum) == pytest.approx(float(loss_sum), rel=1e-6)
 
 
-@NEEDS_LOSS_FN
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_first_step_loss_is_the_masked_mean(tmp_path: Path, sft_files, accumulation: int) -> None:
     config = sft_config(tmp_path, sft_files, f"fit{accumulation}", accumulation=accumulation)

@@ -15,6 +15,38 @@ from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.loss import lm_loss_fn
 
 
+def target_bytes(tokenizer: Any, batches: list[dict[str, np.ndarray]]) -> float:
+    """UTF-8 bytes of the labels the loss counts: those in their input's document and in the loss mask.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` (its ``decode`` turns ids into text).
+        batches: loader batches: ``tokens [rows, seq_len + 1]`` and optionally ``segment_ids`` and
+            ``loss_mask`` of the same shape.
+
+    Each run of consecutive counted labels is decoded at once (a character split over several byte-level
+    tokens only decodes whole).
+    """
+    total = 0
+    for batch in batches:
+        tokens = np.asarray(batch["tokens"])
+        counted = np.ones(tokens[:, 1:].shape, bool)
+        if batch.get("segment_ids") is not None:
+            segments = np.asarray(batch["segment_ids"])
+            counted &= segments[:, 1:] == segments[:, :-1]
+        if batch.get("loss_mask") is not None:
+            counted &= np.asarray(batch["loss_mask"])[:, 1:] > 0
+        for row, keep in zip(tokens[:, 1:], counted, strict=True):
+            for run in _runs(row, keep):
+                total += len(tokenizer.decode(run, skip_special_tokens=False).encode("utf-8"))
+    return float(total)
+
+
+def _runs(row: np.ndarray, keep: np.ndarray) -> list[list[int]]:
+    """The maximal runs of consecutive entries of ``row`` where ``keep`` is true."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))
+    return [row[start:stop].tolist() for start, stop in zip(edges[::2], edges[1::2], strict=True)]
+
+
 class Evaluator:
     """Evaluates a model on the first ``trainer.eval_batches`` validation batches (the same ones each time).
 
@@ -43,13 +75,6 @@ class Evaluator:
             for i in range(self.config.trainer.eval_batches)
         ]
 
-    def _target_bytes(self, batches: list[dict[str, np.ndarray]]) -> float:
-        total = 0
-        for batch in batches:
-            for row in batch["tokens"][:, 1:]:
-                total += len(self.tokenizer.decode(row.tolist(), skip_special_tokens=False).encode("utf-8"))
-        return float(total)
-
     def evaluate(self, model: Any) -> tuple[dict[str, float], float]:
         """``({eval_loss, eval_perplexity, eval_bits_per_byte}, seconds taken)``."""
         started = time.monotonic()
@@ -57,7 +82,9 @@ class Evaluator:
         if self._bytes is None:
             # Bytes of the whole global batch: the loss below is summed over every host's rows.
             size = self.config.trainer.batch_size
-            self._bytes = self._target_bytes([self.dataset.batch(i, size) for i in range(len(batches))])
+            self._bytes = target_bytes(
+                self.tokenizer, [self.dataset.batch(i, size) for i in range(len(batches))]
+            )
         loss_sum = 0.0
         tokens = 0.0
         for local in batches:

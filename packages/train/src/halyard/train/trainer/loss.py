@@ -15,12 +15,13 @@ def lm_loss_fn(
 ) -> Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict]]:
     """``loss_fn(model, batch, key) -> (loss_sum, stats)`` for `make_train_step`.
 
-    ``batch`` is the loader's dict: ``tokens`` and ``segment_ids``, int ``[rows, seq_len + 1]``. The
-    model's summed loss (``reduction="sum"``) makes accumulation exactly token-weighted.
+    ``batch`` is the loader's dict: ``tokens`` and ``segment_ids``, int ``[rows, seq_len + 1]``, and for
+    chat / prompt-completion data ``loss_mask`` (1 where the token is a training target). The model's
+    summed loss (``reduction="sum"``) over the counted tokens makes accumulation exactly token-weighted.
     """
 
     def loss_fn(model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
-        lm_batch = LmBatch.from_tokens(batch["tokens"], batch.get("segment_ids"))
+        lm_batch = LmBatch.from_tokens(batch["tokens"], batch.get("segment_ids"), batch.get("loss_mask"))
         loss, metrics = model.loss(lm_batch, key=key, z_loss_weight=z_loss_weight, reduction="sum")
         stats = {name: value.array if hasattr(value, "axes") else value for name, value in metrics.items()}
         return loss.array if hasattr(loss, "axes") else loss, stats
