@@ -92,6 +92,20 @@ def test_sharded_export_in_several_files_is_byte_identical_to_save_file(
     _assert_files_equal_save_file(tmp_path / "hf", tmp_path / "out", np.float32, tmp_path / "scratch")
 
 
+def test_accelerator_path_slices_each_block_on_the_device_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On an accelerator a device block is sliced to the wanted layer before it is copied to the host;
+    # forcing that path on the simulated CPU devices checks it gives the same file.
+    monkeypatch.setattr("halyard.export.tensor_gathering.host_view_is_free", lambda device: False)
+    save("mixtral", tmp_path / "hf")
+    layout = Layout({"vocab": "fsdp", "embed": "fsdp"}, min_shard=1)
+    _, model = import_hf(tmp_path / "hf", layout=layout, mesh=MeshSpec(data=1, fsdp=8).build())
+    export_hf(model, tmp_path / "out", vocab_size=VOCAB)
+    (tmp_path / "scratch").mkdir()
+    _assert_files_equal_save_file(tmp_path / "hf", tmp_path / "out", np.float32, tmp_path / "scratch")
+
+
 def test_export_holds_one_tensor_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save("llama_gqa_tied", tmp_path / "hf")
     _, model = import_hf(tmp_path / "hf")

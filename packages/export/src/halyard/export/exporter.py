@@ -52,6 +52,14 @@ def _special_ids(
     return ids
 
 
+def _sync_processes(name: str) -> None:
+    """Wait for every process (nothing to wait for in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def _previous_export(folder: Path) -> list[Path]:
     if not folder.exists():
         return []
@@ -142,10 +150,7 @@ def export_hf(
     # Only process 0 writes; every process checks the folder first and then takes part in the gathers.
     writer = jax.process_index() == 0
     _check_previous_export(folder, overwrite)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("halyard.export_hf: folder checked")
+    _sync_processes("halyard.export_hf: folder checked")
     if writer:
         _clear_previous_export(folder)
 
@@ -174,15 +179,15 @@ def export_hf(
             metadata={"format": "pt"},
         )
         weight_map.update(dict.fromkeys(keys, name))
-    if not writer:
-        return folder
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
-        (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    generation = generation_config_dict(ids["bos"], ids["eos"], ids["pad"])
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    if info is not None:
-        max_length = int(getattr(config, "max_position", 0)) or int(1e30)
-        write_tokenizer_files(info, folder, special_ids=ids, model_max_length=max_length)
+    if writer:
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+            (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        generation = generation_config_dict(ids["bos"], ids["eos"], ids["pad"])
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        if info is not None:
+            max_length = int(getattr(config, "max_position", 0)) or int(1e30)
+            write_tokenizer_files(info, folder, special_ids=ids, model_max_length=max_length)
+    _sync_processes("halyard.export_hf: folder written")  # the folder is complete wherever this returns
     return folder

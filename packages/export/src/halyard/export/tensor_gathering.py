@@ -29,6 +29,11 @@ def _whole_block(array: jax.Array, index: tuple[Any, ...]) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(array[index], tiled=True))
 
 
+def host_view_is_free(device: jax.Device) -> bool:
+    """Whether ``np.asarray`` of a buffer on ``device`` is a view rather than a copy (CPU devices)."""
+    return device.platform == "cpu"
+
+
 def _device_blocks(plan: LeafPlan, indices: dict[str, int]) -> Iterator[tuple[np.ndarray, list[slice]]]:
     """Host copies of every distinct device block of ``plan``'s parameter at the stacked ``indices``.
 
@@ -61,7 +66,7 @@ def _device_blocks(plan: LeafPlan, indices: dict[str, int]) -> Iterator[tuple[np
         whole = not stacked and all(c == r for c, r in zip(clipped, target_ranges))
         if whole:
             block = np.asarray(shard.data)
-        elif shard.device.platform == "cpu":
+        elif host_view_is_free(shard.device):
             block = np.asarray(shard.data)[local]  # a view of the device buffer: nothing is copied
         else:
             block = np.asarray(jax.device_get(shard.data[local]))
