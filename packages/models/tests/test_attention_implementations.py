@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from halyard.models.attention import AttentionMask, attention
+from halyard.models.attention.block_pairs import static_visible_pairs
 from halyard.models.attention.cudnn import has_nvidia_gpu
 from halyard.named import NamedArray, named
 
@@ -83,6 +84,11 @@ CASES = [
     ),
     # Plain causal, one block bigger than the sequence, muP's 1/head_size scale.
     Case("causal_single_block_mup_scale", block_size=64, scale=1.0 / 8),
+    # Default positions with more visible block pairs than the blocked kernel unrolls (55 > 16): the
+    # scanned driver with conditionals, on packed documents.
+    Case("causal_many_blocks_scanned", num_queries=38, num_keys=38, segments=[[0] * 20 + [1] * 18] * 2),
+    # Default positions, a window of 3 with blocks of 2: the unrolled driver leaves out far pairs.
+    Case("window_small_blocks_unrolled", num_queries=11, num_keys=11, window=3, block_size=2),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -160,6 +166,30 @@ def _numpy_attention(
                 weights = np.exp(logits[i, seen] - logits[i, seen].max())
                 output[b, i, h] = weights @ value[b][seen, h // group] / weights.sum()
     return output
+
+
+@pytest.mark.parametrize(
+    ("num_queries", "block", "causal", "window"),
+    [(13, 4, True, None), (11, 2, True, 3), (11, 2, False, 3), (9, 4, False, None), (38, 4, True, 5)],
+)
+def test_static_visible_pairs_are_exactly_the_pairs_with_a_visible_key(
+    num_queries: int, block: int, causal: bool, window: int | None
+) -> None:
+    positions = np.arange(num_queries)
+    seen = np.ones((num_queries, num_queries), bool)
+    if causal:
+        seen &= positions[None, :] <= positions[:, None]
+    if window is not None:
+        seen &= positions[None, :] > positions[:, None] - window
+    blocks = -(-num_queries // block)
+    expected = tuple(
+        (i, j)
+        for i in range(blocks)
+        for j in range(blocks)
+        if seen[i * block : (i + 1) * block, j * block : (j + 1) * block].any()
+    )
+    pairs = static_visible_pairs(num_queries, num_queries, block, block, causal=causal, sliding_window=window)
+    assert pairs == expected
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -63,6 +63,25 @@ def test_unknown_names_and_bad_values_get_clear_errors() -> None:
         model_config("mixtral", num_experts=2, num_experts_per_token=3)
     with pytest.raises(ValueError, match="set head_dim explicitly"):
         model_config("llama", hidden_size=30, num_heads=4, num_kv_heads=4)
+    with pytest.raises(ValueError, match="attention_block_size must be positive, got 0"):
+        model_config("gpt2", attention_block_size=0)
+    with pytest.raises(ValueError, match="attention_block_size must be an int"):
+        model_config("llama", attention_block_size=64.0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "mixtral", "mup"])
+def test_attention_block_size_reaches_every_family_s_attention(family: str) -> None:
+    heads = {"gpt2": {"num_heads": 4}, "mup": {"head_dim": 8}}.get(
+        family, {"num_heads": 4, "num_kv_heads": 2}
+    )
+    config = model_config(family, hidden_size=32, num_layers=1, attention_block_size=16, **heads)
+    model = config.init(jax.random.PRNGKey(0))
+    blocks = [
+        leaf.block_size
+        for leaf in jax.tree.leaves(model, is_leaf=lambda x: hasattr(x, "block_size"))
+        if hasattr(leaf, "block_size")
+    ]
+    assert blocks == [16]
 
 
 def test_register_model_refuses_a_second_class_for_a_name() -> None:

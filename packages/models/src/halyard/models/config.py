@@ -37,6 +37,9 @@ class ModelConfig(abc.ABC):
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
         loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once).
+        attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
+            default); a sequence no longer than one block runs as a single block (no loops, no skipped
+            causal blocks).
     """
 
     family: ClassVar[str] = ""
@@ -47,10 +50,19 @@ class ModelConfig(abc.ABC):
     param_dtype: str = "float32"
     compute_dtype: str | None = None
     loss_block_size: int | None = 2048
+    attention_block_size: int = 128
 
     def __post_init__(self) -> None:
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
         _check_choice(self, "remat", REMAT_POLICIES)
+        if isinstance(self.attention_block_size, bool) or not isinstance(self.attention_block_size, int):
+            raise ValueError(
+                f"{type(self).__name__}.attention_block_size must be an int, got {self.attention_block_size!r}"
+            )
+        if self.attention_block_size < 1:
+            raise ValueError(
+                f"{type(self).__name__}.attention_block_size must be positive, got {self.attention_block_size}"
+            )
         for name in ("param_dtype", "compute_dtype"):
             value = getattr(self, name)
             if value is not None:

@@ -135,6 +135,7 @@ class Gpt2Block(eqx.Module):
             rope=None,
             max_position=config.max_position,
             implementation=config.attention_implementation,
+            block_size=config.attention_block_size,
             dtype=dtype,
         )
         mlp = MLP.init(

@@ -241,6 +241,7 @@ class LlamaBlock(eqx.Module):
             rope=config.rope,
             max_position=config.max_position,
             implementation=config.attention_implementation,
+            block_size=config.attention_block_size,
             dtype=dtype,
         )
         mlp = GatedMLP.init(

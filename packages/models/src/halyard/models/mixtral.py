@@ -118,6 +118,7 @@ class MixtralBlock(eqx.Module):
             rope=config.rope,
             max_position=config.max_position,
             implementation=config.attention_implementation,
+            block_size=config.attention_block_size,
             dtype=dtype,
         )
         moe = MoeMLP.init(

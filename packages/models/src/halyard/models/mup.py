@@ -168,6 +168,7 @@ class MupBlock(eqx.Module):
             max_position=config.max_position,
             scale=config.attention_scale,
             implementation=config.attention_implementation,
+            block_size=config.attention_block_size,
             dtype=config.params,
         )
         mlp = MLP.init(

@@ -35,6 +35,7 @@ class SelfAttention(eqx.Module):
         max_position: the longest position the model was configured for (static; rotary scaling).
         scale: attention logit scale, None for ``1/sqrt(head_size)`` (static; muP uses ``1/head_size``).
         implementation: attention kernel name (static).
+        block_size: queries and keys per block of the ``blocked`` kernel (static).
     """
 
     q_proj: Linear
@@ -45,6 +46,7 @@ class SelfAttention(eqx.Module):
     max_position: int = eqx.field(static=True)
     scale: float | None = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
+    block_size: int = eqx.field(static=True, default=128)
 
     @classmethod
     def init(
@@ -64,6 +66,7 @@ class SelfAttention(eqx.Module):
         scale: float | None = None,
         implementation: str = "auto",
         query_init_std: float | None = None,
+        block_size: int = 128,
         dtype: Any,
     ) -> SelfAttention:
         """Create the four projections (N(0, std**2) weights, zero biases).
@@ -80,6 +83,7 @@ class SelfAttention(eqx.Module):
             max_position: longest configured position.
             scale: logit scale, None for ``1/sqrt(head_size)``.
             implementation: attention kernel (`halyard.models.attention.attention`).
+            block_size: queries and keys per block of the ``blocked`` kernel.
             dtype: parameter dtype.
 
         Raises:
@@ -108,7 +112,7 @@ class SelfAttention(eqx.Module):
         o_proj = Linear.init(
             (Heads, HeadSize), Embed, key=o_key, use_bias=out_bias, init_std=out_init_std, dtype=dtype
         )
-        return cls(q_proj, k_proj, v_proj, o_proj, rope, max_position, scale, implementation)
+        return cls(q_proj, k_proj, v_proj, o_proj, rope, max_position, scale, implementation, block_size)
 
     def __call__(
         self,
@@ -145,5 +149,13 @@ class SelfAttention(eqx.Module):
                 value_cache, {"key_pos": cache_index}, value.astype(value_cache.dtype)
             )
             cache = (key, value)
-        attended = attention(query, key, value, mask, implementation=self.implementation, scale=self.scale)
+        attended = attention(
+            query,
+            key,
+            value,
+            mask,
+            implementation=self.implementation,
+            scale=self.scale,
+            block_size=self.block_size,
+        )
         return self.o_proj(constrain(attended)), cache
