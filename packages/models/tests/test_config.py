@@ -63,6 +63,8 @@ def test_unknown_names_and_bad_values_get_clear_errors() -> None:
         model_config("mixtral", num_experts=2, num_experts_per_token=3)
     with pytest.raises(ValueError, match="set head_dim explicitly"):
         model_config("llama", hidden_size=30, num_heads=4, num_kv_heads=4)
+    with pytest.raises(ValueError, match="loss_full_logits_max_mib must be a non-negative int, got -1"):
+        model_config("gpt2", loss_full_logits_max_mib=-1)
     with pytest.raises(ValueError, match="attention_block_size must be positive, got 0"):
         model_config("gpt2", attention_block_size=0)
     with pytest.raises(ValueError, match="attention_block_size must be an int"):

@@ -137,6 +137,27 @@ def test_blocked_loss_never_builds_the_logits() -> None:
     assert temp_bytes(block) < logits_bytes / 4
 
 
+def test_full_logits_threshold_picks_the_full_path_only_for_small_logits() -> None:
+    tokens, embed, vocab, block = 256, 16, 4096, 1024
+    hidden = named(jnp.zeros((tokens, embed), jnp.float32), ("pos", "embed"))
+    unembed = named(jnp.zeros((vocab, embed), jnp.float32), ("vocab", "embed"))
+    labels = named(jnp.zeros((tokens,), jnp.int32), ("pos",))
+    logits_bytes = tokens * vocab * 4
+
+    def temp_bytes(full_logits_max_bytes: int) -> int:
+        def loss(hidden: NamedArray, unembed: NamedArray) -> jax.Array:
+            return next_token_loss(
+                hidden, unembed, labels, block_size=block, full_logits_max_bytes=full_logits_max_bytes
+            )[0].array
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, unembed).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes(logits_bytes) >= logits_bytes  # fits: full logits
+    assert temp_bytes(logits_bytes - 1) < logits_bytes / 2  # one byte more than allowed: blocks
+    assert temp_bytes(0) < logits_bytes / 2
+
+
 def test_bad_arguments_are_named() -> None:
     hidden, unembed, labels, _ = _problem()
     with pytest.raises(ValueError, match="reduction"):

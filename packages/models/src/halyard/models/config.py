@@ -36,7 +36,11 @@ class ModelConfig(abc.ABC):
         param_dtype: dtype the parameters are created in.
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
-        loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once).
+        loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once), used when
+            the float32 logits of a batch would take more than ``loss_full_logits_max_mib``.
+        loss_full_logits_max_mib: up to this many MiB of float32 ``[tokens, vocab]`` logits the loss is
+            computed on the full logits (faster: the blocked backward recomputes the logits); 0 always
+            uses blocks.
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
             default); a sequence no longer than one block runs as a single block (no loops, no skipped
             causal blocks).
@@ -50,11 +54,17 @@ class ModelConfig(abc.ABC):
     param_dtype: str = "float32"
     compute_dtype: str | None = None
     loss_block_size: int | None = 2048
+    loss_full_logits_max_mib: int = 256
     attention_block_size: int = 128
 
     def __post_init__(self) -> None:
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
         _check_choice(self, "remat", REMAT_POLICIES)
+        if not isinstance(self.loss_full_logits_max_mib, int) or self.loss_full_logits_max_mib < 0:
+            raise ValueError(
+                f"{type(self).__name__}.loss_full_logits_max_mib must be a non-negative int, "
+                f"got {self.loss_full_logits_max_mib!r}"
+            )
         if isinstance(self.attention_block_size, bool) or not isinstance(self.attention_block_size, int):
             raise ValueError(
                 f"{type(self).__name__}.attention_block_size must be an int, got {self.attention_block_size!r}"

@@ -29,6 +29,7 @@ def next_token_loss(
     *,
     loss_mask: NamedArray | None = None,
     block_size: int | None = 2048,
+    full_logits_max_bytes: int = 0,
     z_loss_weight: float = 0.0,
     logit_scale: float = 1.0,
     reduction: str = "mean",
@@ -44,6 +45,9 @@ def next_token_loss(
             batch axes broadcast. Default: every position counts.
         block_size: vocabulary entries per block; None computes the full logits (for tests and small
             vocabularies). A vocabulary that is not a multiple is handled.
+        full_logits_max_bytes: compute the full logits anyway when their float32 ``[tokens, vocab]`` matrix
+            takes at most this many bytes (blocking only saves memory, and recomputing the blocks in the
+            backward pass costs a third more of the output projection's FLOPs); 0 always blocks.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (PaLM), added to the loss.
         logit_scale: multiplier on the logits (muP's output multiplier).
         reduction: ``mean`` (over counted tokens, weighted), ``sum``, or ``none`` (per position).
@@ -97,7 +101,8 @@ def next_token_loss(
 
         weights = broadcast_to(loss_mask, token_axes).array.reshape(num_tokens_flat).astype(jnp.float32)
     weight_matrix = unembed.rearrange("vocab", "embed").array
-    if block_size is None:
+    vocab_size = weight_matrix.shape[0]
+    if block_size is None or num_tokens_flat * vocab_size * 4 <= full_logits_max_bytes:
         log_sum_exp, label_logit = _full_logsumexp_and_label_logit(
             hidden_flat, weight_matrix, label_flat, logit_scale
         )

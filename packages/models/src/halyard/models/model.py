@@ -205,6 +205,7 @@ class CausalLM(eqx.Module):
             batch.labels,
             loss_mask=batch.loss_mask,
             block_size=self.model_config.loss_block_size,
+            full_logits_max_bytes=self.model_config.loss_full_logits_max_mib * 2**20,
             z_loss_weight=z_loss_weight,
             logit_scale=self.logit_scale,
             reduction=reduction,

@@ -182,6 +182,8 @@ class Trainer:
             "param_dtype",
             "compute_dtype",
             "loss_block_size",
+            "loss_full_logits_max_mib",
+            "attention_block_size",
         )
         return {name: getattr(model, name) for name in names}
 
