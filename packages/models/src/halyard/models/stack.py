@@ -56,6 +56,27 @@ def _nested_group(num_layers: int) -> int:
     return best
 
 
+def _unstacked(tree: Any, num_layers: int) -> list[Any]:
+    """``tree`` once per layer, every NamedArray without its ``layers`` axis.
+
+    One ``lax.unstack`` per leaf rather than a slice per layer: the gradient of an unstack is a single
+    stack, where the gradient of each slice would be a zero-padded full-size array added to the others
+    (``num_layers`` full-size writes per parameter).
+    """
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=hn.is_named)
+    per_leaf = []
+    for leaf in leaves:
+        if isinstance(leaf, NamedArray) and leaf.has_axis(LAYERS):
+            axis = leaf.axis_index(LAYERS)
+            rest = tuple(a for a in leaf.axes if a.name != LAYERS)
+            per_leaf.append([NamedArray(piece, rest) for piece in jax.lax.unstack(leaf.array, axis)])
+        else:
+            per_leaf.append([leaf] * num_layers)
+    return [
+        jax.tree.unflatten(treedef, [pieces[index] for pieces in per_leaf]) for index in range(num_layers)
+    ]
+
+
 class LayerStack(eqx.Module):
     """``num_layers`` copies of one layer module, parameters stacked on a ``layers`` axis.
 
@@ -130,10 +151,11 @@ class LayerStack(eqx.Module):
         self, step: Callable[..., Any], carry: Any, xs: tuple[Any, ...], policy: Any
     ) -> tuple[Any, Any]:
         run = _checkpointed(step, policy)
+        layers = _unstacked(self.layers, self.num_layers)
+        inputs = _unstacked(xs, self.num_layers)
         ys = []
         for index in range(self.num_layers):
-            slices = jax.tree.map(lambda x, i=index: x[LAYERS, i], xs, is_leaf=hn.is_named)
-            carry, y = run(self.layer(index), carry, *slices)
+            carry, y = run(layers[index], carry, *inputs[index])
             ys.append(y)
         stacked = jax.tree.map(
             lambda *leaves: (
