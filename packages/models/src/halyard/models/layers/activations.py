@@ -26,17 +26,17 @@ def _recomputed(function: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Arr
     return jax.checkpoint(function)
 
 
+_FORMULAS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": partial(jax.nn.gelu, approximate=False),
+    "gelu_new": partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+    "squared_relu": _squared_relu,
+}
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    name: _recomputed(function)
-    for name, function in {
-        "silu": jax.nn.silu,
-        "swish": jax.nn.silu,
-        "gelu": partial(jax.nn.gelu, approximate=False),
-        "gelu_new": partial(jax.nn.gelu, approximate=True),
-        "gelu_pytorch_tanh": partial(jax.nn.gelu, approximate=True),
-        "relu": jax.nn.relu,
-        "squared_relu": _squared_relu,
-    }.items()
+    name: _recomputed(function) for name, function in _FORMULAS.items()
 }
 
 
