@@ -135,6 +135,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "checkpoint_checksum",
+        "checkpoint_checksum.py",
+        (Figure("xxh3 checksum: (read + hash) / read", "checksums.xxh3_64.time_over_read"),),
+    ),
+    Benchmark(
         "attention_memory",
         "attention_memory.py",
         (
