@@ -74,6 +74,18 @@ def test_full_state_round_trips_bitwise(tmp_path: Path) -> None:
     )
 
 
+def test_a_relative_directory_saves_and_restores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo's run directory is relative (runs/demo); orbax refuses relative paths.
+    monkeypatch.chdir(tmp_path)
+    state = make_state()
+    with CheckpointManager(Path("runs/demo/checkpoints")) as manager:
+        assert manager.save(3, state, wait=True)
+        restored = manager.restore(None, jax.eval_shape(lambda: state))
+    assert_bitwise_equal(state, restored.state)
+    explicit = restore(Path("runs/demo/checkpoints/step_00000003"), jax.eval_shape(lambda: state))
+    assert_bitwise_equal(state, explicit.state)
+
+
 def test_numpy_targets_restore_as_numpy(tmp_path: Path) -> None:
     state = {"counts": np.arange(5, dtype=np.int32), "weights": jnp.arange(3.0)}
     with CheckpointManager(tmp_path) as manager:

@@ -79,7 +79,7 @@ class CheckpointManager:
         compress: bool = False,
         verify_checksums: bool = True,
     ) -> None:
-        self.directory = Path(directory)
+        self.directory = Path(directory).absolute()  # orbax refuses relative paths (e.g. runs/demo)
         self.save_policy = save_policy
         self.keep_policy = keep_policy
         self._clock = clock

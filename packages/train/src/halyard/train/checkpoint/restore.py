@@ -247,7 +247,7 @@ def _restore_tree(
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
             restored = checkpointer.restore(
-                step_dir / ARRAYS_DIRECTORY,
+                (step_dir / ARRAYS_DIRECTORY).absolute(),  # orbax refuses relative paths
                 args=ocp.args.PyTreeRestore(
                     item=item, restore_args=restore_args, partial_restore=bool(prefix)
                 ),
