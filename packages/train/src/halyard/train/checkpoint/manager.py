@@ -236,9 +236,9 @@ class CheckpointManager:
         """Restore a checkpoint of this run (None: the latest complete one); see `restore` for the rest.
 
         With ``None``, a complete checkpoint whose arrays cannot be read or whose files no longer match
-        their checksums (a file garbled in place) is skipped with a `DamagedCheckpointWarning` naming it, its commit marker renamed to
-        ``halyard_checkpoint.json.unreadable`` (so that step is written again), and the previous complete
-        checkpoint is restored.
+        their checksums (a file garbled in place) is skipped with a `DamagedCheckpointWarning` naming it,
+        its commit marker renamed to ``halyard_checkpoint.json.unreadable`` (so that step is written
+        again), and the previous complete checkpoint is restored.
 
         Raises:
             FileNotFoundError: when ``None`` is given and there is no complete checkpoint.
@@ -264,8 +264,8 @@ class CheckpointManager:
         allow_data_mismatch: bool,
     ) -> RestoredCheckpoint[State]:
         # Discovery checks names and sizes only (one stat per file); contents are checked (checksums) or
-        # decoded when read, so a file garbled in place is only found here. Such a checkpoint loses its marker (so the run writes that step again) and the
-        # previous complete one is restored instead.
+        # decoded when read, so a file garbled in place is only found here. Such a checkpoint loses its
+        # marker (so the run writes that step again) and the previous complete one is restored instead.
         self.wait()
         steps = sorted(self.complete_steps(), reverse=True)
         if not steps:
