@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from halyard.named import NamedArray
+from halyard.named.nn import default_dot_general
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -142,7 +143,9 @@ def _label_logit_of(logits: jax.Array, labels: jax.Array, offset: int | jax.Arra
 def _full_logsumexp_and_label_logit(
     hidden: jax.Array, weight: jax.Array, labels: jax.Array, logit_scale: float
 ) -> tuple[jax.Array, jax.Array]:
-    logits = jnp.einsum("ne,ve->nv", hidden, weight, preferred_element_type=jnp.float32) * logit_scale
+    # hidden [n, embed] x weight [vocab, embed] -> [n, vocab] (row-major gradient products on CPU).
+    contract = (((1,), (1,)), ((), ()))
+    logits = default_dot_general(hidden, weight, contract, preferred_element_type=jnp.float32) * logit_scale
     return jax.nn.logsumexp(logits, axis=-1), _label_logit_of(logits, labels, 0)
 
 

@@ -18,6 +18,7 @@ from halyard.named.nn.attention import attention_weights, dot_product_attention
 from halyard.named.nn.block_seq import BlockSeq
 from halyard.named.nn.dropout import Dropout
 from halyard.named.nn.embedding import Embedding
+from halyard.named.nn.gemm_dot import default_dot_general, gemm_dot_general
 from halyard.named.nn.layer_stack import LayerStack
 from halyard.named.nn.linear import DotGeneral, Linear
 from halyard.named.nn.loss import cross_entropy_loss, z_loss
@@ -44,10 +45,12 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "cross_entropy_loss",
+    "default_dot_general",
     "dot_product_attention",
     "effective_remat",
     "gelu",
     "gelu_new",
+    "gemm_dot_general",
     "identity",
     "offload_supported",
     "quick_gelu",

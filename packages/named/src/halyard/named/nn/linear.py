@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from halyard.named.axis import Axis, format_axes
 from halyard.named.core import NamedArray
 from halyard.named.nn._init import as_axes, constant, fan_in, normal
+from halyard.named.nn.gemm_dot import default_dot_general
 
 DotGeneral = Callable[..., jax.Array]
 """Anything with the signature of ``jax.lax.dot_general`` (e.g. an fp8 or int8 quantised dot)."""
@@ -29,14 +30,15 @@ class Linear(eqx.Module):
         weight: a NamedArray with axes ``In + Out``.
         bias: a NamedArray with axes ``Out``, or None.
         In, Out: the input and output axes (static).
-        dot_general: the contraction, ``jax.lax.dot_general`` unless a quantised one was given (static).
+        dot_general: the contraction (static): `default_dot_general` (row-major gradient products on
+            CPU, ``jax.lax.dot_general`` elsewhere) unless another one (fp8, int8) was given.
     """
 
     weight: NamedArray
     bias: NamedArray | None
     In: tuple[Axis, ...] = eqx.field(static=True)
     Out: tuple[Axis, ...] = eqx.field(static=True)
-    dot_general: DotGeneral = eqx.field(static=True, default=jax.lax.dot_general)
+    dot_general: DotGeneral = eqx.field(static=True, default=default_dot_general)
 
     @classmethod
     def init(
@@ -63,7 +65,8 @@ class Linear(eqx.Module):
             init_scale: a multiplier on that standard deviation (e.g. ``1 / sqrt(2 * num_layers)`` for
                 residual projections).
             dtype: parameter dtype.
-            dot_general: replaces ``jax.lax.dot_general`` for the contraction (fp8 / int8 hooks).
+            dot_general: replaces `default_dot_general` for the contraction (fp8 / int8 hooks, or
+                ``jax.lax.dot_general`` to leave the gradient products to XLA).
 
         Raises:
             TypeError: ``In`` or ``Out`` holds something other than `Axis` objects.
@@ -81,7 +84,7 @@ class Linear(eqx.Module):
         std = (1.0 / math.sqrt(max(fan_in(in_axes), 1)) if init_std is None else init_std) * init_scale
         weight = normal(key, in_axes + out_axes, std, dtype)
         bias = constant(out_axes, 0.0, dtype) if use_bias else None
-        return cls(weight, bias, in_axes, out_axes, dot_general or jax.lax.dot_general)
+        return cls(weight, bias, in_axes, out_axes, dot_general or default_dot_general)
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Apply the layer.
