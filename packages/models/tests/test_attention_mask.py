@@ -12,7 +12,7 @@ import torch
 from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
 
 from halyard.models.attention import AUTO_XLA_MAX_SCORES, AttentionMask, attention
-from halyard.models.attention.dispatch import choose_implementation
+from halyard.models.attention.dispatch import choose_implementation, default_block_size
 from halyard.models.attention.layout import flatten_inputs
 from halyard.named import Axis, named
 
@@ -109,6 +109,28 @@ def test_auto_rule() -> None:
     assert choose_implementation(short, backend="tpu") == "xla"
     assert choose_implementation(long, backend="tpu") == "blocked"
     assert choose_implementation(short, backend="gpu") == "xla"
+
+
+def test_default_block_size_is_64_on_cpu_and_128_elsewhere() -> None:
+    assert default_block_size() == default_block_size("cpu") == 64
+    assert default_block_size("gpu") == default_block_size("tpu") == 128
+
+
+def test_no_block_size_uses_the_backend_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``block_size=None`` reaches the blocked kernel as the default block (seen through the kernel's call)."""
+    import halyard.models.attention.dispatch as dispatch
+
+    seen = []
+    real = dispatch.blocked_attention
+    monkeypatch.setattr(
+        dispatch,
+        "blocked_attention",
+        lambda flat, **kwargs: seen.append(kwargs["block_size"]) or real(flat, **kwargs),
+    )
+    q, k, v = _qkv(8, 8)
+    attention(q, k, v, AttentionMask(causal=True), implementation="blocked")
+    attention(q, k, v, AttentionMask(causal=True), implementation="blocked", block_size=4)
+    assert seen == [64, 4]
 
 
 def test_cudnn_on_cpu_is_a_clear_error() -> None:

@@ -67,8 +67,9 @@ def test_unknown_names_and_bad_values_get_clear_errors() -> None:
         model_config("gpt2", loss_full_logits_max_mib=-1)
     with pytest.raises(ValueError, match="attention_block_size must be positive, got 0"):
         model_config("gpt2", attention_block_size=0)
-    with pytest.raises(ValueError, match="attention_block_size must be an int"):
+    with pytest.raises(ValueError, match="attention_block_size must be an int or None"):
         model_config("llama", attention_block_size=64.0)
+    assert model_config("gpt2").attention_block_size is None  # the backend's default block
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "mixtral", "mup"])

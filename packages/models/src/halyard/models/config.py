@@ -42,8 +42,8 @@ class ModelConfig(abc.ABC):
             computed on the full logits (faster: the blocked backward recomputes the logits); 0 always
             uses blocks.
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
-            default); a sequence no longer than one block runs as a single block (no loops, no skipped
-            causal blocks).
+            default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
+            A sequence no longer than one block runs as a single block.
     """
 
     family: ClassVar[str] = ""
@@ -55,7 +55,7 @@ class ModelConfig(abc.ABC):
     compute_dtype: str | None = None
     loss_block_size: int | None = 2048
     loss_full_logits_max_mib: int = 256
-    attention_block_size: int = 128
+    attention_block_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
@@ -65,11 +65,12 @@ class ModelConfig(abc.ABC):
                 f"{type(self).__name__}.loss_full_logits_max_mib must be a non-negative int, "
                 f"got {self.loss_full_logits_max_mib!r}"
             )
-        if isinstance(self.attention_block_size, bool) or not isinstance(self.attention_block_size, int):
+        block = self.attention_block_size
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int)):
             raise ValueError(
-                f"{type(self).__name__}.attention_block_size must be an int, got {self.attention_block_size!r}"
+                f"{type(self).__name__}.attention_block_size must be an int or None, got {block!r}"
             )
-        if self.attention_block_size < 1:
+        if block is not None and block < 1:
             raise ValueError(
                 f"{type(self).__name__}.attention_block_size must be positive, got {self.attention_block_size}"
             )

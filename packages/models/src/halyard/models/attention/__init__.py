@@ -5,10 +5,20 @@
 
 from halyard.models.attention.dispatch import (
     AUTO_XLA_MAX_SCORES,
+    CPU_BLOCK_SIZE,
     IMPLEMENTATIONS,
     attention,
     choose_implementation,
+    default_block_size,
 )
 from halyard.models.attention.mask import AttentionMask
 
-__all__ = ["AUTO_XLA_MAX_SCORES", "IMPLEMENTATIONS", "AttentionMask", "attention", "choose_implementation"]
+__all__ = [
+    "AUTO_XLA_MAX_SCORES",
+    "CPU_BLOCK_SIZE",
+    "IMPLEMENTATIONS",
+    "AttentionMask",
+    "attention",
+    "choose_implementation",
+    "default_block_size",
+]

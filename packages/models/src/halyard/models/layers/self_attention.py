@@ -35,7 +35,7 @@ class SelfAttention(eqx.Module):
         max_position: the longest position the model was configured for (static; rotary scaling).
         scale: attention logit scale, None for ``1/sqrt(head_size)`` (static; muP uses ``1/head_size``).
         implementation: attention kernel name (static).
-        block_size: queries and keys per block of the ``blocked`` kernel (static).
+        block_size: queries and keys per block of the ``blocked`` kernel (static; None: 64 on CPU, else 128).
     """
 
     q_proj: Linear
@@ -46,7 +46,7 @@ class SelfAttention(eqx.Module):
     max_position: int = eqx.field(static=True)
     scale: float | None = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
-    block_size: int = eqx.field(static=True, default=128)
+    block_size: int | None = eqx.field(static=True, default=None)
 
     @classmethod
     def init(
@@ -66,7 +66,7 @@ class SelfAttention(eqx.Module):
         scale: float | None = None,
         implementation: str = "auto",
         query_init_std: float | None = None,
-        block_size: int = 128,
+        block_size: int | None = None,
         dtype: Any,
     ) -> SelfAttention:
         """Create the four projections (N(0, std**2) weights, zero biases).
@@ -83,7 +83,7 @@ class SelfAttention(eqx.Module):
             max_position: longest configured position.
             scale: logit scale, None for ``1/sqrt(head_size)``.
             implementation: attention kernel (`halyard.models.attention.attention`).
-            block_size: queries and keys per block of the ``blocked`` kernel.
+            block_size: queries and keys per block of the ``blocked`` kernel (None: the backend's default).
             dtype: parameter dtype.
 
         Raises:
