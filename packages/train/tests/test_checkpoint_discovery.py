@@ -90,10 +90,11 @@ def test_a_truncated_array_file_is_detected_and_the_previous_checkpoint_used(two
 
 
 def test_save_returns_while_the_write_is_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     real_writer = manager_module.write_commit_marker
 
     def slow_commit(*args, **kwargs):
+        entered.set()
         assert release.wait(timeout=60)
         return real_writer(*args, **kwargs)
 
@@ -103,6 +104,9 @@ def test_save_returns_while_the_write_is_in_progress(tmp_path: Path, monkeypatch
         assert manager.save(2, state(2))
         # Training would continue here: the save is observable as in flight and not yet complete.
         assert manager.in_progress_step == 2
+        # The arrays of step 2 are on disk once the writer reaches its commit marker (on a loaded machine
+        # the scan below could otherwise run before the step's folder exists).
+        assert entered.wait(timeout=60)
         with pytest.warns(DamagedCheckpointWarning, match="step_00000002"):
             assert latest_complete(tmp_path) == 1
         assert (tmp_path / "step_00000001").exists()  # nothing is deleted before the new one is durable
