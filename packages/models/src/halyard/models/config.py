@@ -32,7 +32,10 @@ class ModelConfig(abc.ABC):
         scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
             depth); ``False`` unrolls them (same parameters, same results).
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
-            matmul outputs), ``nested`` (sqrt(L) checkpoints) or ``offload`` (matmul outputs to host).
+            matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints)
+            or ``offload`` (matmul outputs to host). Default ``save_dots``: less activation memory, and
+            on CPU faster than ``none`` (GPT-2 benchmark step -4.8%, a Llama of the same size -3%: fewer
+            fresh pages to fill outweigh the recomputation). Mixtral defaults to ``none``.
         param_dtype: dtype the parameters are created in.
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
@@ -50,7 +53,7 @@ class ModelConfig(abc.ABC):
 
     attention_implementation: str = "auto"
     scan_layers: bool = True
-    remat: str = "none"
+    remat: str = "save_dots"
     param_dtype: str = "float32"
     compute_dtype: str | None = None
     loss_block_size: int | None = 2048
