@@ -90,6 +90,16 @@ def test_batch_dimensions_and_keywords_fall_back_to_dot_general():
     np.testing.assert_allclose(out, x2 @ w2, rtol=1e-6)
 
 
+def test_zero_size_dimensions_fall_back_to_dot_general():
+    dims = (((1,), (0,)), ((), ()))
+    for lhs_shape, rhs_shape in (((0, 4), (4, 3)), ((2, 0), (0, 3))):
+        x, w = jnp.ones(lhs_shape), jnp.ones(rhs_shape)
+        out = gemm_dot_general(x, w, dims)
+        np.testing.assert_array_equal(out, jax.lax.dot_general(x, w, dims))
+        gx, gw = jax.grad(lambda x, w: gemm_dot_general(x, w, dims).sum(), argnums=(0, 1))(x, w)
+        assert gx.shape == lhs_shape and gw.shape == rhs_shape
+
+
 def test_preferred_element_type_for_an_unembedding_weight():
     """bf16 hidden states times a [vocab, embed] weight into f32 logits (the loss's product)."""
     hidden, weight = _inputs((12, 8), (20, 8), jnp.bfloat16)

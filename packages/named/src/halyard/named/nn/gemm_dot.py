@@ -45,7 +45,8 @@ def gemm_dot_general(
     """``jax.lax.dot_general`` computed as one ``[n, k] x [k, o]`` product, forward and backward.
 
     Contractions with batch dimensions, a ``precision``, keyword arguments other than
-    ``preferred_element_type``, or operands of different dtypes go to ``jax.lax.dot_general`` unchanged.
+    ``preferred_element_type``, operands of different dtypes or with a zero-size dimension go to
+    ``jax.lax.dot_general`` unchanged.
 
     Args:
         lhs: the input ``x``; its free dimensions lead the result.
@@ -57,7 +58,8 @@ def gemm_dot_general(
     """
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     preferred = kwargs.pop("preferred_element_type", None)
-    if lhs_batch or rhs_batch or precision is not None or kwargs or lhs.dtype != rhs.dtype:
+    empty = 0 in lhs.shape or 0 in rhs.shape
+    if lhs_batch or rhs_batch or precision is not None or kwargs or lhs.dtype != rhs.dtype or empty:
         if preferred is not None:
             kwargs["preferred_element_type"] = preferred
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
