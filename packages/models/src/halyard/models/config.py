@@ -74,9 +74,7 @@ class ModelConfig(abc.ABC):
                 f"{type(self).__name__}.attention_block_size must be an int or None, got {block!r}"
             )
         if block is not None and block < 1:
-            raise ValueError(
-                f"{type(self).__name__}.attention_block_size must be positive, got {self.attention_block_size}"
-            )
+            raise ValueError(f"{type(self).__name__}.attention_block_size must be positive, got {block}")
         for name in ("param_dtype", "compute_dtype"):
             value = getattr(self, name)
             if value is not None:

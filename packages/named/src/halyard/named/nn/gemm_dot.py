@@ -76,7 +76,7 @@ def _plan(dims: DimensionNumbers, lhs_ndim: int, rhs_ndim: int) -> tuple[list[in
 
 
 def _as_matrices(dims: DimensionNumbers, lhs: jax.Array, rhs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``lhs`` as ``[n, k]`` and ``rhs`` as ``[k, o]``."""
+    """``lhs`` as ``[n, k]`` and ``rhs`` as ``[k, o]`` (permuted by `_plan`, then flattened)."""
     lhs_order, rhs_order = _plan(dims, lhs.ndim, rhs.ndim)
     contracted = math.prod(lhs.shape[i] for i in dims[0][0])
     lhs_matrix = jnp.transpose(lhs, lhs_order).reshape(-1, contracted)
@@ -115,8 +115,10 @@ def _gemm_forward(
     dims: DimensionNumbers, preferred: Any, lhs: jax.Array, rhs: jax.Array
 ) -> tuple[jax.Array, tuple]:
     lhs_matrix, rhs_matrix = _as_matrices(dims, lhs, rhs)
-    lhs_free = [lhs.shape[i] for i in range(lhs.ndim) if i not in dims[0][0]]
-    rhs_free = [rhs.shape[i] for i in range(rhs.ndim) if i not in dims[0][1]]
+    lhs_order, rhs_order = _plan(dims, lhs.ndim, rhs.ndim)
+    num_contracted = len(dims[0][0])
+    lhs_free = [lhs.shape[i] for i in lhs_order[: lhs.ndim - num_contracted]]
+    rhs_free = [rhs.shape[i] for i in rhs_order[num_contracted:]]
     output = _product(lhs_matrix, rhs_matrix, preferred).reshape(*lhs_free, *rhs_free)
     # The residuals are the operands themselves: projections of one input (q, k, v) then share one.
     return output, (lhs, rhs)
