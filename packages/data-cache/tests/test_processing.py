@@ -95,6 +95,17 @@ def test_transformers_object_and_folder_with_config(tmp_path: Path, tokenizer: T
         load_tokenizer(42)
 
 
+def test_a_file_that_is_not_a_tokenizer_is_named(tmp_path: Path):
+    from halyard.data import DataInputError, TokenizerLoadError
+
+    (tmp_path / "notes.json").write_text("these are notes, not a tokenizer")
+    with pytest.raises(TokenizerLoadError, match=r"notes\.json is not a tokenizer") as raised:
+        load_tokenizer(str(tmp_path / "notes.json"))
+    assert isinstance(raised.value, DataInputError) and "\n" not in str(raised.value)
+    with pytest.raises(DataInputError, match="does not exist"):
+        load_tokenizer(str(tmp_path / "missing.json"))
+
+
 def test_uint32_dtype_for_large_vocabularies():
     from tokenizers import models
 

@@ -9,15 +9,23 @@ No JAX needed: batches are numpy arrays, usable from any framework.
 from halyard.data.builders import BuildHandle, CacheMismatchError, build_cache
 from halyard.data.cache import TokenCache
 from halyard.data.datasets import DataManifest, FeistelPermutation, LMDataset, MixtureDataset, host_rows
+from halyard.data.errors import (
+    DataInputError,
+    SourceFormatError,
+    SourceNotFoundError,
+    TokenizerLoadError,
+    TokenizerNotFoundError,
+)
 from halyard.data.examples import ExampleError, ExampleFormat
 from halyard.data.loader import Loader
-from halyard.data.processing import Processor
+from halyard.data.processing import Processor, TokenizerSpec, load_tokenizer
 from halyard.data.sources import BadRecordError, MissingFieldError, SourceSpec, UnreadableShardError
 
 __all__ = [
     "BadRecordError",
     "BuildHandle",
     "CacheMismatchError",
+    "DataInputError",
     "DataManifest",
     "ExampleError",
     "ExampleFormat",
@@ -27,9 +35,15 @@ __all__ = [
     "MissingFieldError",
     "MixtureDataset",
     "Processor",
+    "SourceFormatError",
+    "SourceNotFoundError",
     "SourceSpec",
     "TokenCache",
+    "TokenizerLoadError",
+    "TokenizerNotFoundError",
+    "TokenizerSpec",
     "UnreadableShardError",
     "build_cache",
     "host_rows",
+    "load_tokenizer",
 ]

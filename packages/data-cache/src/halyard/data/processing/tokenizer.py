@@ -12,6 +12,8 @@ from typing import Any
 import fsspec
 from tokenizers import Tokenizer
 
+from halyard.data.errors import TokenizerLoadError, TokenizerNotFoundError
+
 
 @dataclass(frozen=True)
 class TokenizerSpec:
@@ -80,7 +82,8 @@ def load_tokenizer(tokenizer: Any) -> TokenizerSpec:
             ``tokenizers.Tokenizer``; a ``transformers`` fast tokenizer object; or a ``TokenizerSpec``.
 
     Raises:
-        FileNotFoundError: the path does not exist or the folder has no ``tokenizer.json``.
+        TokenizerNotFoundError: the path does not exist or the folder has no ``tokenizer.json``.
+        TokenizerLoadError: the file is not a tokenizer the ``tokenizers`` library can read.
         TypeError: an object that is not a fast tokenizer (names its type and what to pass instead).
     """
     if isinstance(tokenizer, TokenizerSpec):
@@ -107,12 +110,14 @@ def load_tokenizer(tokenizer: Any) -> TokenizerSpec:
 def _load_path(path: str) -> TokenizerSpec:
     fs, local = fsspec.core.url_to_fs(path)
     if not fs.exists(local):
-        raise FileNotFoundError(f"tokenizer {path!r} does not exist; pass a tokenizer.json or its folder")
+        raise TokenizerNotFoundError(
+            f"tokenizer {path!r} does not exist; pass a tokenizer.json or its folder"
+        )
     if not fs.isdir(local):
-        return _spec_from_tokenizer(Tokenizer.from_str(_read_text(path)), None, None, path, owned=True)
+        return _spec_from_tokenizer(_parse(_read_text(path), path), None, None, path, owned=True)
     folder = path.rstrip("/")
     if not fs.exists(local.rstrip("/") + "/tokenizer.json"):
-        raise FileNotFoundError(
+        raise TokenizerNotFoundError(
             f"tokenizer folder {path!r} has no tokenizer.json; only fast (tokenizers-library) tokenizers are "
             "supported: save one with tokenizer.save_pretrained(folder) from a fast tokenizer"
         )
@@ -129,13 +134,24 @@ def _load_path(path: str) -> TokenizerSpec:
         chat_template = _read_text(folder + "/chat_template.jinja")
     # Re-serialized, so a file saved pretty-printed and the same tokenizer in memory hash alike.
     return _spec_from_tokenizer(
-        Tokenizer.from_str(_read_text(folder + "/tokenizer.json")),
+        _parse(_read_text(folder + "/tokenizer.json"), folder + "/tokenizer.json"),
         bos_token,
         eos_token,
         path,
         owned=True,
         chat_template=chat_template,
     )
+
+
+def _parse(serialized: str, path: str) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(serialized)
+    except Exception as error:  # the tokenizers library raises a bare Exception for malformed JSON
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise TokenizerLoadError(
+            f"{path} is not a tokenizer ({first_line}); pass a tokenizer.json saved by the tokenizers "
+            "library or a folder holding one (tokenizer.save_pretrained(folder) of a fast tokenizer)"
+        ) from None
 
 
 def _read_text(url: str) -> str:

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from halyard.data.errors import DataInputError
+
 logger = logging.getLogger("halyard.data")
 
 # Counter names (also the keys stored in the ledger).
@@ -34,23 +36,23 @@ class Record(NamedTuple):
     segments: tuple[tuple[str, bool], ...] | None = None
 
 
-class BadRecordError(ValueError):
+class BadRecordError(DataInputError, ValueError):
     """A record that cannot be used under ``strict=True``; the message names file:line and the fix."""
 
 
-class UnreadableShardError(ValueError):
+class UnreadableShardError(DataInputError, ValueError):
     """A shard whose bytes are not what its suffix says (``.gz`` that is not gzip, a corrupt parquet file).
 
     The message names the shard's URL, the format and compression it was read as, and the reader's error.
     """
 
 
-class ExampleError(ValueError):
+class ExampleError(DataInputError, ValueError):
     """A record that is not a valid example (unknown role, no assistant turn, a field of the wrong type);
     the message names file:line."""
 
 
-class MissingFieldError(KeyError):
+class MissingFieldError(DataInputError, KeyError):
     """A record without the configured text field; the message names the field and the keys found."""
 
     def __str__(self) -> str:

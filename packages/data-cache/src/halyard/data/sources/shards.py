@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from halyard.data.errors import DataInputError, SourceFormatError, SourceNotFoundError
 from halyard.data.sources.columnar import read_arrow, read_parquet
 from halyard.data.sources.jsonl import read_json, read_jsonl
-from halyard.data.sources.records import BadRecordError, MissingFieldError, Record, UnreadableShardError
+from halyard.data.sources.records import Record, UnreadableShardError
 from halyard.data.sources.text import read_text
 from halyard.data.sources.urls import expand_urls, is_hf_dataset_folder
 
@@ -107,7 +108,7 @@ def infer_format(url: str) -> str:
     for suffix, format_name in _SUFFIX_FORMATS.items():
         if name.endswith(suffix):
             return format_name
-    raise ValueError(
+    raise SourceFormatError(
         f"cannot tell the format of {url!r} from its suffix; pass format= one of {FORMATS} "
         "in the SourceSpec (or --format on the command line)"
     )
@@ -141,12 +142,12 @@ def resolve_shards(sources: SourceSpec | str | Sequence[SourceSpec | str]) -> li
     for shard in shards:
         if shard.has_targets and shard.format not in _EXAMPLE_FORMATS:
             assert shard.example is not None
-            raise ValueError(
+            raise SourceFormatError(
                 f"{shard.url}: {shard.example.kind} examples are read from jsonl or json files, not "
                 f"{shard.format}; convert the shard to JSON lines (one example object per line)"
             )
     if not shards:
-        raise ValueError("the sources expand to no shard at all; check the patterns")
+        raise SourceNotFoundError("the sources expand to no shard at all; check the patterns")
     return shards
 
 
@@ -155,7 +156,9 @@ def _hf_arrow_files(folder: str) -> list[str]:
         state = json.load(handle)
     files = [entry["filename"] for entry in state.get("_data_files", [])]
     if not files:
-        raise ValueError(f"{folder}/state.json lists no data files; is this a datasets.save_to_disk folder?")
+        raise SourceFormatError(
+            f"{folder}/state.json lists no data files; is this a datasets.save_to_disk folder?"
+        )
     return [folder.rstrip("/") + "/" + name for name in files]
 
 
@@ -175,7 +178,7 @@ def read_shard(shard: ShardSpec, start_row: int = 0, *, strict: bool = False) ->
     """
     fs, path = fsspec.core.url_to_fs(shard.url)
     if not fs.exists(path):
-        raise FileNotFoundError(f"shard {shard.url!r} does not exist (was it moved or deleted?)")
+        raise SourceNotFoundError(f"shard {shard.url!r} does not exist (was it moved or deleted?)")
     if shard.format == "text":
         records = read_text(shard.url, start_row, mode=shard.text_mode, strict=strict)
     elif shard.format in _EXAMPLE_FORMATS:
@@ -193,7 +196,7 @@ def _naming_the_shard(records: Iterator[Record], shard: ShardSpec) -> Iterator[R
     # Decompressors and parquet readers raise errors that do not say which file they were reading.
     try:
         yield from records
-    except (BadRecordError, MissingFieldError, FileNotFoundError):
+    except (DataInputError, FileNotFoundError):
         raise
     except Exception as error:
         raise UnreadableShardError(

@@ -6,6 +6,8 @@ import re
 
 import fsspec
 
+from halyard.data.errors import SourceNotFoundError
+
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _NUMERIC_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _GLOB_CHARS = ("*", "?", "[")
@@ -58,7 +60,7 @@ def expand_urls(patterns: str | list[str] | tuple[str, ...]) -> list[str]:
         for expanded in expand_braces(pattern):
             matches = _expand_one(expanded)
             if not matches:
-                raise FileNotFoundError(
+                raise SourceNotFoundError(
                     f"source {expanded!r} (from pattern {pattern!r}) matches no file; check the path, "
                     "the glob and the credentials of the filesystem"
                 )
