@@ -8,6 +8,7 @@ export_hf(model, "out/", tokenizer="tokenizer.json", dtype="bfloat16", max_shard
 from halyard.export.config_reading import HfModelInfo
 from halyard.export.errors import (
     HfConversionError,
+    MissingHfFileError,
     MissingWeightError,
     PickleRefusedError,
     ShapeMismatchError,
@@ -23,6 +24,7 @@ __all__ = [
     "EXPORT_DTYPES",
     "HfConversionError",
     "HfModelInfo",
+    "MissingHfFileError",
     "MissingWeightError",
     "PickleRefusedError",
     "ShapeMismatchError",

@@ -7,6 +7,10 @@ class HfConversionError(ValueError):
     """Base class: a Hugging Face folder or a Halyard model cannot be converted as asked."""
 
 
+class MissingHfFileError(HfConversionError, FileNotFoundError):
+    """A Hugging Face folder without a file it needs (config.json, the weights); the message names it."""
+
+
 class UnsupportedModelError(HfConversionError):
     """The architecture, a config option or its value has no Halyard (or Hugging Face) equivalent."""
 

@@ -14,7 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from halyard.export.config_reading import HfModelInfo, config_from_hf_dict
-from halyard.export.errors import MissingWeightError, ShapeMismatchError, UnexpectedWeightError
+from halyard.export.errors import (
+    MissingHfFileError,
+    MissingWeightError,
+    ShapeMismatchError,
+    UnexpectedWeightError,
+)
 from halyard.export.families import GPT2_BUFFERS, mappings_for
 from halyard.export.plan import LeafPlan, expected_tensors, leaf_plans, named_leaves
 from halyard.export.sources import WeightSource, open_weights
@@ -39,13 +44,14 @@ def read_hf_config(
         ``(config, info)``; ``info`` holds the family, the checkpoint's vocabulary size and its special ids.
 
     Raises:
-        FileNotFoundError: no ``config.json`` in ``folder``.
+        MissingHfFileError: no ``config.json`` in ``folder``.
         UnsupportedModelError: remote code, an unsupported architecture or option (named).
     """
     path = Path(folder) / "config.json"
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} does not exist: a Hugging Face model folder needs its config.json next to the weights"
+        raise MissingHfFileError(
+            f"{path} does not exist: a Hugging Face model folder needs its config.json next to the weights; "
+            "give the folder that save_pretrained wrote (config.json and *.safetensors)"
         )
     return config_from_hf_dict(json.loads(path.read_text()), where=str(path), overrides=overrides)
 

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from halyard.export.errors import PickleRefusedError
+from halyard.export.errors import MissingHfFileError, PickleRefusedError
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -159,7 +159,7 @@ def open_weights(folder: Path, *, allow_pickle: bool) -> WeightSource:
                 "allow_pickle=True to load it with torch.load(weights_only=True) (needs torch)"
             )
         return TorchPickleSource(folder)
-    raise FileNotFoundError(
+    raise MissingHfFileError(
         f"{folder} has no {SAFETENSORS}, {SAFETENSORS_INDEX}, {PICKLE} or {PICKLE_INDEX} (it holds: "
         f"{_listing(folder)})"
     )

@@ -21,6 +21,7 @@ from halyard.train.checkpoint.commit_marker import (
 )
 from halyard.train.checkpoint.data_position import DATA_METADATA_KEY, DataMismatchError, metadata_differences
 from halyard.train.checkpoint.discovery import (
+    CheckpointNotFoundError,
     CheckpointScan,
     DamagedCheckpointWarning,
     latest_complete,
@@ -43,6 +44,7 @@ __all__ = [
     "DATA_METADATA_KEY",
     "PREEMPTION_EXIT_CODE",
     "CheckpointManager",
+    "CheckpointNotFoundError",
     "CheckpointScan",
     "CheckpointWriteError",
     "ChecksumMismatchError",

@@ -10,6 +10,10 @@ from halyard.train.checkpoint.commit_marker import DamagedCheckpointError, read_
 from halyard.train.checkpoint.layout import parse_step_directory, step_directories, step_directory
 
 
+class CheckpointNotFoundError(FileNotFoundError):
+    """No checkpoint where one was asked for (a path that does not exist, a folder without a complete one)."""
+
+
 class DamagedCheckpointWarning(UserWarning):
     """Issued when a directory named like a checkpoint is skipped because it is incomplete or damaged."""
 
@@ -79,11 +83,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
     Raises:
         DamagedCheckpointError: when ``path`` is a step directory that is incomplete or damaged.
-        FileNotFoundError: when ``path`` does not exist or holds no complete checkpoint.
+        CheckpointNotFoundError: when ``path`` does not exist or holds no complete checkpoint.
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"Checkpoint path {path} does not exist")
+        raise CheckpointNotFoundError(f"Checkpoint path {path} does not exist")
     if parse_step_directory(path) is not None:
         read_commit_marker(path)
         return path
@@ -91,7 +95,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         step = latest_complete(root)
         if step is not None:
             return step_directory(root, step)
-    raise FileNotFoundError(
+    raise CheckpointNotFoundError(
         f"No complete checkpoint in {path}: expected a step directory (step_00000100), a checkpoint root "
         f"holding step directories, or a run directory with checkpoints/"
     )

@@ -26,7 +26,12 @@ from halyard.train.checkpoint.commit_marker import (
     read_commit_marker,
     write_commit_marker,
 )
-from halyard.train.checkpoint.discovery import DamagedCheckpointWarning, latest_complete, scan_checkpoints
+from halyard.train.checkpoint.discovery import (
+    CheckpointNotFoundError,
+    DamagedCheckpointWarning,
+    latest_complete,
+    scan_checkpoints,
+)
 from halyard.train.checkpoint.durable_files import fsync_directory
 from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY, COMMIT_MARKER, step_directory
 from halyard.train.checkpoint.leaves import LeafRecord, flatten_for_save
@@ -269,7 +274,7 @@ class CheckpointManager:
         self.wait()
         steps = sorted(self.complete_steps(), reverse=True)
         if not steps:
-            raise FileNotFoundError(f"No complete checkpoint under {self.directory} to restore")
+            raise CheckpointNotFoundError(f"No complete checkpoint under {self.directory} to restore")
         first_error: DamagedCheckpointError | None = None
         for step in steps:
             try:
@@ -320,7 +325,7 @@ class CheckpointManager:
         if step_or_path is None:
             step = self.latest_step()
             if step is None:
-                raise FileNotFoundError(f"No complete checkpoint under {self.directory} to restore")
+                raise CheckpointNotFoundError(f"No complete checkpoint under {self.directory} to restore")
             return self.step_path(step)
         if isinstance(step_or_path, int):
             return self.step_path(step_or_path)
