@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 
 from halyard.data.builders.build_lock import build_lock
-from halyard.data.builders.local import default_num_workers, run_local
+from halyard.data.builders.local import default_num_workers, refuse_while_importing_main, run_local
 from halyard.data.builders.progress import BuildProgress
 from halyard.data.builders.ray_builder import run_ray
 from halyard.data.builders.shard_worker import ShardJob, ensure_folder, shard_is_finished
@@ -125,6 +125,7 @@ def build_cache(
             invalid example is a ``BadRecordError`` naming file:line under ``strict``, else skipped and
             counted as ``bad_example``).
     """
+    refuse_while_importing_main()
     if builder not in ("local", "ray"):
         raise ValueError(f"builder {builder!r} is not known; use 'local' or 'ray'")
     if chunk_tokens < 1:

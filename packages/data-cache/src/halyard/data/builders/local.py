@@ -24,6 +24,25 @@ def default_num_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def refuse_while_importing_main(what: str = "build_cache") -> None:
+    """Fail in a ``spawn`` worker that is re-importing the main script, instead of waiting forever.
+
+    A script that calls ``build_cache`` (or ``Trainer(...).fit()``) at top level runs that call again in
+    every worker process while the worker imports it (``spawn`` imports the main script); the nested
+    build would wait for the parent's build lock, and the parent for its workers, forever.
+
+    Raises:
+        RuntimeError: when called while this process imports the main script for ``spawn``.
+    """
+    # multiprocessing's own check (spawn._check_not_importing_main) reads the same flag.
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            f"{what} was called while a builder worker process imported the main script: put the script's "
+            "top-level code under `if __name__ == '__main__':` (worker processes are started with "
+            "'spawn' and import the main script again), or build in this process with num_workers=0."
+        )
+
+
 def _initialize_worker(processor: Processor, tokenizer_threads: int) -> None:
     global _WORKER_PROCESSOR
     # The tokenizer's thread pool reads this when first used; one thread per worker avoids oversubscription.

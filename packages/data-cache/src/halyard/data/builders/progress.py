@@ -17,11 +17,12 @@ class BuildProgress:
         self.num_shards = num_shards
         self.finished: dict[int, ShardProgress] = {}
         self.started = time.monotonic()
-        self.start_tokens: int | None = None
+        # Tokens written before this build started (a resumed build) do not count towards its speed.
+        self.start_tokens = self._totals()[1]
         self.bar = tqdm(total=num_shards, unit="shard", desc="halyard.data build", disable=not enabled)
 
-    def poll(self) -> None:
-        """Re-read the ledgers of unfinished shards and refresh the bar."""
+    def _totals(self) -> tuple[int, int]:
+        """(documents, tokens) in the shard ledgers now; remembers the finished shards."""
         documents = tokens = 0
         for shard_index in range(self.num_shards):
             progress = self.finished.get(shard_index) or ShardProgress.load(self.root, shard_index)
@@ -31,8 +32,11 @@ class BuildProgress:
                 self.finished[shard_index] = progress
             documents += progress.documents
             tokens += progress.tokens
-        if self.start_tokens is None:
-            self.start_tokens = tokens
+        return documents, tokens
+
+    def poll(self) -> None:
+        """Re-read the ledgers of unfinished shards and refresh the bar."""
+        documents, tokens = self._totals()
         elapsed = max(time.monotonic() - self.started, 1e-9)
         self.bar.n = len(self.finished)
         self.bar.set_postfix(
