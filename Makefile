@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make demo   trains the built-in demo model end to end (no network beyond the package registries)
 #   make test   lint, type check and the whole test suite (what CI runs, through .ci/run)
-# Both create or update the local virtual environment .venv first.
+#   make wheels a wheel and an sdist of every package into dist/ (after checking the halyard-* ranges)
+# Each creates or updates the local virtual environment .venv first.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck pytest venv clean
+.PHONY: demo test lint typecheck pytest venv wheels clean
 
 venv: $(STAMP)
 
@@ -41,5 +42,8 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+wheels: $(STAMP)
+	$(PY) tools/wheelhouse.py --out dist
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -25,6 +25,8 @@ commands:
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
   configs   list the built-in configs
+
+  --version print every installed halyard package and its version
 """
 
 
@@ -51,6 +53,18 @@ def resolve_config_paths(argv: Sequence[str]) -> list[str]:
             if not Path(name).exists() and name in builtin:
                 resolved[value_index] = str(builtin[name])
     return resolved
+
+
+def installed_versions() -> str:
+    """One line per installed ``halyard-*`` distribution, sorted: its name and version."""
+    from importlib import metadata
+
+    found = {}
+    for distribution in metadata.distributions():
+        name = (distribution.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("halyard-"):
+            found[name] = distribution.version
+    return "\n".join(f"{name} {version}" for name, version in sorted(found.items()))
 
 
 @exit_on_config_error
@@ -90,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command in ("--version", "-V"):
+        print(installed_versions())
+        return 0
     if command == "train":
         return _run_training(rest)
     if command == "cache":
