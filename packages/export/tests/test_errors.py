@@ -61,10 +61,11 @@ def _edit_weights(folder: Path, edit) -> None:  # type: ignore[no-untyped-def]
         (dict(architectures=["LlamaForSequenceClassification"]), "LlamaForSequenceClassification"),
         (dict(auto_map={"AutoModelForCausalLM": "modeling.MyModel"}), "never runs code"),
         (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}), "'longrope' is not supported"),
-        (dict(some_new_option=3), "some_new_option"),
+        (dict(is_causal=False), "is_causal=False"),
         (dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
         (dict(pretraining_tp=2), "pretraining_tp=2"),
         (dict(hidden_act="mish"), "mish"),
+        (dict(rope_interleaved=True), "rope_interleaved=True"),
     ],
 )
 def test_unsupported_configs_are_refused_naming_the_option(
@@ -74,6 +75,16 @@ def test_unsupported_configs_are_refused_naming_the_option(
     _edit_config(folder, **changes)
     with pytest.raises(UnsupportedModelError, match=message):
         import_hf(folder)
+
+
+def test_keys_transformers_does_not_read_are_ignored_unless_strict(llama_folder: Path, tmp_path: Path) -> None:
+    folder = _copy(llama_folder, tmp_path)
+    _edit_config(folder, some_new_option=3, is_llama_config=True)
+    config, info = read_hf_config(folder)
+    assert info.ignored_keys == ("is_llama_config", "some_new_option")
+    assert config == read_hf_config(llama_folder)[0]
+    with pytest.raises(UnsupportedModelError, match=r"\['is_llama_config', 'some_new_option'\].*strict"):
+        import_hf(folder, strict=True)
 
 
 def test_qwen2_max_window_layers_without_layer_types_sets_the_full_attention_layers(tmp_path: Path) -> None:

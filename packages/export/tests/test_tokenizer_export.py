@@ -38,8 +38,9 @@ def test_export_with_a_bare_tokenizer_json(tmp_path: Path) -> None:
 
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 0, 11)
-    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, 0, 11)
+    # EOS: the tokenizer's (0), then the checkpoint's own (2, kept in the model config's eos_token_ids)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, [0, 2], 11)
+    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, [0, 2], 11)
     # the model's 97 rows are cut to the tokenizer's 12: ids beyond the tokenizer were padding
     assert config["vocab_size"] == 12
 
@@ -66,7 +67,7 @@ def test_export_with_a_tokenizer_folder_keeps_its_config_and_explicit_ids_win(tm
     _, model = import_hf(tmp_path / "hf")
     export_hf(model, tmp_path / "out", tokenizer=folder, vocab_size=VOCAB, pad_token_id=2)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 1, 2)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, [1, 0], 2)
     assert config["vocab_size"] == VOCAB
     copied = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert copied["eos_token"] == "<s>"

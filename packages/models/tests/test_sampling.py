@@ -76,6 +76,12 @@ def test_stop_tokens_end_a_sequence_and_pad_the_rest() -> None:
     cut = free.index(stop) + 1
     assert first[:cut] == free[:cut] and first[cut:] == [0] * (5 - cut)
     assert int(result.lengths[0]) == cut
+    # no stop_tokens given: the model config's eos_token_ids (an imported checkpoint's EOS list) stop it
+    with_eos = init_model(tiny("gpt2").replace(eos_token_ids=[10**6, stop]), jax.random.key(3))
+    default = generate(with_eos, prompts, SamplingConfig(max_new_tokens=5, temperature=0.0, pad_token=0))
+    assert default.tokens[0].tolist() == first
+    unstopped = SamplingConfig(max_new_tokens=5, temperature=0.0, stop_tokens=())
+    assert generate(with_eos, prompts, unstopped).tokens[0].tolist() == free
 
 
 def _numpy_filter(logits: np.ndarray, top_k: int | None, top_p: float | None) -> np.ndarray:

@@ -122,7 +122,7 @@ def config_to_hf_dict(
     vocab_size: int,
     dtype: str,
     bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The ``config.json`` of a Halyard config.
@@ -131,7 +131,8 @@ def config_to_hf_dict(
         config: a gpt2 / llama / mistral / qwen2 / mixtral config.
         vocab_size: embedding rows written (the model's size minus any padding).
         dtype: ``"float32"`` or ``"bfloat16"``: the weights' dtype, recorded in the config.
-        bos_token_id, eos_token_id, pad_token_id: special ids (None: unknown).
+        bos_token_id, eos_token_id, pad_token_id: special ids (None: unknown; ``eos_token_id`` may be a
+            list of ids).
 
     Raises:
         UnsupportedModelError: the family has no Hugging Face architecture or an option that it cannot
@@ -158,8 +159,9 @@ def config_to_hf_dict(
 
 
 def generation_config_dict(
-    bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None
+    bos_token_id: int | None, eos_token_id: int | list[int] | None, pad_token_id: int | None
 ) -> dict[str, Any]:
-    """``generation_config.json``: the special ids `generate` needs (unknown ones are left out)."""
+    """``generation_config.json``: the special ids `generate` needs (unknown ones are left out; every
+    EOS id, so `generate` stops at each)."""
     ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
     return {"_from_model_config": True, **{key: value for key, value in ids.items() if value is not None}}

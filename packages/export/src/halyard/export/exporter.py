@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -38,17 +40,28 @@ def _shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
 
 
 def _special_ids(
-    tokenizer: TokenizerInfo | None, explicit: dict[str, int | None], vocab_size: int
-) -> dict[str, int | None]:
-    ids = {}
+    tokenizer: TokenizerInfo | None, explicit: dict[str, Any], model_eos: tuple[int, ...], vocab_size: int
+) -> dict[str, Any]:
+    """BOS/EOS/pad ids for the exported folder: explicit arguments, else (EOS) the model config's
+    ``eos_token_ids`` with the tokenizer's EOS first when it is not among them, else the tokenizer's."""
+    ids: dict[str, Any] = {}
     for role, value in explicit.items():
-        if value is None and tokenizer is not None:
-            value = tokenizer.special_id(role)
-        if value is not None and not 0 <= value < vocab_size:
-            raise ValueError(
-                f"{role}_token_id={value} is outside the exported vocabulary 0..{vocab_size - 1}"
+        from_tokenizer = tokenizer.special_id(role) if tokenizer is not None else None
+        if value is None and role == "eos" and model_eos:
+            extra = (
+                (from_tokenizer,) if from_tokenizer is not None and from_tokenizer not in model_eos else ()
             )
-        ids[role] = value
+            value = list(extra + model_eos)
+        elif value is None:
+            value = from_tokenizer
+        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        for one in values:
+            if not 0 <= one < vocab_size:
+                raise ValueError(
+                    f"{role}_token_id={one} is outside the exported vocabulary 0..{vocab_size - 1}"
+                )
+        # one id is written as an int, several as a list (how transformers writes Llama 3.1's)
+        ids[role] = values[0] if len(values) == 1 else list(values) if values else None
     return ids
 
 
@@ -91,7 +104,7 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     vocab_size: int | None = None,
     bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     overwrite: bool = False,
 ) -> Path:
@@ -110,7 +123,10 @@ def export_hf(
             files with a ``model.safetensors.index.json``; one tensor is never split.
         vocab_size: embedding rows to write (drop vocabulary padding). Default: the tokenizer's vocabulary
             size when a tokenizer is given and it is smaller than the model's, else the model's.
-        bos_token_id, eos_token_id, pad_token_id: special ids for config.json and generation_config.json.
+        bos_token_id, eos_token_id, pad_token_id: special ids for config.json and generation_config.json
+            (``eos_token_id`` may be a list). Unset: the tokenizer's; for EOS first the model config's
+            ``eos_token_ids`` (every EOS of an imported checkpoint), with the tokenizer's EOS put first when
+            it is not among them.
         overwrite: replace an earlier export in ``folder``.
 
     Returns:
@@ -137,7 +153,8 @@ def export_hf(
             f"the tokenizer {info.tokenizer_json} has {info.vocab_size} tokens but only {vocab_size} "
             "embedding rows would be written; pass a larger vocab_size or the model's own tokenizer"
         )
-    ids = _special_ids(info, {"bos": bos_token_id, "eos": eos_token_id, "pad": pad_token_id}, vocab_size)
+    explicit = {"bos": bos_token_id, "eos": eos_token_id, "pad": pad_token_id}
+    ids = _special_ids(info, explicit, tuple(config.eos_token_ids), vocab_size)
     hf_config = config_to_hf_dict(
         config,
         vocab_size=vocab_size,

@@ -8,6 +8,7 @@ v into one ``c_attn`` tensor. Stacked layers map to ``...layers.{i}...`` tensors
 from __future__ import annotations
 
 from halyard.export.errors import UnsupportedModelError
+from halyard.export.key_rule import COMMON_RULE, KeyRule, names
 from halyard.export.tensor_mapping import TensorMapping as M
 from halyard.models import Gpt2Config, LlamaConfig, MixtralConfig, ModelConfig
 
@@ -18,6 +19,58 @@ HF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "mixtral": ("mixtral", "MixtralForCausalLM"),
+}
+
+# The key rule of each family (see `halyard.export.key_rule`), from the keys that transformers'
+# GPT2Config / LlamaConfig / MistralConfig / Qwen2Config / MixtralConfig and their modeling_*.py read
+# (checked against the installed transformers by tests/test_key_rules.py).
+GPT2_RULE = COMMON_RULE + KeyRule(
+    implemented=names(
+        "vocab_size n_embd n_layer n_head n_inner n_positions layer_norm_epsilon",
+        "activation_function initializer_range",
+    ),
+    fixed={
+        "tie_word_embeddings": (True,),  # Halyard's GPT-2 always shares the embedding with the output
+        "scale_attn_weights": (True,),
+        "scale_attn_by_inverse_layer_idx": (False,),
+    },
+    # dropout, the double-heads model's summary head; reorder_and_upcast_attn only changes fp16 rounding
+    no_effect=names(
+        "attn_pdrop embd_pdrop resid_pdrop reorder_and_upcast_attn n_ctx summary_type",
+        "summary_use_proj summary_activation summary_proj_to_labels summary_first_dropout",
+    ),
+    aliases={
+        "hidden_size": "n_embd",
+        "max_position_embeddings": "n_positions",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+    },
+)
+_LLAMA_LIKE_RULE = COMMON_RULE + KeyRule(
+    implemented=names(
+        "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads",
+        "num_key_value_heads head_dim max_position_embeddings rms_norm_eps hidden_act",
+        "initializer_range tie_word_embeddings rope_parameters rope_scaling rope_theta",
+        "partial_rotary_factor sliding_window layer_types",
+    ),
+    fixed={
+        "pretraining_tp": (1, None),  # transformers < 4.40 split the projections into this many slices
+        # not read by these architectures, but a true value says the weights expect another rotation
+        "rope_interleaved": (False,),
+        "use_mrope": (False,),
+    },
+)
+KEY_RULES: dict[str, KeyRule] = {
+    "gpt2": GPT2_RULE,
+    "llama": _LLAMA_LIKE_RULE + KeyRule(implemented=names("attention_bias mlp_bias")),
+    "mistral": _LLAMA_LIKE_RULE,
+    "qwen2": _LLAMA_LIKE_RULE + KeyRule(implemented=names("use_sliding_window max_window_layers")),
+    "mixtral": _LLAMA_LIKE_RULE
+    + KeyRule(
+        implemented=names("num_local_experts num_experts_per_tok router_aux_loss_coef"),
+        no_effect=names("output_router_logits router_jitter_noise"),  # training-time only
+        aliases={"num_experts": "num_local_experts"},
+    ),
 }
 
 GPT2_BUFFERS = ("attn.bias", "attn.masked_bias")

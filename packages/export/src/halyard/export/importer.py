@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from halyard.export.config_reading import HfModelInfo, config_from_hf_dict
+from halyard.export.config_reading import HfModelInfo, config_from_hf_dict, eos_ids
 from halyard.export.errors import (
     MissingHfFileError,
     MissingWeightError,
@@ -27,25 +28,33 @@ from halyard.models import CausalLM, ModelConfig
 from halyard.named import NamedArray
 from halyard.shard import Layout, pad_for
 
+GENERATION_CONFIG = "generation_config.json"
+
 # Constant buffers some checkpoints store next to the parameters; Halyard recomputes them.
 _BUFFERS = re.compile(r".*\.(rotary_emb\.inv_freq|" + "|".join(re.escape(b) for b in GPT2_BUFFERS) + r")$")
 
 
 def read_hf_config(
-    folder: str | Path, *, overrides: Mapping[str, Any] | None = None
+    folder: str | Path, *, overrides: Mapping[str, Any] | None = None, strict: bool = False
 ) -> tuple[ModelConfig, HfModelInfo]:
     """The Halyard config of a Hugging Face folder's ``config.json`` (no weights are read).
+
+    The EOS ids are those of ``config.json`` followed by any other ``eos_token_id`` of
+    ``generation_config.json`` (what `transformers`' ``generate`` stops at).
 
     Args:
         folder: the model folder.
         overrides: Halyard config fields set on top (``param_dtype``, ``remat``, ``attention_implementation``).
+        strict: refuse every key the family's rule does not name (default: keys transformers does not read
+            for the architecture are ignored; see `halyard.export.key_rule`).
 
     Returns:
         ``(config, info)``; ``info`` holds the family, the checkpoint's vocabulary size and its special ids.
 
     Raises:
         MissingHfFileError: no ``config.json`` in ``folder``.
-        UnsupportedModelError: remote code, an unsupported architecture or option (named).
+        UnsupportedModelError: remote code, a quantized checkpoint, an unsupported family or a value
+            Halyard does not implement (named).
     """
     path = Path(folder) / "config.json"
     if not path.exists():
@@ -53,7 +62,17 @@ def read_hf_config(
             f"{path} does not exist: a Hugging Face model folder needs its config.json next to the weights; "
             "give the folder that save_pretrained wrote (config.json and *.safetensors)"
         )
-    return config_from_hf_dict(json.loads(path.read_text()), where=str(path), overrides=overrides)
+    config, info = config_from_hf_dict(
+        json.loads(path.read_text()), where=str(path), overrides=overrides, strict=strict
+    )
+    generation = Path(folder) / GENERATION_CONFIG
+    if generation.is_file():
+        more = eos_ids(json.loads(generation.read_text()).get("eos_token_id"), str(generation))
+        ids = tuple(dict.fromkeys(info.eos_token_ids + more))
+        if ids != info.eos_token_ids:
+            config = config.replace(eos_token_ids=ids)
+            info = dataclasses.replace(info, eos_token_ids=ids)
+    return config, info
 
 
 def _gpt2_prefix(keys: list[str]) -> str:
@@ -186,6 +205,7 @@ def import_hf(
     dtype: str | None = None,
     allow_pickle: bool = False,
     config_overrides: Mapping[str, Any] | None = None,
+    strict: bool = False,
 ) -> tuple[ModelConfig, CausalLM]:
     """Load a Hugging Face causal-LM folder (GPT-2, Llama, Mistral, Qwen2, Mixtral) as a Halyard model.
 
@@ -208,13 +228,15 @@ def import_hf(
             ``torch.load(weights_only=True)``.
         config_overrides: Halyard config fields set on top of ``config.json`` (``remat``, ``scan_layers``,
             ``attention_implementation``, ...).
+        strict: refuse every ``config.json`` key the family's rule does not name (see `read_hf_config`).
 
     Returns:
         ``(config, model)``.
 
     Raises:
         FileNotFoundError: no ``config.json`` or no weights.
-        UnsupportedModelError: remote code, an architecture or option Halyard does not implement.
+        UnsupportedModelError: remote code, a quantized checkpoint, a family or a value Halyard does not
+            implement.
         PickleRefusedError: only pickled weights and ``allow_pickle`` is False.
         MissingWeightError / UnexpectedWeightError / ShapeMismatchError: the weights and the config
             disagree (the message names the tensor, its file and both shapes).
@@ -226,7 +248,7 @@ def import_hf(
     overrides = dict(config_overrides or {})
     if dtype is not None:
         overrides["param_dtype"] = dtype
-    config, info = read_hf_config(folder, overrides=overrides)
+    config, info = read_hf_config(folder, overrides=overrides, strict=strict)
     source = open_weights(folder, allow_pickle=allow_pickle)
     if layout is not None and mesh is not None:
         vocab_size = _vocab_for_mesh(config, info.vocab_size, layout, mesh)

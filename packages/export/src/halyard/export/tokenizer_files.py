@@ -17,7 +17,13 @@ from typing import Any
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Files a tokenizer folder may hold that belong next to the model; copied as they are when present.
-COMPANION_FILES = (TOKENIZER_CONFIG, "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+COMPANION_FILES = (
+    TOKENIZER_CONFIG,
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 # Well-known special-token spellings, tried in order when no config names the token.
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>")
@@ -105,14 +111,15 @@ def read_tokenizer(path: str | Path) -> TokenizerInfo:
 
 
 def write_tokenizer_files(
-    info: TokenizerInfo, folder: Path, *, special_ids: dict[str, int | None], model_max_length: int
+    info: TokenizerInfo, folder: Path, *, special_ids: dict[str, Any], model_max_length: int
 ) -> None:
     """Copy the tokenizer files into ``folder``; write a ``tokenizer_config.json`` if none came along.
 
     Args:
         info: the tokenizer.
         folder: the export folder.
-        special_ids: ``{"bos": id, "eos": id, "pad": id}`` as exported in config.json (None: unknown).
+        special_ids: ``{"bos": id, "eos": id, "pad": id}`` as exported in config.json (None: unknown; for a
+            list of EOS ids the tokenizer's EOS is the first of them).
         model_max_length: the model's longest sequence (the tokenizer's truncation limit).
     """
     shutil.copyfile(info.tokenizer_json, folder / TOKENIZER_JSON)
@@ -126,6 +133,7 @@ def write_tokenizer_files(
         "clean_up_tokenization_spaces": False,
     }
     for role, token_id in special_ids.items():
+        token_id = token_id[0] if isinstance(token_id, list) else token_id
         token = None if token_id is None else info.token_of(token_id)
         if token is not None:
             config[f"{role}_token"] = token

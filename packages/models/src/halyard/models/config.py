@@ -47,6 +47,9 @@ class ModelConfig(abc.ABC):
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
             default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
             A sequence no longer than one block runs as a single block.
+        eos_token_ids: the ids that end a sequence (a Hugging Face checkpoint's ``eos_token_id``, all of
+            a list such as Llama 3.1 Instruct's): `generate` stops at them unless its
+            ``SamplingConfig.stop_tokens`` says otherwise, and `export_hf` writes them back. Empty: none known.
     """
 
     family: ClassVar[str] = ""
@@ -59,8 +62,15 @@ class ModelConfig(abc.ABC):
     loss_block_size: int | None = 2048
     loss_full_logits_max_mib: int = 256
     attention_block_size: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        ids = self.eos_token_ids
+        if not isinstance(ids, (tuple, list)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
+            raise ValueError(f"{type(self).__name__}.eos_token_ids must be a list of token ids, got {ids!r}")
+        object.__setattr__(self, "eos_token_ids", tuple(ids))  # a YAML list: hashable like the rest
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
         _check_choice(self, "remat", REMAT_POLICIES)
         if not isinstance(self.loss_full_logits_max_mib, int) or self.loss_full_logits_max_mib < 0:

@@ -34,7 +34,8 @@ class SamplingConfig:
         temperature: softmax temperature; ``0`` means greedy (argmax).
         top_k: keep only the ``top_k`` most likely tokens (None: all).
         top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (None: all).
-        stop_tokens: generation of a sequence ends after it emits one of these (the stop token is kept).
+        stop_tokens: generation of a sequence ends after it emits one of these (the stop token is kept);
+            None: the model config's ``eos_token_ids`` (every EOS id of an imported checkpoint).
         pad_token: id used for left padding and after a sequence stopped.
     """
 
@@ -42,7 +43,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    stop_tokens: tuple[int, ...] = ()
+    stop_tokens: tuple[int, ...] | None = None
     pad_token: int = 0
 
     def __post_init__(self) -> None:
@@ -162,6 +163,9 @@ def generate(
             f"prompt length {int(lengths.max())} + max_new_tokens {config.max_new_tokens} exceeds the "
             f"{limit} positions the model has; shorten the prompt or generate fewer tokens"
         )
+    if config.stop_tokens is None:
+        stops = tuple(getattr(model.model_config, "eos_token_ids", ()))
+        config = dataclasses.replace(config, stop_tokens=stops)
     return _generate(model, jnp.asarray(tokens), jnp.asarray(lengths), key, config, total, return_logits)
 
 
