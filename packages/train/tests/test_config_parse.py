@@ -49,12 +49,15 @@ def test_override_inside_default_choice_keeps_its_type_and_values():
     assert config.schedule == CosineSection(warmup_steps=4, final_fraction=0.2)
 
 
-def test_switching_type_starts_from_the_new_types_defaults(tmp_path):
+def test_switching_type_keeps_the_values_the_new_type_has_and_names_the_dropped_ones(tmp_path, capsys):
     path = write(
         tmp_path / "run.yaml", "schedule:\n  type: cosine\n  warmup_steps: 9\n  final_fraction: 0.5\n"
     )
     config = parse_config(ExampleConfig, ["--schedule.type", "constant"], path)
-    assert config.schedule == ConstantSection()
+    assert config.schedule == ConstantSection(warmup_steps=9)
+    assert "dropped schedule.final_fraction (set in" in capsys.readouterr().err
+    # The old type's defaults are not carried over: only values a file or the command line set.
+    assert parse_config(ExampleConfig, ["--schedule.type", "constant"]).schedule == ConstantSection()
 
 
 def test_list_values_are_read_as_yaml():

@@ -106,6 +106,12 @@ class LlamaConfig(ModelConfig):
                 f"{name}.hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
                 "set head_dim explicitly"
             )
+        sizes = (
+            f"head_dim={self.head_dim}"
+            if self.head_dim
+            else f"hidden_size={self.hidden_size} / num_heads={self.num_heads}"
+        )
+        self.rope.check_head_size(self.head_size, f"{name}.{sizes}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"{name}.sliding_window must be positive or None, got {self.sliding_window}")
         if self.full_attention_layers:

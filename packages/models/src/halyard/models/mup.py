@@ -86,6 +86,7 @@ class MupConfig(ModelConfig):
                 f"MupConfig.hidden_size={self.hidden_size} must be a multiple of head_dim={self.head_dim} "
                 "(muP keeps the head size fixed and grows the number of heads)"
             )
+        self.rope.check_head_size(self.head_dim, f"MupConfig.head_dim={self.head_dim}")
         check_activation(self.activation, "MupConfig.activation")
 
     @property

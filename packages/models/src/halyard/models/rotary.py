@@ -152,6 +152,24 @@ class RotaryConfig:
         """How many leading channels of a head rotate."""
         return int(head_size * self.partial_rotary_factor)
 
+    def check_head_size(self, head_size: int, where: str) -> None:
+        """Refuse a head size whose rotating channels do not form pairs (checked by model configs).
+
+        Args:
+            head_size: channels per head.
+            where: how the head size came about, for the message (``"LlamaConfig: hidden_size 32 / ..."``).
+
+        Raises:
+            ValueError: ``rotary_dim(head_size)`` is odd or below 2.
+        """
+        dim = self.rotary_dim(head_size)
+        if dim < 2 or dim % 2:
+            raise ValueError(
+                f"{where} gives head_size {head_size}, so rotary_dim {dim} (head_size x partial_rotary_factor "
+                f"{self.partial_rotary_factor}); rotary embeddings rotate channel pairs and need an even "
+                "rotary_dim >= 2: use fewer heads, a wider model, or an even head_dim"
+            )
+
 
 def inverse_frequencies(
     config: RotaryConfig, head_size: int, *, max_position: int, sequence_length: jax.Array | int | None = None
@@ -168,11 +186,8 @@ def inverse_frequencies(
     Returns:
         ``(inv_freq[rotary_dim // 2] float32, attention_factor)``.
     """
+    config.check_head_size(head_size, "rotary")
     dim = config.rotary_dim(head_size)
-    if dim < 2 or dim % 2:
-        raise ValueError(
-            f"rotary: rotary_dim {dim} (head_size {head_size} x partial factor) must be even and >= 2"
-        )
     # jnp's float32 power matches torch's bit for bit; numpy's differs in the last place.
     exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
     base_inv_freq = 1.0 / (jnp.float32(config.theta) ** exponents)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,20 @@ from halyard.train.config.errors import ConfigError
 from halyard.train.config.merge import deep_merge
 
 INCLUDE_KEY = "include"
-"""Top-level YAML key naming one file or a list of files (relative to the including file) to start from."""
+"""Top-level YAML key naming one file or a list of files (relative to the including file, or built-in
+config names such as `demo`) to start from."""
+
+
+ConfigLayer = tuple[str, dict[str, Any], dict[str, str]]
+"""One file's own keys: (its path, its content without `include:`, dotted key -> "file:line")."""
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a YAML config file into a plain dict, resolving its `include:` key recursively.
 
     Included files are merged in the order listed, then the including file's own keys are merged on top
-    (nested sections merge key by key; a section whose `type:` changes is replaced, not merged).
+    (nested sections merge key by key; a section whose `type:` changes is replaced, not merged: use
+    `parse_config`, which merges `load_config_layers` by the schema, to keep the fields both types have).
     draccus's `!include other.yaml` tag for a single value also works inside any file.
 
     Args:
@@ -30,24 +37,29 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: the file (or an included file) is missing, is not valid YAML, does not hold a mapping,
             or includes itself.
     """
-    return load_config_file_with_locations(path)[0]
+    merged: dict[str, Any] = {}
+    for _, content, _ in load_config_layers(path):
+        merged = deep_merge(merged, content)
+    return merged
 
 
-def load_config_file_with_locations(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Like `load_config_file`, and also where each key was written: `{"trainer.steps": "run.yaml:3"}`.
-
-    Keys of list items are numbered (`trackers.0.type`). A key set by several files maps to the file
-    that wins the merge.
-
-    Args:
-        path: the YAML file.
+def load_config_layers(path: str | os.PathLike[str]) -> list[ConfigLayer]:
+    """The layers of a config file, lowest priority first: its includes (recursively, in the order
+    listed), then its own keys. An include is a path relative to the including file, or the name of a
+    built-in config (`include: demo`) when no such file exists.
 
     Raises:
         ConfigError: as `load_config_file`.
     """
-    locations: dict[str, str] = {}
-    content = _load(Path(path), chain=(), locations=locations)
-    return content, locations
+    layers: list[ConfigLayer] = []
+    _load(Path(path), chain=(), layers=layers)
+    return layers
+
+
+def builtin_config_path(name: str) -> Path | None:
+    """The YAML file of the built-in config `name` (`demo`, ...), or None when there is none."""
+    candidate = resources.files("halyard.train") / "configs" / f"{name}.yaml"
+    return Path(str(candidate)) if candidate.is_file() else None
 
 
 def key_locations(path: Path, text: str) -> dict[str, str]:
@@ -80,7 +92,7 @@ def key_locations(path: Path, text: str) -> dict[str, str]:
     return locations
 
 
-def _load(path: Path, chain: tuple[Path, ...], locations: dict[str, str]) -> dict[str, Any]:
+def _load(path: Path, chain: tuple[Path, ...], layers: list[ConfigLayer]) -> None:
     resolved = path.resolve()
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))
@@ -105,12 +117,15 @@ def _load(path: Path, chain: tuple[Path, ...], locations: dict[str, str]) -> dic
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(item, str) for item in includes):
         raise ConfigError(f"{path}: '{INCLUDE_KEY}' must be a file name or a list of file names.")
-    merged: dict[str, Any] = {}
     for include in includes:
-        merged = deep_merge(
-            merged, _load(path.parent / include, chain=(*chain, resolved), locations=locations)
-        )
+        _load(_include_path(path, include), chain=(*chain, resolved), layers=layers)
     own_locations = key_locations(path, path.read_text(encoding="utf-8"))
     own_locations.pop(INCLUDE_KEY, None)
-    locations.update(own_locations)
-    return deep_merge(merged, content)
+    layers.append((str(path), content, own_locations))
+
+
+def _include_path(including: Path, include: str) -> Path:
+    relative = including.parent / include
+    if relative.is_file():
+        return relative
+    return builtin_config_path(include) or relative

@@ -8,6 +8,7 @@ source, with a "did you mean" suggestion.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,8 +19,8 @@ from draccus.argparsing import ArgumentParser as DraccusArgumentParser
 from draccus.utils import DecodingError, ParsingError
 
 from halyard.train.config.errors import ConfigError
-from halyard.train.config.files import load_config_file_with_locations
-from halyard.train.config.merge import deep_merge
+from halyard.train.config.files import load_config_layers
+from halyard.train.config.merge import deep_merge, merge_layer
 from halyard.train.config.schema import check_keys, describe_field, is_choice_section
 
 ConfigT = TypeVar("ConfigT")
@@ -42,7 +43,8 @@ def parse_config(
     Layers, lowest priority first: `config_class()`'s defaults; `config_path`; each `--config FILE` in
     `argv`; the overrides in `argv` (`--trainer.steps 200` or `--trainer.steps=200`, values read as YAML so
     `[1, 2]`, `null` and `true` work). A section selected by `type:` keeps the fields set below it as long
-    as the type stays the same; switching type (`--optimizer.type lion`) starts from the new type's defaults.
+    as the type stays the same; switching type (`--optimizer.type lion`) keeps the values set below that the
+    new type also has (key by key), and prints to stderr each one it drops.
     `-h`/`--help` prints `config_help` and exits with code 0.
 
     Args:
@@ -63,7 +65,7 @@ def parse_config(
     file_paths, overrides_argv = _split_config_flags(argv)
     if config_path is not None:
         file_paths.insert(0, os.fspath(config_path))
-    layers = [(path, *load_config_file_with_locations(path)) for path in file_paths]
+    layers = [layer for path in file_paths for layer in load_config_layers(path)]
     overrides = overrides_from_argv(overrides_argv)
     layers.append((COMMAND_LINE, overrides, {key: COMMAND_LINE for key in _dotted_keys(overrides)}))
 
@@ -71,7 +73,15 @@ def parse_config(
     origins: dict[str, str] = {}
     for source, layer, locations in layers:
         check_keys(config_class, layer, merged, source, locations=locations)
-        merged = deep_merge(merged, layer)
+        merged, dropped = merge_layer(config_class, merged, layer, origins)
+        for key in dropped:
+            where = origins.get(key.key) or next(v for k, v in origins.items() if k.startswith(key.key))
+            section = key.key.rsplit(".", 1)[0]
+            print(
+                f"config: dropped {key.key} (set in {where}): {section}.type {key.new_type} "
+                f"(set in {locations.get(section + '.type', source)}) has no such field",
+                file=sys.stderr,
+            )
         origins.update(locations)
     return decode_config(config_class, merged, origins)
 
