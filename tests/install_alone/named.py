@@ -1,0 +1,16 @@
+"""Smoke use of halyard-named installed alone: a named contraction matches numpy."""
+
+import jax
+import numpy as np
+
+import halyard.named as hn
+from halyard.named import Axis
+
+Batch, Embed, Vocab = Axis("batch", 2), Axis("embed", 3), Axis("vocab", 4)
+x = hn.random.normal(jax.random.key(0), (Batch, Embed))
+w = hn.random.normal(jax.random.key(1), (Vocab, Embed))  # the other axis order: matched by name
+logits = jax.jit(lambda a, b: hn.dot(a, b, axis="embed"))(x, w)
+assert logits.shape == {"batch": 2, "vocab": 4}, logits.shape
+expected = np.asarray(x.array) @ np.asarray(w.array).T
+np.testing.assert_allclose(np.asarray(logits.array), expected, rtol=1e-5, atol=1e-6)
+print("named ok", logits.shape)
