@@ -97,3 +97,42 @@ def test_bad_precision_and_indivisible_batch_are_named() -> None:
         Precision(compute="fp7")
     with pytest.raises(ValueError, match="trainer.accumulation=3"):
         split_microbatches({"x": jnp.zeros((8, 2))}, 3)
+
+
+def _sophia_state(opt_state):
+    from halyard.train.optim.sophia import SophiaHState
+
+    found = [
+        node
+        for node in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, SophiaHState))
+        if isinstance(node, SophiaHState)
+    ]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_sophia_gets_the_token_mean_loss_of_the_first_microbatch(accumulation: int) -> None:
+    from halyard.train.optim import SophiaHConfig, hutchinson_diagonal_hessian
+    from halyard.train.optim.schedule_config import ConstantScheduleConfig
+
+    config = SophiaHConfig(learning_rate=1e-2, schedule=ConstantScheduleConfig(), max_grad_norm=None)
+    optimizer = config.build(total_steps=4)
+    batch, params = toy_batch(), toy_params()
+    state = init_state(params, optimizer, jax.random.PRNGKey(0))
+    step = jax.jit(make_train_step(toy_loss, optimizer, accumulation=accumulation))
+    new_state, metrics = step(state, batch)
+    assert int(metrics["nonfinite"]) == 0
+
+    first = jax.tree_util.tree_map(lambda x: x[0], split_microbatches(batch, accumulation))
+    first = batch if accumulation == 1 else first
+
+    def mean_loss(p):
+        total, stats = toy_loss(p, first, None)
+        return total / stats["num_tokens"]
+
+    _, estimate_key = jax.random.split(jax.random.key(config.seed))
+    estimate = hutchinson_diagonal_hessian(mean_loss, params, estimate_key)
+    hessian = _sophia_state(new_state.opt_state).hessian
+    for name in ("w", "b"):
+        np.testing.assert_allclose(hessian[name], (1 - config.beta2) * estimate[name], rtol=1e-5, atol=1e-8)

@@ -25,7 +25,9 @@ _TENSOR: list[tuple[str, RuleValue]] = [(n, ("tensor",)) for n in ("heads", "kv_
 
 
 def _is_named(x: Any) -> bool:
-    return isinstance(x, NamedArray)
+    # A NamedArray around an empty pytree node (optax's MaskedNode, in the state of a masked or
+    # multi_transform optimizer such as Muon's) holds no array to place: descend into it, finding no leaf.
+    return isinstance(x, NamedArray) and bool(jax.tree_util.tree_leaves(x.array))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,6 @@ def make_train_step(
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
     skip_nonfinite: bool = True,
     microbatch_sharding: Any = None,
-    optimizer_extra_args: Callable[[Any, dict[str, jax.Array], jax.Array], dict[str, Any]] | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Build ``train_step(state, batch) -> (state, metrics)``; jit it with the state donated.
 
@@ -87,8 +86,10 @@ def make_train_step(
             state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
             order stays a function of the step).
         microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
-        optimizer_extra_args: ``(params, batch, key) -> kwargs`` passed to ``optimizer.update`` (Sophia's
-            Hessian estimate needs the loss function).
+
+    An ``optax.GradientTransformationExtraArgs`` also receives ``loss_fn=``: ``params -> token-mean loss``
+    of the step's first microbatch (Sophia-H's Hessian estimate; the other optimizers ignore it, and XLA
+    drops what an unused ``loss_fn`` traced).
 
     Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
     ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
@@ -100,6 +101,21 @@ def make_train_step(
         return loss_sum.astype(jnp.float32), stats
 
     grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+
+    def first_microbatch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        if accumulation == 1:
+            return batch
+        first = jax.tree_util.tree_map(lambda x: x[0], split_microbatches(batch, accumulation))
+        if microbatch_sharding is not None:
+            first = jax.lax.with_sharding_constraint(first, microbatch_sharding)
+        return first
+
+    def mean_loss_of(batch: dict[str, jax.Array], key: jax.Array) -> Callable[[Any], jax.Array]:
+        def mean_loss(params: Any) -> jax.Array:
+            loss_sum, stats = compute_loss(params, batch, key)
+            return loss_sum / jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
+
+        return mean_loss
 
     def accumulate(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[Any, jax.Array, Any]:
         if accumulation == 1:
@@ -133,7 +149,9 @@ def make_train_step(
         grad_sums, loss_sum, stats = accumulate(state.params, batch, loss_key)
         num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
         grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
-        extra = optimizer_extra_args(state.params, batch, optimizer_key) if optimizer_extra_args else {}
+        extra = {}
+        if isinstance(optimizer, optax.GradientTransformationExtraArgs):
+            extra["loss_fn"] = mean_loss_of(first_microbatch(batch), optimizer_key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
         params = optax.apply_updates(state.params, updates)
         params = precision.cast_to_params(params)
