@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,8 @@ class Trainer:
         config: the run config (`halyard.train.run_config.TrainConfig`).
         preemption: the flag polled each step (default: SIGTERM handler installed by `fit`).
         clock: time source for checkpoint policies and throughput (tests pass a fake one).
+        devices: the devices of the mesh (default: every process's devices; `halyard plan` passes
+            simulated ones).
     """
 
     def __init__(
@@ -80,12 +82,13 @@ class Trainer:
         *,
         preemption: PreemptionFlag | None = None,
         clock: Callable[[], float] = time.monotonic,
+        devices: Sequence[jax.Device] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(config.trainer.run_dir)
         self.clock = clock
         self._preemption = preemption
-        self.mesh = config.trainer.mesh.build()
+        self.mesh = config.trainer.mesh.build(devices)
         self.layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
         # The model's shape: the `model:` section, or the config.json of `trainer.init=hf:PATH`.
         self.model_config = self._resolve_model_config()
@@ -114,7 +117,8 @@ class Trainer:
             total_steps=max(self.config.trainer.steps, 1), lr_multipliers=multipliers
         )
 
-    def _abstract_state(self, optimizer: Any) -> tuple[Callable[[jax.Array], TrainState], Any, Any]:
+    def abstract_state(self, optimizer: Any) -> tuple[Callable[[jax.Array], TrainState], Any, Any]:
+        """``(make_state, abstract state, its shardings)``: shapes only, nothing allocated."""
         model_config: Any = self.model_config
 
         def make_state(key: jax.Array) -> TrainState:
@@ -124,6 +128,21 @@ class Trainer:
         abstract = jax.eval_shape(make_state, key)
         shardings = self.layout.shardings(abstract, self.mesh)
         return make_state, abstract, shardings
+
+    def step_function(self, optimizer: Any, shardings: Any) -> Any:
+        """The jitted train step ``(state, batch) -> (state, metrics)``: state donated, kept in ``shardings``."""
+        cfg = self.config.trainer
+        return jax.jit(
+            make_train_step(
+                lm_loss_fn(cfg.z_loss_weight),
+                optimizer,
+                accumulation=cfg.accumulation,
+                precision=cfg.precision,
+                learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
+            ),
+            donate_argnums=0,
+            out_shardings=(shardings, None),
+        )
 
     def _initial_state(
         self,
@@ -203,7 +222,7 @@ class Trainer:
             FileNotFoundError: no complete checkpoint.
         """
         optimizer = self.build_optimizer()
-        _, abstract, shardings = self._abstract_state(optimizer)
+        _, abstract, shardings = self.abstract_state(optimizer)
         with CheckpointManager(
             self.run_dir / "checkpoints", verify_checksums=self.config.checkpoint.verify_checksums
         ) as manager:
@@ -227,7 +246,7 @@ class Trainer:
         data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
 
         optimizer = self.build_optimizer()
-        make_state, abstract, shardings = self._abstract_state(optimizer)
+        make_state, abstract, shardings = self.abstract_state(optimizer)
         manager = CheckpointManager(
             self.run_dir / "checkpoints",
             save_policy=SavePolicy(self.config.checkpoint.every_steps, self.config.checkpoint.every_seconds),
@@ -239,18 +258,7 @@ class Trainer:
         start_step = int(state.step)
         if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
             save_resolved_config(self.config, self.run_dir)
-        schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
-        step_fn = jax.jit(
-            make_train_step(
-                lm_loss_fn(cfg.z_loss_weight),
-                optimizer,
-                accumulation=cfg.accumulation,
-                precision=cfg.precision,
-                learning_rate=schedule,
-            ),
-            donate_argnums=0,
-            out_shardings=(shardings, None),
-        )
+        step_fn = self.step_function(optimizer, shardings)
         log = MetricsLog(
             self.config,
             self.run_dir,
