@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from halyard.train.cli import main
 
@@ -57,3 +58,21 @@ def test_halyard_version_prints_every_installed_package(capsys: pytest.CaptureFi
     printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
     expected = {name: str(package.version) for name, package in wheelhouse.read_packages().items()}
     assert printed == expected
+
+
+def test_the_readme_install_table_matches_the_packages() -> None:
+    rows = {
+        line.split("|")[1].split()[0]: line
+        for line in (wheelhouse.ROOT / "README.md").read_text().splitlines()
+        if line.startswith("| halyard-")
+    }
+    packages = wheelhouse.read_packages()
+    assert sorted(rows) == sorted(packages)
+    for name, package in packages.items():
+        row = rows[name]
+        assert f"| {name} {package.version} |" in row, (
+            f"README.md's install table: {row} (version {package.version})"
+        )
+        needed = sorted(canonicalize_name(r.name) for r in package.halyard_requirements)
+        named = [other for other in packages if other != name and other in row.split("|")[2]]
+        assert needed == sorted(named) or (len(needed) == 5 and "all five" in row), (name, needed, row)
