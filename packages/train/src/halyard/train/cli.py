@@ -25,6 +25,7 @@ commands:
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
   configs   list the built-in configs
+  plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
 
   --version print every installed halyard package and its version
 """
@@ -122,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "export": run_tools.export_main,
         }
         return exit_on_config_error(tools[command])(rest)
+    if command == "plan":
+        from halyard.train.plan.command import plan_main
+
+        return plan_main(rest)
     if command == "configs":
         for name, path in sorted(builtin_configs().items()):
             print(f"{name:16s} {path}")

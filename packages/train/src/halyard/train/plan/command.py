@@ -1,0 +1,170 @@
+"""The ``halyard plan`` command: options, simulated devices (re-running itself when needed), the report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from halyard.train.config import ConfigError, exit_on_config_error, parse_config
+from halyard.train.plan.accelerators import Accelerator, accelerator
+from halyard.train.plan.step_memory import StepMemory
+
+if TYPE_CHECKING:
+    from halyard.train.run_config import TrainConfig
+
+CHILD_ENV = "HALYARD_PLAN_CHILD"
+"""Set in the process `plan_main` re-runs itself in, so it never re-runs twice."""
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="halyard plan",
+        description="Before launch: memory per device of the compiled train step on the configured mesh and "
+        "layout, FLOPs per token, and the step time at a given MFU. Config overrides (--trainer.batch_size "
+        "64 ...) follow the options.",
+    )
+    parser.add_argument("--config", action="append", required=True, help="a YAML file or built-in config")
+    parser.add_argument(
+        "--devices", type=int, default=None, help="devices of the run (default: the mesh's sizes, else 8)"
+    )
+    parser.add_argument(
+        "--accelerator", default="H100 SXM", help="chip of the peaks table (default H100 SXM)"
+    )
+    parser.add_argument(
+        "--memory-gib", type=float, default=None, help="memory per chip, instead of the table's"
+    )
+    parser.add_argument(
+        "--mfu", type=float, default=0.4, help="model FLOPs utilisation to expect (default 0.4)"
+    )
+    return parser
+
+
+@exit_on_config_error
+def plan_main(argv: Sequence[str]) -> int:
+    """``halyard plan --config X [--devices N] [--accelerator A] [overrides]``: print the plan."""
+    from halyard.train.cli import resolve_config_paths
+    from halyard.train.run_config import TrainConfig
+
+    options, overrides = _parser().parse_known_args(list(argv))
+    if not 0 < options.mfu <= 1:
+        raise ConfigError(f"--mfu {options.mfu}: give a share between 0 and 1, e.g. 0.4.")
+    config_args = [arg for path in options.config for arg in ("--config", path)]
+    config = parse_config(TrainConfig, resolve_config_paths([*config_args, *overrides]), prog="halyard plan")
+    num_devices = options.devices or _mesh_device_count(config.trainer.mesh)
+    if num_devices < 1:
+        raise ConfigError(f"--devices {num_devices}: give a positive number of devices.")
+    chip = accelerator(options.accelerator, config.trainer.precision.compute, options.memory_gib)
+    devices = _simulated_devices(num_devices)
+    if devices is None:
+        return _rerun_with_devices(argv, num_devices)
+    from halyard.train.plan.step_memory import step_memory
+
+    print(f"compiling the train step for {num_devices} simulated devices ...", file=sys.stderr, flush=True)
+    memory = step_memory(config, devices)
+    print(format_plan(config, memory, chip, options.mfu))
+    return 0
+
+
+def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu: float) -> str:
+    """The report: memory per device with the fit verdict, then FLOPs and the expected step time."""
+    trainer, seq_len = config.trainer, config.data.seq_len
+    tokens = trainer.batch_size * seq_len
+    flops_per_token = memory.flops_per_token
+    step_flops = flops_per_token * tokens
+    ideal = step_flops / (memory.num_devices * chip.peak_flops)
+    mesh = " ".join(f"{axis}={size}" for axis, size in memory.mesh.items()) or "one device"
+    fits = memory.total <= chip.usable_bytes
+    lines = [
+        f"model     {memory.model_family} {_count(memory.num_params)} parameters, remat={memory.remat}",
+        f"run       {memory.num_devices} devices (mesh {mesh}), layout {trainer.layout}, "
+        f"precision params={trainer.precision.params} compute={trainer.precision.compute}",
+        f"batch     {trainer.batch_size} x {seq_len} = {tokens:,} tokens a step, "
+        f"accumulation {trainer.accumulation}",
+        "",
+        "memory per device (XLA's memory analysis of the compiled step)",
+        _row("parameters", memory.params, "the layout's shards"),
+        _row("optimizer state", memory.optimizer_state, type(config.optimizer).__name__),
+        _row("gradients", memory.gradients, "one per parameter, in its shard (of the temporaries)"),
+        _row("activations", memory.activations, "saved for the backward pass, and workspace"),
+        _row("batch", memory.batch, "int32 tokens and segment ids"),
+        _row("total", memory.total, "arguments + temporaries + outputs not aliased"),
+        f"{'fits' if fits else 'DOES NOT FIT'} on {chip.name}: {_gib(memory.total)} of "
+        f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",
+    ]
+    if not fits:
+        lines.append(
+            "  to fit: raise trainer.accumulation, set model.remat full, shard more (trainer.layout fsdp, "
+            "trainer.mesh), lower trainer.batch_size or data.seq_len, or use more devices (--devices)"
+        )
+    lines += [
+        "",
+        f"compute on {chip.name} ({chip.dtype} peak {chip.peak_flops / 1e12:g} TFLOP/s per chip)",
+        f"  FLOPs per token     {flops_per_token:.3g} (forward + backward, model FLOPs)",
+        f"  FLOPs per step      {step_flops:.3g}",
+        f"  step time           {ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {mfu:.0%} MFU "
+        f"({tokens / (ideal / mfu):,.0f} tokens/s)",
+        f"  (compiled in {memory.compile_seconds:.0f} s on simulated CPU devices: XLA's CPU buffer "
+        "assignment, an estimate of the accelerator's)",
+    ]
+    return "\n".join(lines)
+
+
+def _row(name: str, size: int, note: str) -> str:
+    return f"  {name:16s} {_gib(size):>11s}   {note}"
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**24 else f"{size / 2**20:.2f} MiB"
+
+
+def _count(number: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if number >= scale:
+            return f"{number / scale:.2f}{unit}"
+    return str(number)
+
+
+def _mesh_device_count(mesh: object) -> int:
+    from halyard.shard import MESH_AXES
+
+    sizes = [getattr(mesh, axis) for axis in MESH_AXES]
+    return math.prod(sizes) if -1 not in sizes else 8
+
+
+def _simulated_devices(count: int) -> list | None:
+    """``count`` CPU devices of this process, or None when jax already started with fewer.
+
+    XLA reads the device count when jax initialises its backends, so it is set here if that has not
+    happened yet.
+    """
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), count)
+        jax.config.update("jax_platforms", "cpu")
+    devices = jax.devices("cpu")
+    return list(devices[:count]) if len(devices) >= count else None
+
+
+def _with_device_count(flags: str, count: int) -> str:
+    kept = re.sub(rf"{DEVICE_COUNT_FLAG}=\d+", "", flags).split()
+    return " ".join([*kept, f"{DEVICE_COUNT_FLAG}={count}"])
+
+
+def _rerun_with_devices(argv: Sequence[str], count: int) -> int:
+    if os.environ.get(CHILD_ENV):
+        raise ConfigError(
+            f"could not start {count} simulated CPU devices (XLA_FLAGS={os.environ.get('XLA_FLAGS')})."
+        )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{CHILD_ENV: "1"})
+    env["XLA_FLAGS"] = _with_device_count(env.get("XLA_FLAGS", ""), count)
+    return subprocess.run([sys.executable, "-m", "halyard.train.plan", *argv], env=env).returncode

@@ -1,0 +1,142 @@
+"""What one device holds during a train step, from XLA's memory analysis of the compiled step.
+
+The step is the trainer's own (`Trainer.step_function`), lowered on abstract inputs
+(`jax.ShapeDtypeStruct` with the layout's shardings) and compiled for the configured mesh: nothing
+is allocated, so an 8B model plans on a laptop with simulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
+from halyard.train.config import ConfigError
+from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Bytes per device of one compiled train step (all figures are for one device)."""
+
+    num_devices: int
+    """Devices of the mesh."""
+    mesh: dict[str, int]
+    """Mesh axis sizes."""
+    model_family: str
+    """The model's family (`type:`), after `trainer.init: hf:` resolved it."""
+    remat: str
+    """The model's remat policy."""
+    num_params: int
+    """Parameters of the model (whole model, not per device)."""
+    flops_per_token: float
+    """Model FLOPs (forward + backward) per token at `data.seq_len`."""
+    params: int
+    """The parameters' shards on one device."""
+    optimizer_state: int
+    """The optimizer state's shards on one device."""
+    batch: int
+    """The batch's shard on one device."""
+    gradients: int
+    """Gradients, one per parameter in its dtype and sharding: part of `temporaries`."""
+    temporaries: int
+    """XLA's temporary buffers of the step: activations kept for the backward pass, gradients, workspace."""
+    arguments: int
+    """XLA's argument buffers (state and batch)."""
+    outputs_not_aliased: int
+    """Output buffers that do not reuse a donated argument (metrics; the new state reuses the old)."""
+    compile_seconds: float
+    """Time to lower and compile the step."""
+
+    @property
+    def activations(self) -> int:
+        """Temporaries other than the gradients: saved activations and workspace."""
+        return max(self.temporaries - self.gradients, 0)
+
+    @property
+    def total(self) -> int:
+        """Peak bytes of the step on one device: arguments + temporaries + outputs that are not aliased."""
+        return self.arguments + self.temporaries + self.outputs_not_aliased
+
+
+def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemory:
+    """Compile the run's train step for ``devices`` on abstract inputs and read its memory per device.
+
+    Args:
+        config: the run config (its mesh must fit ``len(devices)`` devices).
+        devices: the mesh's devices (simulated CPU devices do: only shapes and shardings matter).
+
+    Raises:
+        ConfigError: a mesh, layout or batch that does not fit these devices.
+    """
+    started = time.perf_counter()
+    try:
+        trainer = Trainer(config, devices=list(devices))
+        optimizer = trainer.build_optimizer()
+        _, abstract, shardings = trainer.abstract_state(optimizer)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    state = jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract,
+        shardings,
+    )
+    batch = _abstract_batch(config, trainer)
+    with use_layout(trainer.layout, trainer.mesh):
+        compiled = trainer.step_function(optimizer, shardings).lower(state, batch).compile()
+    analysis = compiled.memory_analysis()
+    model: Any = trainer.model_config
+    params = _bytes_per_device(state.params)
+    return StepMemory(
+        num_devices=len(devices),
+        mesh={axis: size for axis, size in mesh_axis_sizes(trainer.mesh).items() if size > 1},
+        model_family=type(model).family,
+        remat=model.remat,
+        num_params=int(model.num_params()),
+        flops_per_token=float(model.flops_per_token(config.data.seq_len)),
+        params=params,
+        optimizer_state=_bytes_per_device(state.opt_state),
+        batch=_bytes_per_device(batch),
+        gradients=params,
+        temporaries=int(analysis.temp_size_in_bytes),
+        arguments=int(analysis.argument_size_in_bytes),
+        outputs_not_aliased=max(int(analysis.output_size_in_bytes - analysis.alias_size_in_bytes), 0),
+        compile_seconds=time.perf_counter() - started,
+    )
+
+
+def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
+    """The loader's batch as shapes: int32 ``[batch_size, seq_len + 1]`` rows split over the batch axes."""
+    axes = default_batch_axes(trainer.mesh, trainer.layout)
+    sizes = mesh_axis_sizes(trainer.mesh)
+    ways = math.prod(sizes[axis] for axis in axes)
+    rows = config.trainer.batch_size
+    if rows % (ways * config.trainer.accumulation):
+        split = " * ".join(f"{axis}={sizes[axis]}" for axis in axes)
+        raise ConfigError(
+            f"trainer.batch_size={rows} does not split over the batch mesh axes ({split}) times "
+            f"trainer.accumulation={config.trainer.accumulation}: use a multiple of "
+            f"{ways * config.trainer.accumulation}."
+        )
+    entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+    sharding = NamedSharding(trainer.mesh, PartitionSpec(entry, None))
+    names = ("tokens", "segment_ids") + (("loss_mask",) if config.data.format != "text" else ())
+    shape = (rows, config.data.seq_len + 1)
+    return {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
+
+
+def _bytes_per_device(tree: Any) -> int:
+    """Bytes of the largest shard of each leaf, summed (one device's share of the tree)."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+    return total

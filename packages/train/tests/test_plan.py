@@ -1,0 +1,78 @@
+"""`halyard plan`: memory per device from the compiled step shrinks under FSDP; the report; the CLI path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from trainer_fixtures import load_config, write_config
+
+from halyard.train.cli import main
+from halyard.train.plan import StepMemory, accelerator, step_memory
+from halyard.train.plan.command import format_plan
+
+FSDP = {"layout": "fsdp", "min_shard": 0, "mesh": {"data": 1, "fsdp": -1}}
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("plan")
+    return write_config(folder / "run.yaml", folder / "run", folder / "cache", trainer=FSDP)
+
+
+@pytest.fixture(scope="module")
+def plans(config_path: Path) -> dict[int, StepMemory]:
+    config = load_config(config_path)
+    return {count: step_memory(config, jax.devices()[:count]) for count in (1, 8)}
+
+
+def test_fsdp_divides_the_state_over_the_devices(config_path: Path, plans: dict[int, StepMemory]) -> None:
+    config, one, eight = load_config(config_path), plans[1], plans[8]
+    assert one.mesh == {} and eight.mesh == {"fsdp": 8}
+    # Weights and AdamW moments are split eight ways; XLA's arguments are exactly the state and batch.
+    assert eight.params * 8 == one.params and one.params == 4 * config.model.num_params()
+    assert eight.optimizer_state * 8 == pytest.approx(one.optimizer_state, rel=0.01)
+    for plan in (one, eight):
+        assert plan.arguments == pytest.approx(plan.params + plan.optimizer_state + plan.batch, abs=64)
+    # Activations follow the batch shard (1/8 of the rows); the whole step takes less than a fifth.
+    assert eight.batch * 8 == one.batch
+    assert 0 < eight.activations < one.activations
+    assert eight.total < one.total / 5
+
+
+def test_the_report_says_whether_it_fits(config_path: Path, plans: dict[int, StepMemory]) -> None:
+    config = load_config(config_path)
+    report = format_plan(config, plans[8], accelerator("tpu-v5e", "float32"), mfu=0.4)
+    assert "fits on TPU v5e" in report and "of 16.00 GiB usable" in report
+    assert "mesh fsdp=8" in report and "8 x 32 = 256 tokens a step" in report
+    assert "FLOPs per token" in report and "at 40% MFU" in report
+    tiny = accelerator("tpu-v5e", "float32", memory_gib=plans[8].total / 2**30 / 2)
+    assert "DOES NOT FIT on TPU v5e" in format_plan(config, plans[8], tiny, mfu=0.4)
+
+
+def test_unknown_accelerator_and_batch_that_does_not_split(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert accelerator("h100", "bfloat16").name == "H100 SXM"
+    assert accelerator("v5p", "bfloat16").memory_gib == 95
+    with pytest.raises(SystemExit) as raised:
+        main(["plan", "--config", str(config_path), "--accelerator", "b200"])
+    assert raised.value.code == 2 and "unknown accelerator 'b200'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as raised:
+        main(["plan", "--config", str(config_path), "--devices", "8", "--trainer.batch_size", "12"])
+    assert raised.value.code == 2 and "trainer.batch_size=12" in capsys.readouterr().err
+
+
+def test_a_fresh_process_simulates_the_devices_it_needs(config_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    code = "import sys; from halyard.train.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["plan", "--config", str(config_path), "--devices", "4"]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 devices (mesh fsdp=4)" in result.stdout
