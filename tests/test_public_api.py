@@ -1,9 +1,9 @@
 """Each package's public API is what its ``__init__`` files export; removing a name is a visible change.
 
-The names are listed in tests/public_api.json (a package -> module -> names snapshot). After an intended
-change, regenerate it with ``HALYARD_UPDATE_PUBLIC_API=1 .venv/bin/python -m pytest tests/test_public_api.py``
-and follow docs/versioning.md: a removed or renamed name is a breaking change (bump the package's minor
-version while it is 0.x, widen no range, and say so in its CHANGELOG.md); an added name is a feature.
+tests/public_api.json records, per package, the version it was taken at and the names each ``__init__``
+exports. A name that disappears fails the test unless the package's version was bumped as for a breaking
+change (docs/versioning.md: the next minor while 0.x); a new name is a feature and only warns. A release
+regenerates the snapshot: ``HALYARD_UPDATE_PUBLIC_API=1 .venv/bin/python -m pytest tests/test_public_api.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import wheelhouse  # tools/wheelhouse.py: the packages and their folders
@@ -42,36 +44,77 @@ def exported_names(module: ModuleType) -> list[str]:
     )
 
 
-def current_api() -> dict[str, dict[str, list[str]]]:
+def current_api() -> dict[str, dict]:
+    """Distribution name -> its version and, per ``__init__`` module, the names it exports."""
     return {
-        package: {name: exported_names(importlib.import_module(name)) for name in names}
+        package: {
+            "version": str(wheelhouse.read_packages()[package].version),
+            "exports": {name: exported_names(importlib.import_module(name)) for name in names},
+        }
         for package, names in public_modules().items()
     }
 
 
-def test_public_api_matches_the_snapshot() -> None:
-    current = current_api()
-    if UPDATE:
-        SNAPSHOT.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-    recorded = json.loads(SNAPSHOT.read_text())
-    changes = []
-    for package in sorted(set(current) | set(recorded)):
-        now, before = current.get(package, {}), recorded.get(package, {})
-        for module in sorted(set(now) | set(before)):
-            removed = sorted(set(before.get(module, [])) - set(now.get(module, [])))
-            added = sorted(set(now.get(module, [])) - set(before.get(module, [])))
-            if module not in now:
-                changes.append(f"{package}: module {module} removed (breaking)")
-            elif module not in before:
-                changes.append(f"{package}: module {module} added: {', '.join(now[module]) or 'no names'}")
-            if removed and module in now:
-                changes.append(f"{package}: {module} no longer exports {', '.join(removed)} (breaking)")
-            if added and module in before:
-                changes.append(f"{package}: {module} now also exports {', '.join(added)}")
-    assert not changes, (
-        "the public API changed:\n  " + "\n  ".join(changes) + "\nIf intended: bump the version as "
-        "docs/versioning.md says, note it in the package's CHANGELOG.md and regenerate the snapshot with "
-        "HALYARD_UPDATE_PUBLIC_API=1 .venv/bin/python -m pytest tests/test_public_api.py"
+def api_changes(before: dict[str, list[str]], now: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """(removed, added): modules and ``module.name`` entries of ``before`` missing in ``now``, and the reverse."""
+    removed, added = [], []
+    for module in sorted(set(before) | set(now)):
+        if module not in now:
+            removed.append(f"module {module}")
+        elif module not in before:
+            added.append(f"module {module} ({', '.join(now[module]) or 'no names'})")
+        else:
+            removed += [f"{module}.{name}" for name in sorted(set(before[module]) - set(now[module]))]
+            added += [f"{module}.{name}" for name in sorted(set(now[module]) - set(before[module]))]
+    return removed, added
+
+
+def is_breaking_bump(old: Version, new: Version) -> bool:
+    """Whether ``old`` -> ``new`` is allowed to break: a new major, or a new minor while 0.x."""
+    return new.major > old.major or (new.major == old.major == 0 and new.minor > old.minor)
+
+
+def next_breaking(version: Version) -> str:
+    """The first version allowed to break ``version``'s API."""
+    return f"0.{version.minor + 1}.0" if version.major == 0 else f"{version.major + 1}.0.0"
+
+
+if UPDATE:
+    SNAPSHOT.write_text(json.dumps(current_api(), indent=1, sort_keys=True) + "\n")
+RECORDED = json.loads(SNAPSHOT.read_text())
+
+
+def test_the_snapshot_lists_every_package() -> None:
+    assert sorted(RECORDED) == sorted(public_modules()), f"regenerate {SNAPSHOT.name}: {__doc__}"
+
+
+@pytest.mark.parametrize("package", sorted(public_modules()))
+def test_no_public_name_disappears_without_a_breaking_version(package: str) -> None:
+    current, recorded = current_api()[package], RECORDED.get(package, {"version": "0", "exports": {}})
+    removed, added = api_changes(recorded["exports"], current["exports"])
+    if added:  # a feature: allowed in any release; the snapshot is regenerated when it is released
+        warnings.warn(
+            f"{package} exports new names since {recorded['version']}: {', '.join(added)}", stacklevel=1
+        )
+    old, new = Version(recorded["version"]), Version(current["version"])
+    assert not removed or is_breaking_bump(old, new), (
+        f"{package} {new} no longer exports {', '.join(removed)}, which {old} did: a breaking change. "
+        f"Restore them, or bump the version as docs/versioning.md says (to {next_breaking(old)}), "
+        f"move the ranges of the packages above it, note it under '### Breaking' in its CHANGELOG.md, and "
+        f"regenerate {SNAPSHOT.name} with HALYARD_UPDATE_PUBLIC_API=1 .venv/bin/python -m pytest tests/{Path(__file__).name}"
+    )
+
+
+def test_version_rule() -> None:
+    assert is_breaking_bump(Version("0.2.3"), Version("0.3.0"))
+    assert not is_breaking_bump(Version("0.2.0"), Version("0.2.5"))
+    assert is_breaking_bump(Version("1.4.0"), Version("2.0.0")) and not is_breaking_bump(
+        Version("1.4.0"), Version("1.5.0")
+    )
+    assert next_breaking(Version("0.2.3")) == "0.3.0" and next_breaking(Version("1.4.0")) == "2.0.0"
+    assert api_changes({"m": ["a", "b"], "gone": []}, {"m": ["b", "c"], "new": ["x"]}) == (
+        ["module gone", "m.a"],
+        ["m.c", "module new (x)"],
     )
 
 
