@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,10 +145,10 @@ def save(case: str, folder: Path, **save_kwargs: Any) -> Any:
     return model
 
 
-def padded_batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def padded_batch(seed: int = 0, vocab: int = VOCAB) -> tuple[np.ndarray, np.ndarray]:
     """``(ids [2, SEQ], attention_mask [2, SEQ])``, the second row right-padded by 4 tokens."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, VOCAB, size=(2, SEQ)).astype(np.int64)
+    ids = rng.integers(0, vocab, size=(2, SEQ)).astype(np.int64)
     attention_mask = np.ones((2, SEQ), np.int64)
     attention_mask[1, SEQ - 4 :] = 0
     return ids, attention_mask
@@ -159,12 +160,18 @@ def torch_logits(model: Any, ids: np.ndarray, attention_mask: np.ndarray) -> np.
     return out.logits.float().numpy()
 
 
+@eqx.filter_jit
+def _forward(model: Any, tokens: Any, mask: AttentionMask) -> jax.Array:
+    return model(tokens, mask=mask).unwrap("batch", "pos", "vocab")
+
+
 def halyard_logits(model: Any, ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The model's logits under jit (one compilation is faster than running a tiny model op by op)."""
     tokens = named(jnp.asarray(ids, jnp.int32), ("batch", "pos"))
     mask = AttentionMask(
         causal=True, key_valid=named(jnp.asarray(attention_mask, bool), ("batch", "key_pos"))
     )
-    return np.asarray(jax.device_get(model(tokens, mask=mask).unwrap("batch", "pos", "vocab")))
+    return np.asarray(jax.device_get(_forward(model, tokens, mask)))
 
 
 def assert_logits_close(

@@ -33,9 +33,13 @@ GPT2_RULE = COMMON_RULE + KeyRule(
         "tie_word_embeddings": (True,),  # Halyard's GPT-2 always shares the embedding with the output
         "scale_attn_weights": (True,),
         "scale_attn_by_inverse_layer_idx": (False,),
+        # read by generate's mask builder (static caches); GPT-2 attends to every earlier position
+        "sliding_window": (None,),
+        "layer_types": (None,),
     },
-    # dropout, the double-heads model's summary head; reorder_and_upcast_attn only changes fp16 rounding
+    # dropout, heads other than the LM head; reorder_and_upcast_attn only changes fp16 rounding
     no_effect=names(
+        "classifier_dropout hidden_dropout summary_last_dropout",
         "attn_pdrop embd_pdrop resid_pdrop reorder_and_upcast_attn n_ctx summary_type",
         "summary_use_proj summary_activation summary_proj_to_labels summary_first_dropout",
     ),

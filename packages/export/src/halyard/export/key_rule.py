@@ -101,6 +101,7 @@ COMMON_RULE = KeyRule(
         "pruned_heads": ({},),
         "is_causal": (True,),  # the mask builders make attention bidirectional when false
         "attention_chunk_size": (None,),  # chunked attention when set (generate's mask builder)
+        "per_layer_config": (None,),  # per-layer overrides of any of these keys
     },
     no_effect=names(
         # bookkeeping and loading

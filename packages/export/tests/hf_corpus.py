@@ -1,0 +1,98 @@
+"""The corpus of real ``config.json`` files (fixtures/hf-configs, provenance in its INDEX.json), and shrinking.
+
+`shrink` keeps every key of a real config but makes the shapes tiny (2 layers, heads of 16 channels,
+vocabulary 512) while keeping what decides the computation: the query/KV head ratio, an explicit
+``head_dim`` and its ratio to ``hidden_size / num_attention_heads``, the rope type and its scaling, biases,
+tied or untied embeddings, windows (made shorter than the test sequence so they matter), and
+``max_window_layers`` below, equal to or above the layer count. ``initializer_range`` becomes 0.2 so that
+random-init logits are large enough to compare (it only affects initialisation).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+CORPUS = Path(__file__).parent / "fixtures" / "hf-configs"
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+VOCAB = 512
+LAYERS = 2
+HEAD_SIZE = 16
+WINDOW = 4
+
+
+def entries() -> list[dict[str, Any]]:
+    """INDEX.json: one entry per file (``file``, ``checkpoint``, ``family``, ``kind``, ``source``, ``note``)."""
+    return json.loads((CORPUS / "INDEX.json").read_text())
+
+
+def load(entry: dict[str, Any]) -> dict[str, Any]:
+    return json.loads((CORPUS / entry["file"]).read_text())
+
+
+def is_quantized(hf: dict[str, Any]) -> bool:
+    return bool(hf.get("quantization_config") or hf.get("quantization"))
+
+
+def accepted_entries() -> list[dict[str, Any]]:
+    """The corpus files Halyard must import: a supported family, not quantized."""
+    return [e for e in entries() if e["family"] in SUPPORTED and not is_quantized(load(e))]
+
+
+def _token_id(value: Any) -> Any:
+    if isinstance(value, list):
+        return [v % VOCAB for v in value]
+    return value % VOCAB if isinstance(value, int) else value
+
+
+def _shrink_gpt2(hf: dict[str, Any]) -> None:
+    hf.update(n_embd=4 * HEAD_SIZE, n_head=4, n_layer=LAYERS, n_positions=64)
+    if "n_ctx" in hf:
+        hf["n_ctx"] = 64
+    if hf.get("n_inner") is not None:
+        hf["n_inner"] = 3 * hf["n_embd"]
+
+
+def _shrink_llama_like(hf: dict[str, Any]) -> None:
+    heads = hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if kv_heads == heads:
+        new_heads = new_kv = 4
+    else:
+        new_kv = 1 if kv_heads == 1 else 2
+        new_heads = new_kv * (heads // kv_heads)
+    default_head = hf["hidden_size"] // heads
+    if hf.get("head_dim") is not None:
+        hf["head_dim"] = HEAD_SIZE * hf["head_dim"] // default_head
+    layers = hf["num_hidden_layers"]
+    hf.update(
+        hidden_size=new_heads * HEAD_SIZE,
+        num_attention_heads=new_heads,
+        intermediate_size=8 * HEAD_SIZE,
+        num_hidden_layers=LAYERS,
+    )
+    if "num_key_value_heads" in hf:
+        hf["num_key_value_heads"] = new_kv
+    if hf.get("sliding_window") is not None:
+        hf["sliding_window"] = WINDOW
+    if "max_window_layers" in hf:
+        below = hf["max_window_layers"]
+        hf["max_window_layers"] = below - layers + LAYERS if below >= layers else min(below, 1)
+    if isinstance(hf.get("layer_types"), list):
+        hf["layer_types"] = [hf["layer_types"][0], hf["layer_types"][-1]]
+    if "num_local_experts" in hf:
+        hf["num_local_experts"] = 4
+
+
+def shrink(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """A copy of ``hf`` with tiny shapes (see the module docstring); every key is kept."""
+    small = copy.deepcopy(hf)
+    small["vocab_size"] = VOCAB
+    small["initializer_range"] = 0.2
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in small:
+            small[key] = _token_id(small[key])
+    (_shrink_gpt2 if family == "gpt2" else _shrink_llama_like)(small)
+    return small
