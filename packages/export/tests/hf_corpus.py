@@ -15,8 +15,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import transformers
+
 CORPUS = Path(__file__).parent / "fixtures" / "hf-configs"
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+# transformers' config class of each supported family
+CONFIG_CLASSES = {
+    "gpt2": transformers.GPT2Config,
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "mixtral": transformers.MixtralConfig,
+}
 VOCAB = 512
 LAYERS = 2
 HEAD_SIZE = 16

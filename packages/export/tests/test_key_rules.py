@@ -14,16 +14,10 @@ import pytest
 import transformers
 import transformers.masking_utils
 import transformers.modeling_rope_utils
+from hf_corpus import CONFIG_CLASSES
 
 from halyard.export.families import HF_ARCHITECTURES, KEY_RULES
 
-CONFIG_CLASSES = {
-    "gpt2": transformers.GPT2Config,
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "mixtral": transformers.MixtralConfig,
-}
 # Names the shared code reaches through `config.` that are methods or class attributes, not config.json keys.
 NOT_KEYS = {"get_text_config", "default_theta", "json", "standardize_rope_params", "validate_rope"}
 _READS = (

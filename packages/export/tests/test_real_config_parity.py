@@ -18,19 +18,12 @@ import pytest
 import torch
 import transformers
 from hf_cases import assert_logits_close, halyard_logits, padded_batch, torch_logits
-from hf_corpus import VOCAB, accepted_entries, load, shrink
+from hf_corpus import CONFIG_CLASSES, VOCAB, accepted_entries, load, shrink
 
 from halyard.export import export_hf, import_hf, read_hf_config
 from halyard.export.config_reading import config_from_hf_dict
 from halyard.export.families import KEY_RULES
 
-CONFIG_CLASSES = {
-    "gpt2": transformers.GPT2Config,
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "mixtral": transformers.MixtralConfig,
-}
 # Keys that do not reach the forward pass once the weights are given
 _NOT_COMPUTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "architectures"}
 
