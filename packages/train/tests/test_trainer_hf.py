@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch  # the CPU build `make test` installs: transformers is the reference
 import transformers
-from trainer_fixtures import assert_bitwise_equal, load_config, write_config
+from trainer_fixtures import assert_bitwise_equal, load_config, save_tiny_hf_llama, write_config
 
 from halyard.export import import_hf
 from halyard.train.cli import main
@@ -18,19 +18,7 @@ from halyard.train.trainer.trainer import Trainer
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    folder = tmp_path_factory.mktemp("hf-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_tiny_hf_llama(tmp_path_factory.mktemp("hf-llama"))
 
 
 def test_init_from_hf_then_export_loads_in_transformers(tmp_path: Path, hf_folder: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,54 @@ def run_cli(
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env, **popen
     )
+
+
+def start_processes(args: list[str], *, processes: int = 2, devices: int = 2) -> list[subprocess.Popen]:
+    """``train ARGS`` as one run of ``processes`` processes (gloo over localhost), ``devices`` CPU devices
+    each; stdout and stderr are pipes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    started = []
+    for process_id in range(processes):
+        env = dict(
+            os.environ,
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            JAX_PLATFORMS="cpu",
+            HALYARD_COORDINATOR=f"127.0.0.1:{port}",
+            HALYARD_NUM_PROCESSES=str(processes),
+            HALYARD_PROCESS_ID=str(process_id),
+        )
+        started.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code, *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return started
+
+
+def save_tiny_hf_llama(folder: Path) -> Path:
+    """A seeded transformers Llama of the `TINY` shape, saved to ``folder`` with safetensors."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return folder
 
 
 def leaves(tree: Any) -> list[np.ndarray]:

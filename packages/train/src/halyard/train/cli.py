@@ -3,8 +3,11 @@
 Subcommands of ``halyard``: ``train`` (as ``train``), ``cache`` (build a token cache offline; the
 arguments of ``python -m halyard.data``), ``generate``, ``eval`` and ``export`` (a run's latest checkpoint),
 ``configs`` (list the built-in configs). A config is a YAML
-file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Config mistakes exit with code 2
-and a message naming the key; preemption (SIGTERM) saves a checkpoint and exits with code 143.
+file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Mistakes a user can anticipate
+print one line ``error: ...`` (what, where, what to do) and exit with code 2 (bad input: config,
+data, tokenizer, checkpoint, mesh, schedule) or 1 (a runtime failure), without a traceback unless
+``HALYARD_DEBUG=1`` or ``--debug`` (see `halyard.train.user_errors`); preemption (SIGTERM) saves a
+checkpoint and exits with code 143.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from halyard.train.config import ConfigError, exit_on_config_error, parse_config
+from halyard.train.config import parse_config
+from halyard.train.user_errors import DEBUG_FLAG, report_user_errors
 
 USAGE = """usage: halyard <command> [arguments]
 
@@ -28,6 +32,7 @@ commands:
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
 
   --version print every installed halyard package and its version
+  --debug   show the traceback of an error (also HALYARD_DEBUG=1); errors are one line without it
 """
 
 
@@ -68,25 +73,16 @@ def installed_versions() -> str:
     return "\n".join(f"{name} {version}" for name, version in sorted(found.items()))
 
 
-@exit_on_config_error
+@report_user_errors
 def _run_training(argv: Sequence[str]) -> int:
     from halyard.shard import initialize
     from halyard.train.run_config import TrainConfig
 
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     initialize()
-    from halyard.train.checkpoint import CheckpointWriteError
-    from halyard.train.trainer.trainer import NonFiniteLossError, Trainer
+    from halyard.train.trainer.trainer import Trainer
 
-    try:
-        trainer = Trainer(config)
-    except ValueError as error:  # an impossible mesh, layout or shape: a config mistake (exit 2)
-        raise ConfigError(str(error)) from None
-    try:
-        result = trainer.fit()
-    except (CheckpointWriteError, NonFiniteLossError) as error:  # a complete message: no traceback
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+    result = Trainer(config).fit()
     if result.last_metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
         print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
@@ -101,10 +97,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``halyard``."""
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = [DEBUG_FLAG] if DEBUG_FLAG in args else []  # before or after the command: passed on to it
+    args = [arg for arg in args if arg != DEBUG_FLAG]
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
-    command, rest = args[0], args[1:]
+    command, rest = args[0], args[1:] + debug
     if command in ("--version", "-V"):
         print(installed_versions())
         return 0
@@ -113,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "cache":
         from halyard.data.cli import main as data_main
 
-        return int(data_main(rest) or 0)
+        return report_user_errors(lambda argv: int(data_main(argv) or 0))(rest)
     if command in ("generate", "eval", "export"):
         from halyard.train import run_tools
 
@@ -122,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "eval": run_tools.eval_main,
             "export": run_tools.export_main,
         }
-        return exit_on_config_error(tools[command])(rest)
+        return report_user_errors(tools[command])(rest)
     if command == "plan":
         from halyard.train.plan.command import plan_main
 

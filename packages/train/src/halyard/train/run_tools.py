@@ -40,14 +40,13 @@ def generate_main(argv: Sequence[str]) -> int:
 
     import jax
     import numpy as np
-    from tokenizers import Tokenizer
 
     from halyard.models.sampling import SamplingConfig, generate
-    from halyard.train.trainer.data import tokenizer_path_of
+    from halyard.train.trainer.data import load_run_tokenizer, tokenizer_path_of
     from halyard.train.trainer.trainer import Trainer
 
     config = load_run_config(args.run)
-    tokenizer = Tokenizer.from_file(tokenizer_path_of(config.data, Path(args.run)))
+    tokenizer = load_run_tokenizer(tokenizer_path_of(config.data, Path(args.run), init=config.trainer.init))
     state = Trainer(config).restore_state(args.step)
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
@@ -74,7 +73,7 @@ def eval_main(argv: Sequence[str]) -> int:
     if config.data.validation_fraction <= 0:
         raise ConfigError("the run has no validation split (data.validation_fraction is 0)")
     trainer = Trainer(config)
-    data = prepare_data(config.data, Path(args.run), progress=False)
+    data = prepare_data(config.data, Path(args.run), progress=False, init=config.trainer.init)
     state = trainer.restore_state(args.step)
     assert data.validation is not None
     evaluator = Evaluator(data.validation, config, trainer.mesh, trainer.layout, data.tokenizer_path)
@@ -101,7 +100,7 @@ def export_main(argv: Sequence[str]) -> int:
 
     config = load_run_config(args.run)
     state = Trainer(config).restore_state(args.step)
-    tokenizer = tokenizer_path_of(config.data, Path(args.run))
+    tokenizer = tokenizer_path_of(config.data, Path(args.run), init=config.trainer.init)
     folder = export_hf(
         state.params,
         args.out,

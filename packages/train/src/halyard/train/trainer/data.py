@@ -6,10 +6,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from halyard.data import ExampleFormat, LMDataset, TokenCache, build_cache
+from tokenizers import Tokenizer
+
+from halyard.data import (
+    BadRecordError,
+    CacheMismatchError,
+    DataInputError,
+    ExampleError,
+    ExampleFormat,
+    LMDataset,
+    MissingFieldError,
+    SourceFormatError,
+    SourceNotFoundError,
+    TokenCache,
+    TokenizerLoadError,
+    TokenizerNotFoundError,
+    UnreadableShardError,
+    build_cache,
+    load_tokenizer,
+)
 from halyard.shard import barrier
+from halyard.train.config import ConfigError
 from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
 from halyard.train.run_config import DataConfig
+from halyard.train.user_errors import one_line
 
 
 @dataclass
@@ -22,30 +42,84 @@ class PreparedData:
     cache: TokenCache
 
 
-def _sources_and_tokenizer(config: DataConfig, work_dir: Path) -> tuple[list[Any], str]:
+def hf_tokenizer_folder(init: str) -> str | None:
+    """The folder of ``trainer.init: hf:FOLDER`` when it holds a tokenizer.json, else None."""
+    if not init.startswith("hf:"):
+        return None
+    folder = init.removeprefix("hf:")
+    return folder if (Path(folder) / "tokenizer.json").is_file() else None
+
+
+def tokenizer_path_of(config: DataConfig, run_dir: Path, *, init: str = "auto") -> str:
+    """Where the run's tokenizer is: ``data.tokenizer`` (a tokenizer.json or a folder), else the folder of
+    ``trainer.init: hf:FOLDER`` when it holds one, else the one trained for a ``builtin_corpus``."""
+    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
+    return config.tokenizer or hf_tokenizer_folder(init) or str(work_dir / "corpus" / "tokenizer.json")
+
+
+def load_run_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer at ``path`` (a tokenizer.json or a tokenizer folder), read as the token cache reads it:
+    the one loader of the cache, the evaluator, sampling and ``halyard generate``.
+
+    Raises:
+        TokenizerNotFoundError, TokenizerLoadError: nothing there, or not a tokenizer (the path is named).
+    """
+    return load_tokenizer(path).build()
+
+
+def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
+    """Check what the ``data:`` section needs before anything is read; return the tokenizer to load
+    now (None when one is trained for a ``builtin_corpus``).
+
+    Raises:
+        ConfigError: sources and builtin_corpus both or neither set, an unknown corpus, no tokenizer.
+    """
     if config.builtin_corpus is not None:
         if config.sources:
-            raise ValueError("data.sources and data.builtin_corpus are exclusive: set one of them")
+            raise ConfigError("data.sources and data.builtin_corpus are exclusive: set one of them")
         if config.builtin_corpus not in BUILTIN_CORPORA:
-            raise ValueError(
-                f"data.builtin_corpus={config.builtin_corpus!r}: known corpora are {BUILTIN_CORPORA}"
+            raise ConfigError(
+                f"data.builtin_corpus={config.builtin_corpus!r}: known corpora are {', '.join(BUILTIN_CORPORA)}"
             )
+        return config.tokenizer or hf_tokenizer_folder(init)
+    if not config.sources:
+        raise ConfigError("data.sources is empty: give paths/URLs of text shards, or data.builtin_corpus")
+    tokenizer = config.tokenizer or hf_tokenizer_folder(init)
+    if tokenizer is None:
+        raise ConfigError(
+            "data.tokenizer is not set: give a tokenizer.json file or a tokenizer folder (or start from "
+            "trainer.init: hf:FOLDER with FOLDER holding tokenizer.json)"
+        )
+    return tokenizer
+
+
+def _sources_and_tokenizer(config: DataConfig, work_dir: Path, init: str) -> tuple[list[Any], str]:
+    tokenizer = check_data_section(config, init=init)
+    if config.builtin_corpus is not None:
         shards = write_python_stdlib_corpus(work_dir / "corpus", config.max_documents)
-        tokenizer = config.tokenizer or str(
+        tokenizer = tokenizer or str(
             train_bpe_tokenizer(shards, work_dir / "corpus" / "tokenizer.json", config.tokenizer_vocab_size)
         )
         return [str(s) for s in shards], tokenizer
-    if not config.sources:
-        raise ValueError("data.sources is empty: give paths/URLs of text shards, or data.builtin_corpus")
-    if config.tokenizer is None:
-        raise ValueError("data.tokenizer is not set: give a tokenizer.json file or a tokenizer folder")
-    return list(config.sources), config.tokenizer
+    assert tokenizer is not None
+    return list(config.sources), tokenizer
 
 
-def tokenizer_path_of(config: DataConfig, run_dir: Path) -> str:
-    """Where the run's tokenizer is: ``data.tokenizer``, or the one trained for a ``builtin_corpus``."""
-    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
-    return config.tokenizer or str(work_dir / "corpus" / "tokenizer.json")
+# What a data error's fix is called in the run config (the data package names its own arguments).
+_CONFIG_KEYS = (
+    (MissingFieldError, "data.text_field"),
+    (BadRecordError, "data.strict"),
+    (CacheMismatchError, "data.cache_dir (another folder, or delete this one)"),
+    (ExampleError, "data.format and its field names"),
+    ((SourceNotFoundError, SourceFormatError, UnreadableShardError), "data.sources"),
+    ((TokenizerLoadError, TokenizerNotFoundError), "data.tokenizer"),
+    (DataInputError, "data"),
+)
+
+
+def _in_config_terms(error: DataInputError) -> ConfigError:
+    key = next(key for kind, key in _CONFIG_KEYS if isinstance(error, kind))
+    return ConfigError(f"{one_line(str(error))} [run config: {key}]")
 
 
 def example_format_of(config: DataConfig) -> ExampleFormat:
@@ -66,7 +140,7 @@ def example_format_of(config: DataConfig) -> ExampleFormat:
 
 
 def prepare_data(
-    config: DataConfig, run_dir: Path, *, is_main: bool = True, progress: bool = True
+    config: DataConfig, run_dir: Path, *, is_main: bool = True, progress: bool = True, init: str = "auto"
 ) -> PreparedData:
     """Build (or reuse) the token cache and open the train and validation splits.
 
@@ -80,25 +154,33 @@ def prepare_data(
         run_dir: the run directory (the cache goes to ``<run_dir>/cache`` unless ``data.cache_dir`` is set).
         is_main: whether this process builds.
         progress: show the builder's progress bar.
+        init: ``trainer.init`` (an ``hf:FOLDER`` holding tokenizer.json is the default tokenizer).
+
+    Raises:
+        ConfigError: bad sources, records or tokenizer, named with the run config's key; also for
+            errors raised inside the builder's worker processes.
     """
     work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
     cache_path = str(work_dir / "tokens")
     tokenizer_path = ""
     if is_main:
-        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir)
-        build_cache(
-            sources,
-            tokenizer_path,
-            cache_path,
-            text_field=config.text_field,
-            example_format=example_format_of(config),
-            strict=config.strict,
-            num_workers=config.num_workers,
-            progress=progress,
-        )
+        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
+        try:
+            build_cache(
+                sources,
+                tokenizer_path,
+                cache_path,
+                text_field=config.text_field,
+                example_format=example_format_of(config),
+                strict=config.strict,
+                num_workers=config.num_workers,
+                progress=progress,
+            )
+        except DataInputError as error:
+            raise _in_config_terms(error) from error
     barrier("halyard-data-ready")
     if not tokenizer_path:
-        tokenizer_path = tokenizer_path_of(config, run_dir)
+        tokenizer_path = tokenizer_path_of(config, run_dir, init=init)
     cache = TokenCache.open(cache_path)
     split = "train" if config.validation_fraction > 0 else "all"
     common: dict[str, Any] = {

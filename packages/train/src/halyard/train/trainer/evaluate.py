@@ -12,6 +12,7 @@ import numpy as np
 from halyard.data import LMDataset
 from halyard.shard import Layout, global_batch_from_local, process_count, process_index
 from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.data import load_run_tokenizer
 from halyard.train.trainer.loss import lm_loss_fn
 
 
@@ -51,19 +52,18 @@ class Evaluator:
     """Evaluates a model on the first ``trainer.eval_batches`` validation batches (the same ones each time).
 
     Bits per byte divide the summed loss (in bits) by the UTF-8 bytes of the evaluated target tokens,
-    decoded with the run's tokenizer, so runs with different tokenizers compare.
+    decoded with the run's tokenizer (a tokenizer.json or a folder), so runs with different tokenizers
+    compare.
     """
 
     def __init__(
         self, dataset: LMDataset, config: TrainConfig, mesh: Any, layout: Layout, tokenizer_path: str
     ):
-        from tokenizers import Tokenizer
-
         self.dataset = dataset
         self.config = config
         self.mesh = mesh
         self.layout = layout
-        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        self.tokenizer = load_run_tokenizer(tokenizer_path)
         loss_fn = lm_loss_fn()
         self._loss = jax.jit(lambda model, batch: loss_fn(model, batch, jax.random.PRNGKey(0)))
         self._bytes: float | None = None

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from halyard.data import Loader
 from halyard.models import MupConfig, lr_multipliers
@@ -37,20 +36,24 @@ from halyard.train.checkpoint import (
     PreemptionFlag,
     SavePolicy,
     install_preemption_handler,
-    resolve_checkpoint,
 )
 from halyard.train.config import save_resolved_config
 from halyard.train.perf import Goodput
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.data import PreparedData, prepare_data
 from halyard.train.trainer.evaluate import Evaluator
+from halyard.train.trainer.initial_state import initial_state, performance_settings
 from halyard.train.trainer.loss import lm_loss_fn
 from halyard.train.trainer.metrics_log import MetricsLog
+from halyard.train.trainer.out_of_memory import out_of_memory_advice
+from halyard.train.trainer.preflight import as_config_error, check_before_data, check_init_source
 from halyard.train.trainer.profiling import ProfileWindow
+from halyard.train.trainer.sample import sample_text
 from halyard.train.trainer.step import TrainState, init_state, make_train_step
+from halyard.train.user_errors import RunFailure
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunFailure):
     """Training stopped because the loss or gradients were NaN/Inf (see ``trainer.nonfinite``)."""
 
 
@@ -72,8 +75,6 @@ class Trainer:
         config: the run config (`halyard.train.run_config.TrainConfig`).
         preemption: the flag polled each step (default: SIGTERM handler installed by `fit`).
         clock: time source for checkpoint policies and throughput (tests pass a fake one).
-        devices: the devices of the mesh (default: every process's devices; `halyard plan` passes
-            simulated ones).
     """
 
     def __init__(
@@ -82,20 +83,19 @@ class Trainer:
         *,
         preemption: PreemptionFlag | None = None,
         clock: Callable[[], float] = time.monotonic,
-        devices: Sequence[jax.Device] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(config.trainer.run_dir)
         self.clock = clock
         self._preemption = preemption
-        self.mesh = config.trainer.mesh.build(devices)
-        self.layout = Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
+        self.mesh = as_config_error("trainer.mesh", lambda: config.trainer.mesh.build())
+        self.layout = as_config_error(
+            "trainer.layout", lambda: Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
+        )
         # The model's shape: the `model:` section, or the config.json of `trainer.init=hf:PATH`.
         self.model_config = self._resolve_model_config()
-        # Checked before any data is prepared: a large cache should not be built for a run that cannot start.
-        max_position = getattr(self.model_config, "max_position", None)
-        if max_position is not None and config.data.seq_len > max_position:
-            raise ValueError(f"data.seq_len={config.data.seq_len} exceeds model.max_position={max_position}")
+        # Before any data is prepared: a large cache should not be built for a run that cannot start.
+        check_before_data(self)
 
     # -- pieces --------------------------------------------------------------------------------------
     def _check_model_fits_data(self, data: PreparedData) -> None:
@@ -129,97 +129,23 @@ class Trainer:
         shardings = self.layout.shardings(abstract, self.mesh)
         return make_state, abstract, shardings
 
-    def step_function(self, optimizer: Any, shardings: Any) -> Any:
-        """The jitted train step ``(state, batch) -> (state, metrics)``: state donated, kept in ``shardings``."""
-        cfg = self.config.trainer
-        return jax.jit(
-            make_train_step(
-                lm_loss_fn(cfg.z_loss_weight),
-                optimizer,
-                accumulation=cfg.accumulation,
-                precision=cfg.precision,
-                learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
-            ),
-            donate_argnums=0,
-            out_shardings=(shardings, None),
-        )
-
-    def _initial_state(
-        self,
-        manager: CheckpointManager,
-        optimizer: Any,
-        make_state: Any,
-        abstract: Any,
-        shardings: Any,
-        data_position: dict[str, Any],
-    ) -> TrainState:
-        init = self.config.trainer.init
-        latest = manager.latest_step()
-        if latest is not None:
-            if init == "scratch":
-                raise FileExistsError(
-                    f"{manager.directory} already holds checkpoint step {latest}; trainer.init=scratch would "
-                    "mix two runs in one directory. Use a new trainer.run_dir, or trainer.init=auto to resume."
-                )
-            # Every other mode resumes its own run first: the init source only seeds the first start, so the
-            # same command continues a preempted run instead of starting over.
-            return manager.restore(None, abstract, shardings, expected_data=data_position).state
-        if init == "resume":
-            raise FileNotFoundError(
-                f"trainer.init=resume but {manager.directory} holds no complete checkpoint"
-            )
-        if init.startswith("checkpoint:"):
-            path = resolve_checkpoint(init.removeprefix("checkpoint:"))
-            return manager.restore(
-                path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
-            ).state
-        key = jax.random.PRNGKey(self.config.trainer.seed)
-        if init.startswith("hf:"):
-            from halyard.export import import_hf
-
-            _, model = import_hf(
-                init.removeprefix("hf:"),
-                layout=self.layout,
-                mesh=self.mesh,
-                config_overrides=self._performance_settings(),
-            )
-            return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
-        state = jax.jit(make_state, out_shardings=shardings)(key)
-        if init.startswith("weights:"):
-            path = resolve_checkpoint(init.removeprefix("weights:"))
-            params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
-            return _replace_params(state, params)
-        return state
-
-    def _performance_settings(self) -> dict[str, Any]:
-        """The ``model:`` fields that are performance knobs, applied on top of an imported HF config."""
-        model: Any = self.config.model
-        names = (
-            "attention_implementation",
-            "scan_layers",
-            "remat",
-            "param_dtype",
-            "compute_dtype",
-            "loss_block_size",
-            "loss_full_logits_max_mib",
-            "attention_block_size",
-        )
-        return {name: getattr(model, name) for name in names}
-
     def _resolve_model_config(self) -> Any:
         init = self.config.trainer.init
         if not init.startswith("hf:"):
             return self.config.model
         from halyard.export import read_hf_config
 
-        config, _ = read_hf_config(init.removeprefix("hf:"), overrides=self._performance_settings())
+        config, _ = as_config_error(
+            f"trainer.init={init}",
+            lambda: read_hf_config(init.removeprefix("hf:"), overrides=performance_settings(self.config)),
+        )
         return config
 
     def restore_state(self, step: int | None = None) -> TrainState:
         """The state saved in this run's ``checkpoints/`` at ``step`` (None: the latest), on this mesh.
 
         Raises:
-            FileNotFoundError: no complete checkpoint.
+            CheckpointNotFoundError: no complete checkpoint.
         """
         optimizer = self.build_optimizer()
         _, abstract, shardings = self.abstract_state(optimizer)
@@ -238,10 +164,13 @@ class Trainer:
         """
         cfg = self.config.trainer
         goodput = Goodput(self.clock)  # started now: time to the first step includes data and state setup
+        check_init_source(self.config, self.run_dir / "checkpoints")
         if is_main_process():
             self.run_dir.mkdir(parents=True, exist_ok=True)
         preemption = self._preemption or install_preemption_handler()
-        data = prepare_data(self.config.data, self.run_dir, is_main=is_main_process(), progress=cfg.progress)
+        data = prepare_data(
+            self.config.data, self.run_dir, is_main=is_main_process(), progress=cfg.progress, init=cfg.init
+        )
         self._check_model_fits_data(data)
         data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
 
@@ -254,11 +183,33 @@ class Trainer:
             clock=self.clock,
             verify_checksums=self.config.checkpoint.verify_checksums,
         )
-        state = self._initial_state(manager, optimizer, make_state, abstract, shardings, data_position)
+        with out_of_memory_advice(self.config, "creating the training state"):
+            state = initial_state(
+                self.config,
+                self.layout,
+                self.mesh,
+                manager,
+                optimizer,
+                make_state,
+                abstract,
+                shardings,
+                data_position,
+            )
         start_step = int(state.step)
         if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
             save_resolved_config(self.config, self.run_dir)
-        step_fn = self.step_function(optimizer, shardings)
+        schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
+        step_fn = jax.jit(
+            make_train_step(
+                lm_loss_fn(cfg.z_loss_weight),
+                optimizer,
+                accumulation=cfg.accumulation,
+                precision=cfg.precision,
+                learning_rate=schedule,
+            ),
+            donate_argnums=0,
+            out_shardings=(shardings, None),
+        )
         log = MetricsLog(
             self.config,
             self.run_dir,
@@ -292,11 +243,13 @@ class Trainer:
                     batch = global_batch_from_local(local, self.mesh, layout=self.layout)
                     log.before_step()
                     profile.before_step(step)
-                    state, metrics = step_fn(state, batch)
-                    profile.after_step(step, metrics)
-                    fetched = log.after_step(
-                        step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len
-                    )
+                    # Compile-time exhaustion raises here; a run-time one where the metrics are fetched.
+                    with out_of_memory_advice(self.config, f"compiling or running train step {step + 1}"):
+                        state, metrics = step_fn(state, batch)
+                        profile.after_step(step, metrics)
+                        fetched = log.after_step(
+                            step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len
+                        )
                     self._apply_nonfinite_policy(metrics, state, fetched=fetched)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                         log.record_eval(step + 1, *evaluator.evaluate(state.params))
@@ -317,7 +270,7 @@ class Trainer:
             )
             if evaluator is not None and not evaluated_in_loop:
                 log.record_eval(final_step, *evaluator.evaluate(state.params))
-            sample = self._sample(state, data) if cfg.sample_prompt else None
+            sample = sample_text(state, data.tokenizer_path, cfg) if cfg.sample_prompt else None
             if sample is not None and is_main_process():
                 print(
                     f"\n--- sample after step {int(state.step)} ---\n{cfg.sample_prompt}{sample}\n---",
@@ -376,31 +329,3 @@ class Trainer:
                 f"{int(state.nonfinite_steps)} steps had a non-finite loss (more than "
                 f"trainer.max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping"
             )
-
-    def _sample(self, state: TrainState, data: PreparedData) -> str:
-        from tokenizers import Tokenizer
-
-        from halyard.models.sampling import SamplingConfig, generate
-
-        cfg = self.config.trainer
-        tokenizer = Tokenizer.from_file(data.tokenizer_path)
-        prompt = tokenizer.encode(cfg.sample_prompt or "").ids or [0]
-        model = jax.device_get(state.params)
-        sampling = SamplingConfig(
-            max_new_tokens=cfg.sample_tokens,
-            temperature=cfg.sample_temperature,
-            top_k=40 if cfg.sample_temperature > 0 else None,
-        )
-        generation = generate(model, [prompt], sampling, key=jax.random.key(cfg.seed))
-        tokens = np.asarray(generation.tokens)[0].tolist()
-        return tokenizer.decode(tokens)
-
-
-def _replace_params(state: TrainState, params: Any) -> TrainState:
-    return TrainState(
-        step=state.step,
-        params=params,
-        opt_state=state.opt_state,
-        key=state.key,
-        nonfinite_steps=state.nonfinite_steps,
-    )

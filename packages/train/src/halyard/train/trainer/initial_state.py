@@ -1,0 +1,94 @@
+"""The state a run starts from: its own latest checkpoint, else what ``trainer.init`` names (a checkpoint,
+a checkpoint's weights, a Hugging Face folder) or a fresh initialisation, created in its sharded layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from halyard.shard import Layout
+from halyard.train.checkpoint import CheckpointManager, DataMismatchError, resolve_checkpoint
+from halyard.train.config import ConfigError
+from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.preflight import check_init_source
+from halyard.train.trainer.step import TrainState, init_state
+from halyard.train.user_errors import one_line
+
+PERFORMANCE_FIELDS = (
+    "attention_implementation",
+    "scan_layers",
+    "remat",
+    "param_dtype",
+    "compute_dtype",
+    "loss_block_size",
+    "loss_full_logits_max_mib",
+    "attention_block_size",
+)
+"""The ``model:`` fields that are performance knobs, applied on top of an imported HF config."""
+
+
+def performance_settings(config: TrainConfig) -> dict[str, Any]:
+    """The `PERFORMANCE_FIELDS` of ``config.model``, by name."""
+    return {name: getattr(config.model, name) for name in PERFORMANCE_FIELDS}
+
+
+def initial_state(
+    config: TrainConfig,
+    layout: Layout,
+    mesh: Any,
+    manager: CheckpointManager,
+    optimizer: Any,
+    make_state: Any,
+    abstract: Any,
+    shardings: Any,
+    data_position: dict[str, Any],
+) -> TrainState:
+    """The run's first state, placed in ``shardings``.
+
+    A run with checkpoints of its own resumes the latest (every mode but scratch, which refuses): the init
+    source only seeds the first start, so the same command continues a preempted run.
+
+    Raises:
+        ConfigError: see `check_init_source`; or the run's own checkpoint was written for other data.
+    """
+    init = config.trainer.init
+    check_init_source(config, manager.directory)
+    if manager.latest_step() is not None:
+        try:
+            return manager.restore(None, abstract, shardings, expected_data=data_position).state
+        except DataMismatchError as error:
+            raise ConfigError(
+                f"{one_line(str(error))} In the run config: give the original data and trainer.batch_size, "
+                f"or start a new trainer.run_dir with trainer.init=checkpoint:{manager.directory} to "
+                "continue on other data"
+            ) from error
+    if init.startswith("checkpoint:"):
+        path = resolve_checkpoint(init.removeprefix("checkpoint:"))
+        return manager.restore(
+            path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
+        ).state
+    key = jax.random.PRNGKey(config.trainer.seed)
+    if init.startswith("hf:"):
+        from halyard.export import import_hf
+
+        _, model = import_hf(
+            init.removeprefix("hf:"), layout=layout, mesh=mesh, config_overrides=performance_settings(config)
+        )
+        return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
+    state = jax.jit(make_state, out_shardings=shardings)(key)
+    if init.startswith("weights:"):
+        path = resolve_checkpoint(init.removeprefix("weights:"))
+        params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
+        return _replace_params(state, params)
+    return state
+
+
+def _replace_params(state: TrainState, params: Any) -> TrainState:
+    return TrainState(
+        step=state.step,
+        params=params,
+        opt_state=state.opt_state,
+        key=state.key,
+        nonfinite_steps=state.nonfinite_steps,
+    )

@@ -1,0 +1,199 @@
+"""Errors a new user meets end in one line naming the thing, exit 2 (bad input) or 1 (runtime), and no
+traceback; config errors are found before any data is tokenized (issue 18)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from trainer_fixtures import write_config
+
+from halyard.train.cli import main
+from halyard.train.config import ConfigError
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from halyard.train.corpora import train_bpe_tokenizer, write_python_stdlib_corpus
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    shards = write_python_stdlib_corpus(folder / "corpus", 30)
+    return train_bpe_tokenizer(shards, folder / "tokenizer.json", 512)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The YAML of a 2-step run that has finished (a checkpoint at step 2)."""
+    folder = tmp_path_factory.mktemp("finished")
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, trainer={"steps": 2})
+    assert main(["train", "--config", str(config)]) == 0
+    return config
+
+
+def fails(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    """Run ``halyard ARGV`` in this process; return (exit code, stderr), checking the message is one line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return int(raised.value.code), err
+
+
+def train(config: Path, *overrides: str) -> list[str]:
+    return ["train", "--config", str(config), *overrides]
+
+
+def sources_config(tmp_path: Path, source: str) -> Path:
+    """A tiny run reading ``source`` (no builtin corpus, no tokenizer set)."""
+    data = {"builtin_corpus": None, "sources": [source], "num_workers": 0}
+    name = Path(source).stem.replace("*", "")
+    return write_config(tmp_path / f"{name}.yaml", tmp_path / "run", tmp_path / "cache", data=data)
+
+
+def test_sources_tokenizer_and_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_file: Path
+) -> None:
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"body": "hello world"}) + "\n")
+    (tmp_path / "notes.json").write_text("these are notes")
+    config = sources_config(tmp_path, str(tmp_path / "docs.jsonl"))
+
+    code, err = fails(capsys, train(config))
+    assert code == 2 and "data.tokenizer is not set" in err
+
+    code, err = fails(capsys, train(config, "--data.tokenizer", str(tmp_path / "notes.json")))
+    assert code == 2 and "data.tokenizer" in err and "notes.json is not a tokenizer" in err
+
+    code, err = fails(capsys, train(config, "--data.tokenizer", str(tmp_path / "absent")))
+    assert code == 2 and "absent" in err and "does not exist" in err
+
+    no_match = sources_config(tmp_path, str(tmp_path / "shards-*.jsonl"))
+    code, err = fails(capsys, train(no_match, "--data.tokenizer", str(tokenizer_file)))
+    assert code == 2 and "shards-*.jsonl" in err and "matches no file" in err and "data.sources" in err
+
+    # Tokenized in a worker process: the error crosses the process boundary as the same one line.
+    code, err = fails(
+        capsys, train(config, "--data.tokenizer", str(tokenizer_file), "--data.num_workers", "1")
+    )
+    assert code == 2 and "docs.jsonl:1: text field 'text' not found" in err and "data.text_field" in err
+    assert "RemoteTraceback" not in err
+
+
+def test_a_config_error_is_reported_before_any_cache_file_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
+    code, err = fails(capsys, train(config, "--optimizer.schedule.warmup", "50"))
+    assert code == 2 and "optimizer.schedule.warmup=50 is 50 steps, more than trainer.steps=6" in err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_mesh_layout_and_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert jax.device_count() == 8
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
+    code, err = fails(capsys, train(config, "--trainer.mesh.tensor", "3"))
+    assert code == 2 and err.startswith("error: trainer.mesh:") and "tensor=3" in err
+
+    # 4 heads and a 64-wide MLP do not divide over tensor=8: too much of the model stays replicated.
+    tensor = ["--trainer.layout", "tensor_parallel", "--trainer.mesh.data", "1", "--trainer.mesh.tensor", "8"]
+    code, err = fails(capsys, train(config, *tensor, "--trainer.min_shard", "1"))
+    assert code == 2 and "trainer.layout=tensor_parallel" in err and "replicated" in err
+
+    code, err = fails(capsys, train(config, "--trainer.batch_size", "12"))
+    assert code == 2 and "trainer.batch_size=12" in err and "data=8" in err and "multiple of 8" in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_hf_folder_without_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
+    (tmp_path / "hf").mkdir()
+    code, err = fails(capsys, train(config, "--trainer.init", f"hf:{tmp_path / 'hf'}"))
+    assert code == 2 and f"trainer.init=hf:{tmp_path / 'hf'}" in err and "config.json does not exist" in err
+
+
+def test_checkpoints_missing_damaged_and_of_other_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path, cache_dir: Path
+) -> None:
+    fresh = write_config(tmp_path / "fresh.yaml", tmp_path / "fresh", cache_dir, trainer={"steps": 2})
+    code, err = fails(capsys, train(fresh, "--trainer.init", "resume"))
+    assert code == 2 and "trainer.init=resume" in err and "no complete checkpoint" in err
+    code, err = fails(capsys, train(fresh, "--trainer.init", f"checkpoint:{tmp_path / 'nowhere'}"))
+    assert code == 2 and "nowhere does not exist" in err
+    assert not (tmp_path / "fresh").exists()
+
+    # The finished run, continued with another batch size: its checkpoint is for other data.
+    code, err = fails(capsys, train(finished_run, "--trainer.steps", "4", "--trainer.batch_size", "16"))
+    assert code == 2 and "written for different data" in err and "batch_size" in err
+    assert "trainer.init=checkpoint:" in err
+
+    source = finished_run.parent / "run" / "checkpoints" / "step_00000002"
+    damaged = tmp_path / "damaged" / "step_00000002"
+    shutil.copytree(source, damaged)
+    victim = max((p for p in damaged.rglob("*") if p.is_file() and "array" in str(p)), key=os.path.getsize)
+    victim.write_bytes(b"\0" * victim.stat().st_size)
+    code, err = fails(capsys, train(fresh, "--trainer.init", f"checkpoint:{damaged}"))
+    assert code == 1 and "damaged" in err and str(damaged) in err
+
+
+def test_out_of_memory_names_the_knobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # XLA's own error, as the compiler raises it for a step that does not fit (no CPU run can).
+    def exhausted(*args: object, **kwargs: object) -> object:
+        def step(state: object, batch: object) -> object:
+            raise jax.errors.JaxRuntimeError(
+                "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 81.50GiB.\nBufferAssignment..."
+            )
+
+        return step
+
+    monkeypatch.setattr("halyard.train.trainer.trainer.make_train_step", exhausted)
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, trainer={"steps": 2})
+    code, err = fails(capsys, train(config))
+    assert code == 1 and "out of device memory while compiling or running train step 1" in err
+    assert "81.50GiB" in err
+    for knob in ("trainer.batch_size=8", "trainer.accumulation", "model.remat", "trainer.layout"):
+        assert knob in err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
+    with pytest.raises(ConfigError, match="warmup"):
+        main(["--debug", *train(config, "--optimizer.schedule.warmup", "50")])
+    monkeypatch.setenv("HALYARD_DEBUG", "1")
+    with pytest.raises(ConfigError, match="warmup"):
+        main(train(config, "--optimizer.schedule.warmup", "50"))
+
+
+def test_the_train_command_prints_no_traceback_but_does_with_halyard_debug(
+    tmp_path: Path, tokenizer_file: Path
+) -> None:
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"body": "hello world"}) + "\n")
+    config = sources_config(tmp_path, str(tmp_path / "docs.jsonl"))
+    args = ["--config", str(config), "--data.tokenizer", str(tokenizer_file), "--data.num_workers", "1"]
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    for debug in ("0", "1"):
+        env = dict(os.environ, HALYARD_DEBUG=debug, JAX_PLATFORMS="cpu")
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env
+        )
+        if debug == "0":
+            assert done.returncode == 2, done.stderr
+            assert "Traceback" not in done.stderr
+            lines = done.stderr.strip().splitlines()
+            assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
+            assert "docs.jsonl:1: text field 'text' not found" in lines[-1]
+        else:
+            assert done.returncode == 1 and "Traceback" in done.stderr and "MissingFieldError" in done.stderr
