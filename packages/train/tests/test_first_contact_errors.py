@@ -97,6 +97,8 @@ def test_a_config_error_is_reported_before_any_cache_file_is_written(
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
     code, err = fails(capsys, train(config, "--optimizer.schedule.warmup", "50"))
     assert code == 2 and "optimizer.schedule.warmup=50 is 50 steps, more than trainer.steps=6" in err
+    code, err = fails(capsys, train(config, "--checkpoint.every_steps", "-1"))
+    assert code == 2 and "checkpoint" in err and "every_steps" in err and "-1" in err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 

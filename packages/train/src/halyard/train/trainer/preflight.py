@@ -3,8 +3,8 @@
 A run that cannot start should say so in a second, not after an hour of building its token cache: the
 schedule against the steps, the batch against the hosts and the batch mesh axes (the accumulation is
 checked by the config itself), the tokenizer (it exists, loads, and fits the model's vocabulary), the
-model's shapes and their layout on the mesh (traced with shapes only), and the checkpoint that
-``trainer.init`` names.
+model's shapes and their layout on the mesh (traced with shapes only), the checkpoint policies, and the
+checkpoint that ``trainer.init`` names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from halyard.data import DataInputError
 from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
-from halyard.train.checkpoint import latest_complete, resolve_checkpoint
+from halyard.train.checkpoint import KeepPolicy, SavePolicy, latest_complete, resolve_checkpoint
 from halyard.train.config import ConfigError
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.data import check_data_section, load_run_tokenizer
@@ -47,6 +47,9 @@ def check_before_data(trainer: Trainer) -> None:
     _check_schedule(config)
     _check_batch(config, trainer.mesh, trainer.layout)
     _check_tokenizer(config, trainer.model_config)
+    checkpoint = config.checkpoint
+    as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
+    as_config_error("checkpoint", lambda: KeepPolicy(checkpoint.keep_last, checkpoint.keep_every_steps))
     optimizer = as_config_error("optimizer", trainer.build_optimizer)
     sizes = {axis: size for axis, size in mesh_axis_sizes(trainer.mesh).items() if size > 1}
     as_config_error(
