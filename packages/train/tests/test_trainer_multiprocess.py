@@ -7,25 +7,13 @@ example stream and the whole loss trajectory equals an uninterrupted single-proc
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_fixtures import run_cli, write_config
-
-CODE = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from trainer_fixtures import run_cli, start_processes, write_config
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -47,26 +35,7 @@ def test_two_process_run_resumes_as_one_process(tmp_path: Path) -> None:
 
     # Two processes with 2 devices each train the same config until a SIGTERM (preemption) stops them.
     shared = write_config(tmp_path / "multi.yaml", tmp_path / "multi", cache, **sections)
-    port = _free_port()
-    processes = []
-    for process_id in range(2):
-        env = dict(
-            os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
-            JAX_PLATFORMS="cpu",
-            HALYARD_COORDINATOR=f"127.0.0.1:{port}",
-            HALYARD_NUM_PROCESSES="2",
-            HALYARD_PROCESS_ID=str(process_id),
-        )
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", CODE, "--config", str(shared)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    processes = start_processes(["--config", str(shared)])
     metrics = tmp_path / "multi" / "metrics.jsonl"
     outputs = []
     try:

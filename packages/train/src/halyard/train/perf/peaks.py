@@ -100,13 +100,13 @@ def device_peak_flops(
     """The peak matmul FLOP/s of one device for `dtype`: from `PEAK_FLOPS`, else measured once.
 
     Args:
-        device: the device (default: `jax.devices()[0]`).
+        device: the device (default: this process's first, `jax.local_devices()[0]`).
         dtype: the matmul input dtype (`bfloat16`, `float32`, `float16`, or `"tf32"` on GPUs).
 
     Raises:
         ValueError: a known accelerator without a table entry for `dtype`.
     """
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     name = _dtype_name(dtype)
     key = table_key(device.device_kind) if device.platform != "cpu" else None
     if key is None:
@@ -120,7 +120,9 @@ def device_peak_flops(
 
 @functools.cache
 def _measured_peak(platform: str, device_kind: str, dtype: str) -> PeakFlops:
-    device = next(d for d in jax.devices() if d.platform == platform and d.device_kind == device_kind)
+    # A device of this process: a computation placed on another process's device does not run here, so
+    # timing it measured nothing (process 1 of a 2-process run reported a peak ~5000x too high).
+    device = next(d for d in jax.local_devices() if d.platform == platform and d.device_kind == device_kind)
     flops = measure_matmul_flops(dtype, device=device)
     return PeakFlops(flops, "measured", device_kind, dtype)
 

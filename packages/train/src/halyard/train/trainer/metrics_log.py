@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 from halyard.shard import is_main_process
 from halyard.train.config.flatten import flatten_config
 from halyard.train.perf import Goodput, device_peak_flops, mfu
+from halyard.train.perf.across_processes import from_process_zero, slowest_process
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers import build_trackers
 
@@ -64,7 +66,10 @@ class MetricsLog:
         self.last: dict[str, float] = {}
         self.num_devices = int(mesh.devices.size)
         self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
-        self.peak = device_peak_flops(jax.devices()[0], config.trainer.precision.compute)
+        # Every process reports the run's figures (global tokens, the slowest process's time, process 0's
+        # peak), so all processes print the same tokens/s and MFU.
+        peak = device_peak_flops(jax.local_devices()[0], config.trainer.precision.compute)
+        self.peak = dataclasses.replace(peak, flops_per_second=from_process_zero(peak.flops_per_second))
         self._window_start: float | None = None
         self._excluded_seconds = 0.0
         self._window_seconds = 0.0
@@ -98,7 +103,7 @@ class MetricsLog:
             jax.block_until_ready(metrics)
             now = self.clock()
             start = self._window_start if self._window_start is not None else now
-            self._window_seconds = max(now - start - self._excluded_seconds, 0.0)
+            self._window_seconds = slowest_process(max(now - start - self._excluded_seconds, 0.0))
             self.goodput.add("step", self._window_seconds, num_steps=len(self._pending))
             self._flush()
             self._window_start = now
