@@ -1,8 +1,8 @@
 """`parse_config`: defaults, YAML files and command-line overrides into one frozen config dataclass.
 
-draccus does the typed work (decoding dicts into dataclasses, `type:` choices, YAML dumping, `--help`);
-this module layers the sources, and turns every mistake into a `ConfigError` that names the key and its
-source, with a "did you mean" suggestion.
+draccus does the typed work (decoding dicts into dataclasses, `type:` choices, YAML dumping) and
+`halyard.train.config.help` writes `--help`; this module layers the sources, and turns every mistake into a
+`ConfigError` that names the key and its source, with a "did you mean" suggestion.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import draccus
 import yaml
-from draccus.argparsing import ArgumentParser as DraccusArgumentParser
 from draccus.utils import DecodingError, ParsingError
 
 from halyard.train.config.errors import ConfigError
 from halyard.train.config.files import load_config_layers
+from halyard.train.config.help import config_help
 from halyard.train.config.merge import deep_merge, merge_layer
 from halyard.train.config.schema import check_keys, describe_field, is_choice_section
 
@@ -143,25 +143,6 @@ def overrides_from_argv(argv: Sequence[str]) -> dict[str, Any]:
         index += 1
         _set_dotted(nested, key, _read_value(text))
     return nested
-
-
-def config_help(config_class: type, prog: str | None = None) -> str:
-    """The `--help` text: every option with its type, default and docstring, grouped by section.
-
-    Args:
-        config_class: the root config dataclass.
-        prog: program name for the usage line.
-    """
-    parser = DraccusArgumentParser(config_class=config_class, prog=prog).parser
-    # argparse expands "%(default)s" in help strings: a literal "%" in a docstring must be doubled.
-    actions = {id(a): a for group in parser._action_groups for a in group._group_actions}
-    actions.update({id(a): a for a in parser._actions})
-    for action in actions.values():
-        if action.help and "%" in action.help:
-            action.help = (
-                action.help.replace("%(default)s", "\0").replace("%", "%%").replace("\0", "%(default)s")
-            )
-    return parser.format_help()
 
 
 def save_resolved_config(config: Any, run_dir: str | os.PathLike[str], filename: str = "config.yaml") -> Path:

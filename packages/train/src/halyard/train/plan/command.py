@@ -100,10 +100,11 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
         f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",
     ]
     if not fits:
-        lines.append(
-            "  to fit: raise trainer.accumulation, set model.remat full, shard more (trainer.layout fsdp, "
-            "trainer.mesh), lower trainer.batch_size or data.seq_len, or use more devices (--devices)"
-        )
+        knobs = ["raise trainer.accumulation"]
+        knobs += ["set model.remat full"] if memory.remat != "full" else []
+        knobs += ["trainer.layout fsdp"] if trainer.layout == "data_parallel" else []
+        knobs += ["lower trainer.batch_size or data.seq_len", "use more devices (--devices)"]
+        lines.append(f"  to fit: {', '.join(knobs)}")
     lines += [
         "",
         f"compute on {chip.name} ({chip.dtype} peak {chip.peak_flops / 1e12:g} TFLOP/s per chip)",

@@ -7,6 +7,7 @@ is allocated, so an 8B model plans on a laptop with simulated CPU devices.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -79,7 +80,7 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
     """
     started = time.perf_counter()
     try:
-        trainer = Trainer(config, devices=list(devices))
+        trainer = Trainer(_with_some_data(config), devices=list(devices))
         optimizer = trainer.build_optimizer()
         _, abstract, shardings = trainer.abstract_state(optimizer)
     except ValueError as error:
@@ -111,6 +112,15 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         outputs_not_aliased=max(int(analysis.output_size_in_bytes - analysis.alias_size_in_bytes), 0),
         compile_seconds=time.perf_counter() - started,
     )
+
+
+def _with_some_data(config: TrainConfig) -> TrainConfig:
+    """The config with the built-in corpus as its data when it names none: a plan reads no tokens, so a
+    config for real hardware plans before its `data.sources` are set."""
+    data = config.data
+    if data.sources or data.builtin_corpus is not None or data.format != "text":
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(data, builtin_corpus="python-stdlib"))
 
 
 def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
