@@ -38,16 +38,20 @@ def test_export_with_a_bare_tokenizer_json(tmp_path: Path) -> None:
 
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
-    # EOS: the tokenizer's (0), then the checkpoint's own (2, kept in the model config's eos_token_ids)
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, [0, 2], 11)
-    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, [0, 2], 11)
+    # EOS: the imported checkpoint's own (2, kept in the model config's eos_token_ids); BOS, pad: the tokenizer's
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 11)
+    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, 2, 11)
     # the model's 97 rows are cut to the tokenizer's 12: ids beyond the tokenizer were padding
     assert config["vocab_size"] == 12
 
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert isinstance(loaded, transformers.PreTrainedTokenizerFast)
     assert loaded("the cat sat", add_special_tokens=False)["input_ids"] == [3, 4, 5]
-    assert (loaded.bos_token, loaded.eos_token, loaded.pad_token) == ("<s>", "<|endoftext|>", "<pad>")
+    assert (loaded.bos_token, loaded.eos_token, loaded.pad_token) == ("<s>", "<unk>", "<pad>")  # eos: id 2
+    # a model without EOS ids of its own (trained from scratch) takes the tokenizer's
+    _, bare = import_hf(tmp_path / "hf", config_overrides={"eos_token_ids": ()})
+    export_hf(bare, tmp_path / "bare", tokenizer=tokenizer_json)
+    assert json.loads((tmp_path / "bare" / "config.json").read_text())["eos_token_id"] == 0
 
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "out", attn_implementation="eager"
@@ -67,7 +71,7 @@ def test_export_with_a_tokenizer_folder_keeps_its_config_and_explicit_ids_win(tm
     _, model = import_hf(tmp_path / "hf")
     export_hf(model, tmp_path / "out", tokenizer=folder, vocab_size=VOCAB, pad_token_id=2)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, [1, 0], 2)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 0, 2)
     assert config["vocab_size"] == VOCAB
     copied = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert copied["eos_token"] == "<s>"

@@ -43,17 +43,13 @@ def _special_ids(
     tokenizer: TokenizerInfo | None, explicit: dict[str, Any], model_eos: tuple[int, ...], vocab_size: int
 ) -> dict[str, Any]:
     """BOS/EOS/pad ids for the exported folder: explicit arguments, else (EOS) the model config's
-    ``eos_token_ids`` with the tokenizer's EOS first when it is not among them, else the tokenizer's."""
+    ``eos_token_ids`` (an imported checkpoint's, written back unchanged), else the tokenizer's."""
     ids: dict[str, Any] = {}
     for role, value in explicit.items():
-        from_tokenizer = tokenizer.special_id(role) if tokenizer is not None else None
         if value is None and role == "eos" and model_eos:
-            extra = (
-                (from_tokenizer,) if from_tokenizer is not None and from_tokenizer not in model_eos else ()
-            )
-            value = list(extra + model_eos)
-        elif value is None:
-            value = from_tokenizer
+            value = list(model_eos)
+        elif value is None and tokenizer is not None:
+            value = tokenizer.special_id(role)
         values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
         for one in values:
             if not 0 <= one < vocab_size:
@@ -124,9 +120,8 @@ def export_hf(
         vocab_size: embedding rows to write (drop vocabulary padding). Default: the tokenizer's vocabulary
             size when a tokenizer is given and it is smaller than the model's, else the model's.
         bos_token_id, eos_token_id, pad_token_id: special ids for config.json and generation_config.json
-            (``eos_token_id`` may be a list). Unset: the tokenizer's; for EOS first the model config's
-            ``eos_token_ids`` (every EOS of an imported checkpoint), with the tokenizer's EOS put first when
-            it is not among them.
+            (``eos_token_id`` may be a list). Unset: the tokenizer's, except EOS when the model config has
+            ``eos_token_ids`` (every EOS of an imported checkpoint): those are written back unchanged.
         overwrite: replace an earlier export in ``folder``.
 
     Returns:

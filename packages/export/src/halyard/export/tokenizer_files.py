@@ -118,8 +118,8 @@ def write_tokenizer_files(
     Args:
         info: the tokenizer.
         folder: the export folder.
-        special_ids: ``{"bos": id, "eos": id, "pad": id}`` as exported in config.json (None: unknown; for a
-            list of EOS ids the tokenizer's EOS is the first of them).
+        special_ids: ``{"bos": id, "eos": id, "pad": id}`` as exported in config.json (None: unknown; a list
+            of EOS ids names the tokenizer's own EOS token when it is among them, else the first).
         model_max_length: the model's longest sequence (the tokenizer's truncation limit).
     """
     shutil.copyfile(info.tokenizer_json, folder / TOKENIZER_JSON)
@@ -133,8 +133,13 @@ def write_tokenizer_files(
         "clean_up_tokenization_spaces": False,
     }
     for role, token_id in special_ids.items():
-        token_id = token_id[0] if isinstance(token_id, list) else token_id
-        token = None if token_id is None else info.token_of(token_id)
+        ids = token_id if isinstance(token_id, list) else [] if token_id is None else [token_id]
+        own = info.special.get(role)  # the tokenizer's own token, when it is one of the exported ids
+        token = (
+            own
+            if own is not None and info.token_ids[own] in ids
+            else next((t for t in map(info.token_of, ids) if t is not None), None)
+        )
         if token is not None:
             config[f"{role}_token"] = token
     (folder / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
