@@ -124,6 +124,8 @@ class TrainerConfig:
     """Initialisation and dropout seed."""
     init: str = "auto"
     """auto | scratch | resume | checkpoint:PATH | weights:PATH | hf:PATH. A run with checkpoints of its own always resumes them (except scratch, which refuses); the source only seeds the first start."""
+    hf_strict_config: bool = False
+    """With init=hf:PATH: refuse every config.json key that Halyard's rule for the family does not name. Default false: keys transformers does not read for that architecture (is_llama_config, ...) are ignored."""
     mesh: MeshSpec = field(default_factory=MeshSpec)
     """Device mesh: sizes of the data, replica, fsdp, tensor, ... axes (-1 takes the devices left)."""
     layout: str = "data_parallel"

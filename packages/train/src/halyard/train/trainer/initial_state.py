@@ -73,7 +73,11 @@ def initial_state(
         from halyard.export import import_hf
 
         _, model = import_hf(
-            init.removeprefix("hf:"), layout=layout, mesh=mesh, config_overrides=performance_settings(config)
+            init.removeprefix("hf:"),
+            layout=layout,
+            mesh=mesh,
+            config_overrides=performance_settings(config),
+            strict=config.trainer.hf_strict_config,
         )
         return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
     state = jax.jit(make_state, out_shardings=shardings)(key)

@@ -137,7 +137,11 @@ class Trainer:
 
         config, _ = as_config_error(
             f"trainer.init={init}",
-            lambda: read_hf_config(init.removeprefix("hf:"), overrides=performance_settings(self.config)),
+            lambda: read_hf_config(
+                init.removeprefix("hf:"),
+                overrides=performance_settings(self.config),
+                strict=self.config.trainer.hf_strict_config,
+            ),
         )
         return config
 
