@@ -110,12 +110,11 @@ def plain_loss(params: dict[str, Any], tokens: jax.Array, num_heads: int) -> jax
 
 
 def plain_optimizer() -> optax.GradientTransformation:
-    """Clip to global norm 1.0, then AdamW with decay on matrices only (as the Halyard default)."""
+    """Clip to global norm 1.0, then AdamW with decay on leaves named ``weight`` only (as the Halyard
+    default: embeddings, norms and biases do not decay)."""
 
     def decay_mask(params: dict[str, Any]) -> Any:
-        return jax.tree_util.tree_map_with_path(
-            lambda path, leaf: path[-1].key == "weight", params
-        )  # wte, wpe (embeddings), norms and biases do not decay
+        return jax.tree_util.tree_map_with_path(lambda path, leaf: path[-1].key == "weight", params)
 
     return optax.chain(
         optax.clip_by_global_norm(MAX_GRAD_NORM),
@@ -125,18 +124,25 @@ def plain_optimizer() -> optax.GradientTransformation:
     )
 
 
-def make_plain_step(shapes: Gpt2Shapes, key: jax.Array) -> tuple[Callable[..., Any], Any]:
-    """``(jitted step(state, tokens) -> (state, loss) with the state donated, initial state)``."""
-    params = plain_init(shapes, key)
+def jit_plain_step(
+    loss: Callable[[Any, jax.Array], jax.Array], params: Any
+) -> tuple[Callable[..., Any], Any]:
+    """``(jitted step(state, tokens) -> (state, loss) with the state donated, initial state)`` for
+    ``loss(params, tokens)`` and `plain_optimizer`."""
     optimizer = plain_optimizer()
 
     def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
-        loss, grads = jax.value_and_grad(plain_loss)(params, tokens, shapes.num_heads)
+        value, grads = jax.value_and_grad(loss)(params, tokens)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+        return (optax.apply_updates(params, updates), opt_state), value
 
     return jax.jit(step, donate_argnums=0), (params, optimizer.init(params))
+
+
+def make_plain_step(shapes: Gpt2Shapes, key: jax.Array) -> tuple[Callable[..., Any], Any]:
+    """``(jitted step(state, tokens) -> (state, loss) with the state donated, initial state)``."""
+    return jit_plain_step(lambda p, tokens: plain_loss(p, tokens, shapes.num_heads), plain_init(shapes, key))
 
 
 # -- PyTorch --------------------------------------------------------------------------------------------
@@ -162,12 +168,20 @@ def make_torch_step(shapes: Gpt2Shapes, seed: int = 0) -> Callable[[np.ndarray],
         eos_token_id=0,
     )
     model = GPT2LMHeadModel(config).float().train()
-    decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "wte" not in n and "wpe" not in n]
-    no_decay = [
-        p for n, p in model.named_parameters() if not (p.ndim == 2 and "wte" not in n and "wpe" not in n)
-    ]
+    return torch_train_step(model, lambda name, p: p.ndim == 2 and "wte" not in name and "wpe" not in name)
+
+
+def torch_train_step(model: Any, decays: Callable[[str, Any], bool]) -> Callable[[np.ndarray], float]:
+    """``step(tokens [batch, seq_len + 1] int) -> loss`` for a transformers causal LM: mean next-token
+    cross-entropy, backward, clipping at 1.0, AdamW (decay where ``decays(name, parameter)``)."""
+    import torch
+
+    named = list(model.named_parameters())
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": [p for n, p in named if decays(n, p)], "weight_decay": WEIGHT_DECAY},
+            {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+        ],
         lr=LEARNING_RATE,
         betas=BETAS,
         eps=EPSILON,

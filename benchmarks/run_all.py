@@ -68,33 +68,42 @@ def at_least(limit: float) -> Callable[[float], bool]:
     return lambda value: value >= limit
 
 
+TRAIN_STEP_FIGURES = (
+    Figure(
+        "Halyard / PyTorch tokens/s",
+        "ratios.halyard_over_pytorch_tokens_per_second",
+        ">= 1.0",
+        at_least(1.0),
+    ),
+    Figure(
+        "Halyard / plain JAX step time",
+        "ratios.halyard_over_plain_jax_step_time",
+        "<= 1.03",
+        at_most(1.03),
+    ),
+    Figure("plain JAX / PyTorch tokens/s", "ratios.plain_jax_over_pytorch_tokens_per_second"),
+    Figure("Halyard MFU (vs measured f32 matmul)", "ratios.mfu", ">= 60%", at_least(0.60), 100, "%"),
+    Figure("Halyard tokens/s", "implementations.halyard.tokens_per_second"),
+    Figure("Halyard first step (compile)", "implementations.halyard.first_step_seconds", unit=" s"),
+)
+"""What `train_step.py` reports, for each ``--model``."""
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "named_overhead",
         "named_overhead.py",
         (Figure("named / plain JAX step time (block fwd+bwd)", "ratio", "<= 1.03", at_most(1.03)),),
     ),
-    Benchmark(
-        "train_step",
-        "train_step.py",
-        (
-            Figure(
-                "Halyard / PyTorch tokens/s",
-                "ratios.halyard_over_pytorch_tokens_per_second",
-                ">= 1.0",
-                at_least(1.0),
-            ),
-            Figure(
-                "Halyard / plain JAX step time",
-                "ratios.halyard_over_plain_jax_step_time",
-                "<= 1.03",
-                at_most(1.03),
-            ),
-            Figure("plain JAX / PyTorch tokens/s", "ratios.plain_jax_over_pytorch_tokens_per_second"),
-            Figure("Halyard MFU (vs measured f32 matmul)", "ratios.mfu", ">= 60%", at_least(0.60), 100, "%"),
-            Figure("Halyard tokens/s", "implementations.halyard.tokens_per_second"),
-            Figure("Halyard first step (compile)", "implementations.halyard.first_step_seconds", unit=" s"),
-        ),
+    Benchmark("train_step", "train_step.py", TRAIN_STEP_FIGURES),
+    *(
+        Benchmark(
+            "train_step_" + model.replace("-", "_"),
+            "train_step.py",
+            TRAIN_STEP_FIGURES,
+            full_args=("--model", model),
+            quick_args=("--quick", "--model", model),
+        )
+        for model in ("llama", "llama-49k")
     ),
     Benchmark(
         "stacked_compile",

@@ -1,37 +1,45 @@
-"""One training step of the GPT-2 benchmark model: Halyard's trainer vs plain JAX vs PyTorch (transformers).
+"""One training step of a benchmark model: Halyard's trainer vs plain JAX vs PyTorch (transformers).
 
-The model: 6 layers, hidden 512, 8 heads, seq 256, batch 8, vocab 8192, tied embeddings, AdamW, f32
-(23.2M parameters), random tokens. Three implementations in one process:
+``--model`` picks the shape (`benchmark_models.py`): ``gpt2`` (6 layers, hidden 512, 8 heads, seq 256,
+batch 8, vocab 8192, tied embeddings, 23.2M parameters), ``llama`` (the same width with RMSNorm, RoPE,
+SwiGLU and GQA 8/4, untied) or ``llama-49k`` (4 layers, hidden 256, GQA 4/2, seq 128, batch 16, vocab
+49152: the unembedding and the loss dominate). AdamW, f32, random tokens. Three implementations in one
+process:
 
-- ``halyard``: `halyard.models` ``gpt2`` config, `halyard.train.trainer.step.make_train_step` with
+- ``halyard``: the `halyard.models` config, `halyard.train.trainer.step.make_train_step` with
   `halyard.train.trainer.loss.lm_loss_fn` and the trainer's AdamW (`AdamWConfig`: clipping at 1.0,
   decay on matrices), jitted with the state donated: the trainer's own code path;
 - ``plain_jax``: the same math in jnp (lax.scan over layers, ``jax.nn.dot_product_attention``, full
-  logits), optax clip + AdamW, jitted with the state donated (`gpt2_baselines.py`);
-- ``pytorch``: transformers' ``GPT2LMHeadModel`` + ``torch.optim.AdamW`` + gradient clipping on CPU.
+  logits), optax clip + AdamW, jitted with the state donated (`gpt2_baselines.py`, `llama_baselines.py`);
+- ``pytorch``: transformers' ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` (sdpa attention) +
+  ``torch.optim.AdamW`` + gradient clipping on CPU.
 
 Every implementation runs one warm-up step (timed: the first-step latency, compilation included), then the
 implementations alternate for ``--rounds`` rounds, one step each, so that load changes on a shared machine
 hit all of them alike. The f32 matmul rate is measured in each round in the same process (the best of a
-few ``2048 x 2048`` jitted matmuls) and MFU is ``model FLOPs / (median step x median matmul rate)``.
+few ``2048 x 2048`` jitted matmuls) and MFU is ``model FLOPs / (median step x median matmul rate)``. The
+1-minute load average (``os.getloadavg``) is recorded before and after the rounds.
 
 Extra Halyard configurations run beside the default with ``--variant NAME:FIELD=VALUE,...`` (model
 config fields: ``attention_implementation``, ``loss_block_size`` (``none`` = full logits), ``scan_layers``,
-``remat``), e.g. ``--variant full_logits:loss_block_size=none``.
+``remat``, ``loss_full_logits_max_mib``), e.g. ``--variant full_logits:loss_block_size=none``.
 
 Usage::
 
-    python benchmarks/train_step.py                 # the benchmark model, 5 rounds
+    python benchmarks/train_step.py                 # the GPT-2 benchmark model, 5 rounds
+    python benchmarks/train_step.py --model llama-49k   # the large-vocabulary Llama
     python benchmarks/train_step.py --quick         # tiny shapes, a smoke test (seconds)
     python benchmarks/train_step.py --no-torch      # skip PyTorch
 
-Results are printed and written as JSON (``--output``, default benchmarks/results/train_step.json).
+Results are printed and written as JSON (``--output``, default benchmarks/results/train_step.json for
+``gpt2``, train_step_<model>.json for the others).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -45,16 +53,15 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpt2_baselines import Gpt2Shapes, make_plain_step, make_torch_step, torch_matmul_flops
+from benchmark_models import MODELS, BenchmarkModel
+from gpt2_baselines import torch_matmul_flops
 
-from halyard.models import model_config
 from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
 from halyard.train.perf import measure_matmul_flops
 from halyard.train.trainer.loss import lm_loss_fn
 from halyard.train.trainer.step import init_state, make_train_step
 
-RESULTS = Path(__file__).parent / "results" / "train_step.json"
-QUICK_SHAPES = Gpt2Shapes(num_layers=2, hidden_size=64, num_heads=4, seq_len=32, batch_size=2, vocab_size=256)
+RESULTS = Path(__file__).parent / "results"
 GOALS = {"halyard_over_pytorch_tokens_per_second": 1.0, "halyard_over_plain_jax_step_time": 1.03, "mfu": 0.60}
 
 
@@ -84,29 +91,26 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, fields
 
 
-def halyard_model_config(shapes: Gpt2Shapes, **overrides: Any) -> Any:
-    """The ``gpt2`` config of the benchmark model (positions = seq_len, as in the baselines)."""
-    return model_config(
-        "gpt2",
-        vocab_size=shapes.vocab_size,
-        hidden_size=shapes.hidden_size,
-        num_layers=shapes.num_layers,
-        num_heads=shapes.num_heads,
-        max_position=shapes.seq_len,
-        **overrides,
-    )
+def trainer_step(config: Any) -> tuple[Callable, Callable[[jax.Array], Any]]:
+    """The trainer's step for a model config: ``(jitted step(state, batch), init(key) -> TrainState)``.
 
-
-def make_halyard_step(shapes: Gpt2Shapes, key: jax.Array, **overrides: Any) -> tuple[Callable, Any]:
-    """The trainer's step for the benchmark model: ``(jitted step(state, batch), initial TrainState)``."""
-    config = halyard_model_config(shapes, **overrides)
+    `make_train_step` with `lm_loss_fn` and the trainer's AdamW (`AdamWConfig`: clipping at 1.0, decay
+    on matrices), jitted with the state donated; a batch is ``{"tokens": int [batch, seq_len + 1]}``.
+    """
     optimizer_config = AdamWConfig(schedule=ConstantScheduleConfig(warmup=0.0))
     optimizer = optimizer_config.build(total_steps=1000)
     step = make_train_step(
         lm_loss_fn(), optimizer, learning_rate=optimizer_config.learning_rate_schedule(1000)
     )
-    state = init_state(config.init(key), optimizer, key)
-    return jax.jit(step, donate_argnums=0), state
+    return jax.jit(step, donate_argnums=0), lambda key: init_state(config.init(key), optimizer, key)
+
+
+def make_halyard_step(
+    model: BenchmarkModel, shapes: Any, key: jax.Array, **overrides: Any
+) -> tuple[Callable, Any]:
+    """The trainer's step for a benchmark model: ``(jitted step(state, batch), initial TrainState)``."""
+    step, init = trainer_step(model.halyard_config(shapes, **overrides))
+    return step, init(key)
 
 
 class Runner:
@@ -142,6 +146,9 @@ def jax_runner(name: str, step: Callable, state: Any, batch: Any, loss_of: Calla
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", choices=sorted(MODELS), default="gpt2", help="the benchmark shape (default gpt2)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 rounds (a smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5; quick 2)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
@@ -155,10 +162,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--matmul-size", type=int, default=None, help="side of the peak matmul (2048; quick 256)"
     )
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON result")
+    parser.add_argument("--output", type=Path, default=None, help="where to write the JSON result")
     args = parser.parse_args(argv)
 
-    shapes = QUICK_SHAPES if args.quick else Gpt2Shapes()
+    model = MODELS[args.model]
+    shapes = model.quick_shapes if args.quick else model.shapes
+    suffix = "" if args.model == "gpt2" else "_" + args.model.replace("-", "_")
+    output = args.output or RESULTS / f"train_step{suffix}.json"
     rounds = args.rounds or (2 if args.quick else 5)
     matmul_size = args.matmul_size or (256 if args.quick else 2048)
     variants = [("halyard", {})] + [parse_variant(v) for v in args.variant]
@@ -167,16 +177,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runners: list[Runner] = []
     flops_per_step = 0.0
     for name, overrides in variants:
-        step, state = make_halyard_step(shapes, jax.random.PRNGKey(0), **overrides)
+        step, state = make_halyard_step(model, shapes, jax.random.PRNGKey(0), **overrides)
         runners.append(
             jax_runner(name, step, state, {"tokens": jax.numpy.asarray(tokens)}, lambda m: m["loss"])
         )
-        flops_per_step = halyard_model_config(shapes).flops_per_token(shapes.seq_len) * shapes.tokens_per_step
+        flops_per_step = model.halyard_config(shapes).flops_per_token(shapes.seq_len) * shapes.tokens_per_step
     if not args.no_plain:
-        step, state = make_plain_step(shapes, jax.random.PRNGKey(0))
+        step, state = model.make_plain_step(shapes, jax.random.PRNGKey(0))
         runners.append(jax_runner("plain_jax", step, state, jax.numpy.asarray(tokens), lambda loss: loss))
     if not args.no_torch:
-        torch_step = make_torch_step(shapes)
+        torch_step = model.make_torch_step(shapes)
         runners.append(Runner("pytorch", lambda: torch_step(tokens)))
 
     for runner in runners:
@@ -184,12 +194,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             f"{runner.name:>16}: first step {runner.first_step_seconds:7.2f} s, loss {runner.first_loss:.4f}"
         )
+    load_before = os.getloadavg()[0]
     matmul_rates: list[float] = []
     for round_index in range(rounds):
         matmul_rates.append(measure_matmul_flops("float32", size=matmul_size, repeats=3))
         for runner in runners if round_index % 2 == 0 else runners[::-1]:
             runner.timed_step()
     torch_rate = None if args.no_torch else torch_matmul_flops(matmul_size, repeats=3)
+    load_average = {"before_rounds": load_before, "after_rounds": os.getloadavg()[0]}
 
     peak = statistics.median(matmul_rates)
     table: dict[str, dict[str, float]] = {}
@@ -217,11 +229,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best_name = min((n for n, _ in variants), key=lambda n: table[n]["step_seconds_median"])
     result = {
         "benchmark": "train_step",
+        "model": args.model,
+        "model_description": model.description,
         "shapes": asdict(shapes),
         "dtype": "float32",
         "quick": args.quick,
         "machine": f"{platform.machine()} {jax.default_backend()}, {jax.device_count()} device(s)",
         "rounds": rounds,
+        "load_average_1min": load_average,
+        "cpu_count": os.cpu_count(),
         "flops_per_step": flops_per_step,
         "matmul_size": matmul_size,
         "matmul_flops_per_second": peak,
@@ -235,6 +251,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(f"\nshapes {asdict(shapes)}, {rounds} rounds, f32 matmul rate {peak / 1e9:.1f} GFLOP/s (median)")
     print(f"model FLOPs per step {flops_per_step / 1e9:.1f} G")
+    print(
+        f"1-minute load average {load_average['before_rounds']:.2f} before the rounds, "
+        f"{load_average['after_rounds']:.2f} after ({os.cpu_count()} CPUs)"
+    )
     print(f"{'implementation':>16} {'step (s)':>9} {'tokens/s':>9} {'MFU':>6} {'first step (s)':>15}")
     for name, row in table.items():
         print(
@@ -249,9 +269,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     if len(variants) > 1:
         print(f"fastest Halyard variant: {best_name}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {output}")
     return result
 
 

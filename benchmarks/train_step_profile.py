@@ -1,4 +1,6 @@
-"""Where the GPT-2 benchmark step spends its time: forward, forward+backward and the whole step, per config.
+"""Where a benchmark step spends its time: forward, forward+backward and the whole step, per config.
+
+``--model gpt2|llama|llama-49k`` picks the shape (`benchmark_models.py`; default ``gpt2``).
 
 For Halyard (the default config and any ``--variant NAME:FIELD=VALUE,...``) and plain JAX, three jitted
 programs are timed in alternating rounds: the loss alone (``forward``), ``value_and_grad`` of the loss
@@ -13,6 +15,7 @@ Usage::
 
     python benchmarks/train_step_profile.py --variant full_logits:loss_block_size=none
     python benchmarks/train_step_profile.py --quick --hlo
+    python benchmarks/train_step_profile.py --model llama-49k --variant full_logits:loss_full_logits_max_mib=1024
     XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step_profile.py --trace /tmp/trace
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/train_step_profile.json).
@@ -38,8 +41,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpt2_baselines import Gpt2Shapes, make_plain_step, plain_loss
-from train_step import QUICK_SHAPES, halyard_model_config, make_halyard_step, parse_variant
+from benchmark_models import MODELS, BenchmarkModel
+from train_step import make_halyard_step, parse_variant
 
 from halyard.models import LmBatch
 
@@ -104,9 +107,9 @@ def op_time_shares(run_step: Callable[[], Any], directory: Path) -> dict[str, An
 
 
 def halyard_programs(
-    shapes: Gpt2Shapes, tokens: np.ndarray, overrides: dict[str, Any]
+    model_spec: BenchmarkModel, shapes: Any, tokens: np.ndarray, overrides: dict[str, Any]
 ) -> dict[str, Callable]:
-    config = halyard_model_config(shapes, **overrides)
+    config = model_spec.halyard_config(shapes, **overrides)
     model = config.init(jax.random.PRNGKey(0))
     batch = LmBatch.from_tokens(tokens)
 
@@ -114,14 +117,14 @@ def halyard_programs(
         value, _ = model.loss(batch, reduction="sum")
         return value
 
-    step, state = make_halyard_step(shapes, jax.random.PRNGKey(0), **overrides)
+    step, state = make_halyard_step(model_spec, shapes, jax.random.PRNGKey(0), **overrides)
     return _programs(jax.jit(loss), jax.jit(jax.value_and_grad(loss)), model, step, state, {"tokens": tokens})
 
 
-def plain_programs(shapes: Gpt2Shapes, tokens: np.ndarray) -> dict[str, Callable]:
-    step, state = make_plain_step(shapes, jax.random.PRNGKey(0))
+def plain_programs(model_spec: BenchmarkModel, shapes: Any, tokens: np.ndarray) -> dict[str, Callable]:
+    step, state = model_spec.make_plain_step(shapes, jax.random.PRNGKey(0))
     params = state[0]
-    loss = lambda p: plain_loss(p, tokens, shapes.num_heads)
+    loss = lambda p: model_spec.plain_loss(p, tokens, shapes)
     params_copy = jax.tree.map(lambda x: x.copy(), params)
     return _programs(jax.jit(loss), jax.jit(jax.value_and_grad(loss)), params_copy, step, state, tokens)
 
@@ -146,6 +149,7 @@ def _programs(forward: Any, grad: Any, params: Any, step: Any, state: Any, batch
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="gpt2", help="the benchmark shape")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 2)")
     parser.add_argument(
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--trace", type=Path, default=None, help="trace one step per config into this folder")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    shapes = QUICK_SHAPES if args.quick else Gpt2Shapes()
+    model_spec = MODELS[args.model]
+    shapes = model_spec.quick_shapes if args.quick else model_spec.shapes
     rounds = args.rounds or (2 if args.quick else 3)
     tokens = np.random.default_rng(0).integers(0, shapes.vocab_size, (shapes.batch_size, shapes.seq_len + 1))
     tokens = jax.numpy.asarray(tokens, jax.numpy.int32)
@@ -165,9 +170,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configs: dict[str, dict[str, Callable]] = {}
     variants = ([] if args.no_default else [("halyard", {})]) + [parse_variant(v) for v in args.variant]
     for name, overrides in variants:
-        configs[name] = halyard_programs(shapes, tokens, overrides)
+        configs[name] = halyard_programs(model_spec, shapes, tokens, overrides)
     if not args.no_plain:
-        configs["plain_jax"] = plain_programs(shapes, tokens)
+        configs["plain_jax"] = plain_programs(model_spec, shapes, tokens)
     parts = ("forward", "grad", "step")
     for programs in configs.values():
         for part in parts:
@@ -210,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:>18} step op time: {shares or 'no XLA ops in the trace (set the XLA flag)'}")
     result = {
         "benchmark": "train_step_profile",
+        "model": args.model,
         "op_time": traces,
         "shapes": asdict(shapes),
         "rounds": rounds,

@@ -60,3 +60,50 @@ def test_run_all_quick_train_step_scaling_hf_import(tmp_path: Path) -> None:
     assert math.isfinite(hf["ratios"]["sharded_import_transient_over_largest_tensor"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {run["status"] for run in summary["runs"].values()} == {"ok"}
+
+
+def test_train_step_quick_large_vocabulary_llama(tmp_path: Path) -> None:
+    output = tmp_path / "train_step_llama_49k.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick", "--model", "llama-49k",
+         "--rounds", "1", "--output", str(output)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
+    train = json.loads(output.read_text())
+    assert train["model"] == "llama-49k"
+    assert set(train["implementations"]) == {"halyard", "plain_jax", "pytorch"}
+    shapes = train["shapes"]
+    vocab, hidden, layers = shapes["vocab_size"], shapes["hidden_size"], shapes["num_layers"]
+    for name, row in train["implementations"].items():
+        # HF initialisation (std 0.02) and random tokens: every implementation starts near ln(vocab).
+        assert abs(row["first_loss"] - math.log(vocab)) < 0.1, (name, row["first_loss"])
+    head = hidden // shapes["num_heads"]
+    attention = hidden * head * (2 * shapes["num_heads"] + 2 * shapes["num_kv_heads"])
+    matmul_weights = layers * (attention + 3 * hidden * shapes["intermediate_size"]) + vocab * hidden
+    expected_flops = 6 * matmul_weights * shapes["batch_size"] * shapes["seq_len"]
+    assert expected_flops <= train["flops_per_step"] <= 1.5 * expected_flops
+    assert math.isfinite(train["ratios"]["halyard_over_pytorch_tokens_per_second"])
+
+
+def test_gpu_sh_cpu_smoke(tmp_path: Path) -> None:
+    # The GPU benchmark's own code path at tiny size: the batch search's compile and memory check (one
+    # compile: --max-batch 1 keeps the suite quick), timed steps, MFU, a cuDNN row skipped on CPU, tables.
+    output = tmp_path / "gpu_llama.json"
+    completed = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--cpu-smoke", "--remat", "save_dots",
+         "--attention", "xla", "cudnn", "--max-batch", "1", "--output", str(output)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
+    result = json.loads(output.read_text())
+    assert result["cpu_smoke"] is True and result["seq_len"] == 64
+    rows = {(row["remat"], row["attention"]): row for row in result["rows"]}
+    assert set(rows) == {("save_dots", "xla"), ("save_dots", "cudnn")}
+    assert rows["save_dots", "cudnn"]["status"].startswith("skipped: cuDNN attention needs an NVIDIA GPU")
+    xla = rows["save_dots", "xla"]
+    assert xla["status"] == "ok" and xla["batch_size"] == 1
+    assert xla["planned_bytes"] <= result["memory_limit_bytes"]
+    assert abs(xla["first_loss"] - math.log(512)) < 0.2  # random tokens, std-0.02 init: ~ln(vocab)
+    assert xla["mfu"] > 0 and xla["tokens_per_second"] == 64 / xla["step_seconds_median"]
+    assert "| save_dots | xla | 1 |" in output.with_suffix(".md").read_text()
