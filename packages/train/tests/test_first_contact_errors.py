@@ -12,10 +12,10 @@ from pathlib import Path
 
 import jax
 import pytest
-from trainer_fixtures import write_config
+from trainer_fixtures import load_config, write_config
 
 from halyard.train.cli import main
-from halyard.train.config import ConfigError
+from halyard.train.config import ConfigError, save_resolved_config
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,14 @@ def test_sources_tokenizer_and_records(
     assert "RemoteTraceback" not in err
 
 
+def test_halyard_cache_reports_a_source_matching_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_file: Path
+) -> None:
+    argv = ["cache", "build", "--source", str(tmp_path / "none-*.jsonl"), "--tokenizer", str(tokenizer_file)]
+    code, err = fails(capsys, [*argv, "--out", str(tmp_path / "cache")])
+    assert code == 2 and "none-*.jsonl" in err and "matches no file" in err
+
+
 def test_a_config_error_is_reported_before_any_cache_file_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -134,6 +142,11 @@ def test_checkpoints_missing_damaged_and_of_other_data(
     code, err = fails(capsys, train(fresh, "--trainer.init", f"checkpoint:{tmp_path / 'nowhere'}"))
     assert code == 2 and "nowhere does not exist" in err
     assert not (tmp_path / "fresh").exists()
+
+    # A run folder with its config but no checkpoint: the run tools say so.
+    save_resolved_config(load_config(fresh), tmp_path / "fresh")
+    code, err = fails(capsys, ["generate", "--run", str(tmp_path / "fresh"), "--prompt", "def "])
+    assert code == 2 and "No complete checkpoint" in err and "fresh" in err
 
     # The finished run, continued with another batch size: its checkpoint is for other data.
     code, err = fails(capsys, train(finished_run, "--trainer.steps", "4", "--trainer.batch_size", "16"))

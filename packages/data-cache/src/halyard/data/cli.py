@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from halyard.data.builders.build import DEFAULT_CHUNK_TOKENS, DEFAULT_FIRST_CHUNK_TOKENS, build_cache
 from halyard.data.cache.reader import TokenCache
+from halyard.data.errors import DataInputError
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS, ExampleFormat
 from halyard.data.sources.shards import FORMATS
 
@@ -103,7 +105,21 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status: 2 after printing one line for bad input (a source
+    matching nothing, a broken tokenizer, a bad record under --strict), unless ``HALYARD_DEBUG=1`` asks
+    for the traceback."""
+    try:
+        return run_command(argv)
+    except DataInputError as error:
+        if os.environ.get("HALYARD_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
+            raise
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """`main` without the error handling: bad input raises its `DataInputError` (for a wrapping CLI)."""
     args = make_parser().parse_args(argv)
     if args.command == "build":
         cache = build_cache(

@@ -109,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "train":
         return _run_training(rest)
     if command == "cache":
-        from halyard.data.cli import main as data_main
+        from halyard.data.cli import run_command
 
-        return report_user_errors(lambda argv: int(data_main(argv) or 0))(rest)
+        return report_user_errors(run_command)(rest)
     if command in ("generate", "eval", "export"):
         from halyard.train import run_tools
 
