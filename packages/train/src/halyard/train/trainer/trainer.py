@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from halyard.train.checkpoint import (
 )
 from halyard.train.config import save_resolved_config
 from halyard.train.perf import Goodput
+from halyard.train.plot import write_run_plot
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.data import PreparedData, prepare_data
 from halyard.train.trainer.evaluate import Evaluator
@@ -75,6 +76,8 @@ class Trainer:
         config: the run config (`halyard.train.run_config.TrainConfig`).
         preemption: the flag polled each step (default: SIGTERM handler installed by `fit`).
         clock: time source for checkpoint policies and throughput (tests pass a fake one).
+        devices: the devices of the mesh (default: every process's devices; `halyard plan` passes
+            simulated ones).
     """
 
     def __init__(
@@ -83,12 +86,13 @@ class Trainer:
         *,
         preemption: PreemptionFlag | None = None,
         clock: Callable[[], float] = time.monotonic,
+        devices: Sequence[jax.Device] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(config.trainer.run_dir)
         self.clock = clock
         self._preemption = preemption
-        self.mesh = as_config_error("trainer.mesh", lambda: config.trainer.mesh.build())
+        self.mesh = as_config_error("trainer.mesh", lambda: config.trainer.mesh.build(devices))
         self.layout = as_config_error(
             "trainer.layout", lambda: Layout.preset(config.trainer.layout, min_shard=config.trainer.min_shard)
         )
@@ -128,6 +132,21 @@ class Trainer:
         abstract = jax.eval_shape(make_state, key)
         shardings = self.layout.shardings(abstract, self.mesh)
         return make_state, abstract, shardings
+
+    def step_function(self, optimizer: Any, shardings: Any) -> Any:
+        """The jitted train step ``(state, batch) -> (state, metrics)``: state donated, kept in ``shardings``."""
+        cfg = self.config.trainer
+        return jax.jit(
+            make_train_step(
+                lm_loss_fn(cfg.z_loss_weight),
+                optimizer,
+                accumulation=cfg.accumulation,
+                precision=cfg.precision,
+                learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
+            ),
+            donate_argnums=0,
+            out_shardings=(shardings, None),
+        )
 
     def _resolve_model_config(self) -> Any:
         init = self.config.trainer.init
@@ -202,18 +221,7 @@ class Trainer:
         start_step = int(state.step)
         if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
             save_resolved_config(self.config, self.run_dir)
-        schedule = self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1))
-        step_fn = jax.jit(
-            make_train_step(
-                lm_loss_fn(cfg.z_loss_weight),
-                optimizer,
-                accumulation=cfg.accumulation,
-                precision=cfg.precision,
-                learning_rate=schedule,
-            ),
-            donate_argnums=0,
-            out_shardings=(shardings, None),
-        )
+        step_fn = self.step_function(optimizer, shardings)
         log = MetricsLog(
             self.config,
             self.run_dir,
@@ -284,6 +292,8 @@ class Trainer:
             profile.close()
             manager.close()
         summary = log.close()
+        if is_main_process():  # the loss against the step, for a look instead of a read of metrics.jsonl
+            write_run_plot(self.run_dir)
         return FitResult(
             state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
         )
