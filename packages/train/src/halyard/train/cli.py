@@ -30,6 +30,8 @@ commands:
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
   configs   list the built-in configs
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
+  config    print a resolved config with every key's meaning: halyard config show demo [--trainer.steps 10]
+  plot      the loss of runs, overlaid, as a PNG: halyard plot --run runs/a runs/b [--out loss.png]
 
   --version print every installed halyard package and its version
   --debug   show the traceback of an error (also HALYARD_DEBUG=1); errors are one line without it
@@ -76,8 +78,11 @@ def installed_versions() -> str:
 @report_user_errors
 def _run_training(argv: Sequence[str]) -> int:
     from halyard.shard import initialize
+    from halyard.train.config_command import PRINT_CONFIG_FLAG, print_config
     from halyard.train.run_config import TrainConfig
 
+    if PRINT_CONFIG_FLAG in argv:  # the resolved config with every meaning, instead of training
+        return print_config([arg for arg in argv if arg != PRINT_CONFIG_FLAG])
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     initialize()
     from halyard.train.trainer.trainer import Trainer
@@ -124,7 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "plan":
         from halyard.train.plan.command import plan_main
 
-        return plan_main(rest)
+        return report_user_errors(plan_main)(rest)
+    if command == "plot":
+        from halyard.train.plot import plot_main
+
+        return report_user_errors(plot_main)(rest)
+    if command == "config":
+        from halyard.train.config_command import config_main
+
+        return report_user_errors(config_main)(rest)
     if command == "configs":
         for name, path in sorted(builtin_configs().items()):
             print(f"{name:16s} {path}")
