@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from data_helpers import folder_bytes, make_documents, write_jsonl_shards
 
-from halyard.data import build_cache
+from halyard.data import MissingFieldError, build_cache
 
 
 @pytest.mark.ray
@@ -43,6 +43,18 @@ def test_ray_builder_equals_local_builder(tmp_path: Path, tokenizer_path: str):
             chunk_tokens=300,
             progress=False,
         )
+        # A shard task's bad input arrives as its own error, without Ray's wrapper and its traceback text.
+        (tmp_path / "body.jsonl").write_text('{"body": "no text field"}\n')
+        with pytest.raises(MissingFieldError) as raised:
+            build_cache(
+                str(tmp_path / "body.jsonl"),
+                tokenizer_path,
+                str(tmp_path / "bad"),
+                builder="ray",
+                progress=False,
+            )
+        assert type(raised.value) is MissingFieldError and "\n" not in str(raised.value)
+        assert "body.jsonl:1: text field 'text' not found" in str(raised.value)
     finally:
         ray.shutdown()
     assert cache.is_finished and cache.num_documents == 300

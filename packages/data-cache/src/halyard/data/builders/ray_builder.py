@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from halyard.data.builders.shard_worker import ShardJob, build_shard
+from halyard.data.errors import DataInputError
 from halyard.data.processing.processor import Processor
 
 
@@ -71,7 +72,13 @@ def run_ray(
                 running.append(remote.remote(waiting.pop(0), processor_ref))
             done, running = ray.wait(running, num_returns=1, timeout=poll_seconds)
             for reference in done:
-                ray.get(reference)
+                try:
+                    ray.get(reference)
+                except ray.exceptions.RayTaskError as error:
+                    # Ray's wrapper prints the task's traceback in its message; bad input keeps its own.
+                    if isinstance(error.cause, DataInputError):
+                        raise error.cause from None
+                    raise
             poll()
     except BaseException:
         for reference in running:
