@@ -41,9 +41,10 @@ print(sorted(path.name for path in (WORK / "hf-original").iterdir()))
 # ## Import
 #
 # `import_hf` reads `config.json` into the matching Halyard family (here `llama`) and the safetensors into
-# its parameters. It refuses what it cannot reproduce exactly (unknown config keys, remote code, pickles
-# unless allowed), so an imported model computes what its authors trained. Logits agree with
-# `transformers` on the same tokens:
+# its parameters. It refuses what it cannot reproduce exactly (a config value transformers would compute
+# differently with, a family it does not implement, quantized weights, remote code, pickles unless allowed)
+# and ignores keys transformers does not read, so an imported model computes what its authors trained.
+# Logits agree with `transformers` on the same tokens:
 
 # %%
 config, model = import_hf(WORK / "hf-original")
@@ -122,4 +123,5 @@ print(repr(hf_tokenizer.decode(generated[0])))
 
 # %% [markdown]
 # Supported families (GPT-2, Llama, Mistral, Qwen2, Mixtral), their options and every refusal are listed
-# on the [halyard.export page](../packages/export.md). Next: [muP](06_mup.md).
+# on the [halyard.export page](../packages/export.md); for a checkpoint from the Hub see
+# [Importing a checkpoint you downloaded](../concepts/importing-a-checkpoint.md). Next: [muP](06_mup.md).
