@@ -4,6 +4,8 @@
 them); a background thread waits for orbax to finish writing, then writes the commit marker (see
 `commit_marker` for the protocol), and only then deletes checkpoints the `KeepPolicy` no longer wants.
 One save is in flight at a time: the next ``save`` (or ``wait``) first waits for the previous one.
+The background write runs at a low CPU priority (`writer_priority`), so it slows the training steps
+that run beside it as little as the machine allows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from halyard.train.checkpoint.restore import (
     restore,
     restore_weights,
 )
+from halyard.train.checkpoint.writer_priority import LowPriorityWriters, check_niceness
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,9 @@ class CheckpointManager:
         verify_checksums: before restoring, compare every file with the checksum recorded when it was
             saved (see `checksums`); ``restore(None, ...)`` then falls back past a damaged checkpoint.
             False skips that read of the checkpoint (and loads damaged data without noticing).
+        writer_niceness: nice value (0-19) of the threads writing a checkpoint in the background (see
+            `writer_priority`): 19, the default, gives the training threads the CPU first; 0 or None
+            leaves priorities alone (the write then competes with the steps for the cores).
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class CheckpointManager:
         process_index: int | None = None,
         compress: bool = False,
         verify_checksums: bool = True,
+        writer_niceness: int | None = 19,
     ) -> None:
         self.directory = Path(directory).absolute()  # orbax refuses relative paths (e.g. runs/demo)
         self.save_policy = save_policy
@@ -91,6 +98,8 @@ class CheckpointManager:
         self._broadcast = broadcast
         self._process_index = jax.process_index() if process_index is None else process_index
         self.verify_checksums = verify_checksums
+        check_niceness(writer_niceness)
+        self.writer_niceness = writer_niceness
         self._checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=compress))
         existing = scan_checkpoints(self.directory, warn=False).complete
         self._last_save_step: int | None = max(existing) if existing else None
@@ -197,10 +206,11 @@ class CheckpointManager:
         self, step: int, step_dir: Path, records: tuple[LeafRecord, ...], metadata: dict
     ) -> None:
         try:
-            self._checkpointer.wait_until_finished()
-            if self._process_index == 0:
-                write_commit_marker(step_dir, step, records, metadata, jax.process_count())
-                self._delete_unwanted(newest=step)
+            with LowPriorityWriters(self.writer_niceness):
+                self._checkpointer.wait_until_finished()
+                if self._process_index == 0:
+                    write_commit_marker(step_dir, step, records, metadata, jax.process_count())
+                    self._delete_unwanted(newest=step)
         except BaseException as error:  # surfaced on the caller's thread by wait()
             self._error = error
         finally:

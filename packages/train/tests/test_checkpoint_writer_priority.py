@@ -1,0 +1,63 @@
+"""The background checkpoint write runs at low CPU priority (its threads' nice value), and bad values fail."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.writer_priority import LowPriorityWriters, supported
+
+linux_only = pytest.mark.skipif(not supported(), reason="threads are reniced one by one only on Linux")
+
+
+def writer_thread_niceness() -> dict[int, int]:
+    """Nice value of every TensorStore worker thread of this process, by thread id."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("ts_"):
+                values[int(task.name)] = os.getpriority(os.PRIO_PROCESS, int(task.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return values
+
+
+@linux_only
+def test_an_async_save_lowers_the_writer_threads_and_leaves_the_caller_alone(tmp_path: Path) -> None:
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    state = {"w": jax.numpy.arange(4096.0).reshape(64, 64), "step": 3}
+    with CheckpointManager(tmp_path / "checkpoints") as manager:
+        assert manager.save(1, state)
+        manager.wait()
+        niceness = writer_thread_niceness()  # before the restore, which may start more at normal priority
+        restored = manager.restore(1, state).state
+    np.testing.assert_array_equal(restored["w"], state["w"])
+    assert niceness, "TensorStore wrote the checkpoint, so its worker threads exist"
+    assert min(niceness.values()) >= 19, niceness
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller  # the training thread
+
+
+@linux_only
+def test_low_priority_writers_renices_the_thread_that_enters_it() -> None:
+    seen: list[int] = []
+
+    def writer() -> None:
+        with LowPriorityWriters(12, interval=0.01):
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    thread.join()
+    assert seen and seen[0] >= 12
+
+
+@pytest.mark.parametrize("niceness", [-1, 20, "19", 1.5])
+def test_a_writer_niceness_outside_0_to_19_is_refused(tmp_path: Path, niceness: object) -> None:
+    with pytest.raises(ValueError, match=r"writer_niceness must be an int between 0 .* and 19"):
+        CheckpointManager(tmp_path, writer_niceness=niceness)  # type: ignore[arg-type]
