@@ -53,8 +53,8 @@ def generate_main(argv: Sequence[str]) -> int:
     )
     prompts = [tokenizer.encode(p).ids or [0] for p in args.prompt]
     result = generate(jax.device_get(state.params), prompts, sampling, key=jax.random.key(args.seed))
-    for prompt, row in zip(args.prompt, np.asarray(result.tokens)):
-        print(prompt + tokenizer.decode(row.tolist()))
+    for prompt, row, length in zip(args.prompt, np.asarray(result.tokens), np.asarray(result.lengths)):
+        print(prompt + tokenizer.decode(row[:length].tolist()))  # stop tokens end a row; padding follows
     return 0
 
 

@@ -29,4 +29,5 @@ def sample_text(state: TrainState, tokenizer_path: str, config: TrainerConfig) -
         top_k=40 if config.sample_temperature > 0 else None,
     )
     generation = generate(jax.device_get(state.params), [prompt], sampling, key=jax.random.key(config.seed))
-    return tokenizer.decode(np.asarray(generation.tokens)[0].tolist())
+    # up to and including a stop token (an imported checkpoint's EOS ids), not the padding after it
+    return tokenizer.decode(np.asarray(generation.tokens)[0, : int(generation.lengths[0])].tolist())
