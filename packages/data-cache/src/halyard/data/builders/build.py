@@ -33,6 +33,10 @@ DEFAULT_CHUNK_TOKENS = 1 << 19
 DEFAULT_FIRST_CHUNK_TOKENS = 1 << 14
 
 
+class BuildStopped(Exception):
+    """Raised inside a background build's thread when ``BuildHandle.stop`` was called."""
+
+
 class CacheMismatchError(DataInputError, ValueError):
     """The folder holds a cache built with other settings (tokenizer, BOS/EOS policy, sources, chunk size)."""
 
@@ -47,6 +51,17 @@ class BuildHandle:
     cache: TokenCache
     thread: threading.Thread
     errors: list[BaseException] = field(default_factory=list)
+    shards: list[int] = field(default_factory=list)
+    """The shards this process builds (its share; the others' are built by other hosts)."""
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop building (worker processes are terminated) and wait up to ``timeout`` s for the thread.
+
+        What was committed stays; the next build of the same cache resumes from the ledgers.
+        """
+        self.stop_requested.set()
+        self.thread.join(timeout)
 
     def done(self) -> bool:
         """True when the build stopped (finished or failed)."""
@@ -89,6 +104,8 @@ def build_cache(
     rebuild: bool = False,
     progress: bool = True,
     background: bool = False,
+    host_index: int = 0,
+    host_count: int = 1,
 ) -> TokenCache | BuildHandle:
     """Tokenize ``sources`` into a token cache at ``out_dir``; resume it if a build was interrupted.
 
@@ -115,9 +132,14 @@ def build_cache(
         rebuild: delete a cache built with other settings instead of refusing it.
         progress: show a progress bar.
         background: return a ``BuildHandle`` at once and build in a thread (training can start reading).
+        host_index: with ``host_count`` > 1, this host builds shards ``host_index``, ``host_index +
+            host_count``, ... of the one shared cache; the host that finishes the last shard writes the
+            finished ledger. Every host must call with the same arguments and its own index.
+        host_count: the number of hosts sharing the build.
 
     Returns:
-        The finished ``TokenCache``, or a ``BuildHandle`` when ``background``.
+        The ``TokenCache`` (finished unless other hosts still build their shares), or a ``BuildHandle``
+        when ``background``.
 
     Raises:
         CacheMismatchError: ``out_dir`` holds a cache with other settings (the differences are listed).
@@ -130,6 +152,8 @@ def build_cache(
         raise ValueError(f"builder {builder!r} is not known; use 'local' or 'ray'")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    if host_count < 1 or not 0 <= host_index < host_count:
+        raise ValueError(f"host_index={host_index} must be in [0, host_count={host_count})")
     tokenizer_spec = load_tokenizer(tokenizer)
     if isinstance(example_format, str):
         example_format = ExampleFormat(kind=example_format)
@@ -180,50 +204,63 @@ def build_cache(
         return already_done
     if num_workers is None:
         num_workers = default_num_workers()
+    share = list(range(host_index, len(shards), host_count))
     jobs = [
-        ShardJob(root, index, shard, chunk_tokens, first_chunk_tokens, strict)
-        for index, shard in enumerate(shards)
+        ShardJob(root, index, shards[index], chunk_tokens, first_chunk_tokens, strict)
+        for index in share
         if not shard_is_finished(root, index)
     ]
+    stop_requested = threading.Event()
 
     def run() -> None:
-        with build_lock(root):
+        # Hosts build disjoint shares, so each share has its own lock (two builds of one share wait).
+        with build_lock(root, "" if host_count == 1 else f"{host_index}-of-{host_count}"):
             build_pending()
 
     def build_pending() -> None:
         # Shards another builder finished while this one waited for the lock are not built again.
         pending = [job for job in jobs if not shard_is_finished(root, job.shard_index)]
         bar = BuildProgress(root, len(shards), enabled=progress)
+
+        def poll() -> None:
+            bar.poll()
+            if stop_requested.is_set():
+                raise BuildStopped(f"the build of {root} was stopped; building it again resumes it")
+
         try:
             if builder == "local":
-                run_local(pending, processor, num_workers, poll=bar.poll, poll_seconds=0.5)
+                run_local(pending, processor, num_workers, poll=poll, poll_seconds=0.5)
             else:
                 run_ray(
                     pending,
                     processor,
                     ray_address=ray_address,
                     num_workers=num_workers or None,
-                    poll=bar.poll,
+                    poll=poll,
                     poll_seconds=0.5,
                 )
         finally:
             bar.close()
-        finished = []
-        for index in range(len(shards)):
-            shard_progress = ShardProgress.load(root, index)
-            assert shard_progress is not None and shard_progress.finished, f"shard {index} did not finish"
-            finished.append(shard_progress)
-        save_cache_ledger(root, identity, finished)
+        finished = [ShardProgress.load(root, index) for index in range(len(shards))]
+        if all(shard is not None and shard.finished for shard in finished):
+            # With several hosts, each checks after saving its own shards: the last to finish sees all.
+            save_cache_ledger(root, identity, finished)  # type: ignore[arg-type]
+        else:
+            assert host_count > 1, "a shard of a single-host build did not finish"
 
     if not background:
         run()
         cache.refresh()
         return cache
-    handle = BuildHandle(cache, threading.Thread())
+    handle = BuildHandle(cache, threading.Thread(), shards=share, stop_requested=stop_requested)
+    # Reads that wait for tokens this build will never write (it failed) raise its error instead.
+    cache.build_errors = handle.errors
 
     def run_in_background() -> None:
         try:
             run()
+        except BuildStopped:
+            pass
         except BaseException as error:
             handle.errors.append(error)
 

@@ -18,7 +18,7 @@ def _local_path(root: str) -> str | None:
 
 
 @contextlib.contextmanager
-def build_lock(root: str) -> Iterator[None]:
+def build_lock(root: str, share: str = "") -> Iterator[None]:
     """Hold an exclusive lock on the local cache folder ``root`` while writing it.
 
     A second process building the same cache prints that it waits, blocks until the first one is done,
@@ -27,12 +27,13 @@ def build_lock(root: str) -> Iterator[None]:
 
     Args:
         root: the cache folder (or URL).
+        share: which hosts' share of the shards is built (``"1-of-2"``); empty for a whole build.
     """
     path = _local_path(root)
     if path is None:
         yield
         return
-    with open(os.path.join(path, LOCK_FILE), "a+") as handle:
+    with open(os.path.join(path, LOCK_FILE + (f".{share}" if share else "")), "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -117,6 +117,10 @@ def run_local(
                 "died later, it was killed (out of memory?); run the same build again to resume it."
             ) from error
         except BaseException:
-            for future in pending:
-                future.cancel()
+            # Stopped (or failed): do not wait for the shards in flight, which may take minutes; their
+            # committed chunks stay and a later build resumes them. The executor has no public way to
+            # end its workers before Python 3.14 (terminate_workers); it then fails the pending futures
+            # itself (cancelling them first makes its manager thread raise InvalidStateError).
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
             raise

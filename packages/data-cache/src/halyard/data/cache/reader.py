@@ -14,6 +14,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from halyard.data.cache.build_status import BuildStatus, BuildStatusReader
 from halyard.data.cache.layout import chunk_mask_path, chunk_paths
 from halyard.data.cache.ledger import ShardProgress, fingerprint, load_cache_ledger
 
@@ -51,6 +52,9 @@ class TokenCache:
         self._shards: list[ShardProgress] = []
         self._ends_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._finished = False
+        self._status = BuildStatusReader(self.root, len(self.identity["shards"]))
+        # A background build in this process puts its failures here, so a waiting read raises them.
+        self.build_errors: list[BaseException] = []
         # Loader threads read concurrently; refreshes and the small ends cache are guarded.
         self._lock = threading.RLock()
         self.refresh()
@@ -119,6 +123,11 @@ class TokenCache:
         """The finished ledger's totals (tokens, documents, rows, chunks, bad-record counters), else None."""
         return self._ledger.get("totals")
 
+    def build_status(self) -> BuildStatus:
+        """How far the build has got over all shards (also those past the readable prefix)."""
+        with self._lock:
+            return self._status.read(self._finished)
+
     def shard_progress(self) -> list[ShardProgress]:
         """The progress of every shard that has committed something, in shard order."""
         return list(self._shards)
@@ -181,31 +190,43 @@ class TokenCache:
     def wait_for_tokens(self, count: int) -> int:
         """Block until ``count`` tokens are readable or the cache is finished; return the readable count.
 
-        Prints a line about what it waits for every ``wait_message_seconds``.
+        Prints what it waits for after a second, then every ``wait_message_seconds``.
 
         Raises:
             TimeoutError: after ``timeout`` seconds (when set), naming the cache and the counts.
         """
-        return self.wait_until(lambda: self.num_tokens >= count, f"{count} tokens")
+        return self.wait_until(lambda: self.num_tokens >= count, f"{count} tokens", tokens_needed=count)
 
     def wait_until_finished(self) -> None:
         """Block until the build wrote the finished ledger (printing progress while waiting)."""
-        self.wait_until(lambda: False, "the finished cache (a whole-cache shuffle needs its size)")
+        self.wait_until(
+            lambda: False,
+            "the finished cache (shuffle='feistel' permutes the whole cache and needs its size; "
+            "shuffle='era' starts while the build runs)",
+        )
 
-    def wait_until(self, ready: Callable[[], bool], what: str) -> int:
+    def wait_until(self, ready: Callable[[], bool], what: str, tokens_needed: int | None = None) -> int:
         """Refresh until ``ready()`` or the cache is finished; return the readable token count.
 
         Args:
             ready: the condition, checked after each refresh.
-            what: what is awaited, for the message printed every ``wait_message_seconds``.
+            what: what is awaited, for the message printed after a second and every ``wait_message_seconds``.
+            tokens_needed: the readable tokens that satisfy ``ready`` (shown in the message), if known.
 
         Raises:
             TimeoutError: after ``timeout`` seconds (when set).
+            the failure of a background build of this cache in this process (see ``build_errors``).
         """
         self.refresh()
-        started = last_message = time.monotonic()
+        if ready() or self._finished:
+            return self.num_tokens
+        started = time.monotonic()
+        next_message = started + min(1.0, self.wait_message_seconds)
+        built_at_start = self.build_status().tokens
         pause = 0.02
         while not (ready() or self._finished):
+            if self.build_errors:
+                raise self.build_errors[0]
             now = time.monotonic()
             if self.timeout is not None and now - started > self.timeout:
                 raise TimeoutError(
@@ -213,19 +234,25 @@ class TokenCache:
                     f"{self.num_tokens} tokens are committed and the build has not finished. Is a builder "
                     "running? Restart `python -m halyard.data build` with the same arguments to resume it."
                 )
-            if now - last_message >= self.wait_message_seconds:
-                last_message = now
-                print(
-                    f"halyard.data: waiting for {what} of the cache at {self.root} "
-                    f"({self.num_tokens} tokens committed, {sum(s.finished for s in self._shards)}/"
-                    f"{len(self.identity['shards'])} shards finished)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if now >= next_message:
+                next_message = now + self.wait_message_seconds
+                self._print_wait(what, tokens_needed, built_at_start, now - started)
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
             self.refresh()
         return self.num_tokens
+
+    def _print_wait(self, what: str, tokens_needed: int | None, built_at_start: int, seconds: float) -> None:
+        status = self.build_status()
+        rate = (status.tokens - built_at_start) / max(seconds, 1e-9)
+        missing = f", {tokens_needed - self.num_tokens} more than are readable" if tokens_needed else ""
+        print(
+            f"halyard.data: waiting for {what}{missing} of the cache at {self.root} for {seconds:.0f} s "
+            f"({self.num_tokens} tokens readable, {status.tokens} built, {status.shards_finished}/"
+            f"{status.shards} shards finished; the build writes {rate:,.0f} tokens/s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # ---- reading ----------------------------------------------------------------------------------------
 

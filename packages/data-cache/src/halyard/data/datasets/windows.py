@@ -148,8 +148,12 @@ class LMDataset:
         return self.split.windows(self._era_order(indices, epoch=0, epoch_size=None))
 
     def _wait_for_examples(self, count: int) -> None:
+        # The last example's window ends one token into the next window.
+        windows = int(self.split.windows(np.array([count - 1]))[0]) + 1
         self.cache.wait_until(
-            lambda: self.available_examples() >= count, f"{count} examples of {self.seq_len + 1} tokens"
+            lambda: self.available_examples() >= count,
+            f"{count} examples of {self.seq_len + 1} tokens",
+            tokens_needed=windows * self.seq_len + 1,
         )
 
     def _finished_order(self, indices: np.ndarray) -> np.ndarray:
