@@ -63,13 +63,7 @@ def _build(family: str, small: dict[str, Any], folder: Path) -> Any:
     return model
 
 
-@pytest.mark.parametrize(("name", "same"), CASES, ids=[name.removesuffix(".json") for name, _ in CASES])
-def test_shrunk_real_config_matches_transformers_both_ways(
-    name: str, same: list[str], tmp_path: Path
-) -> None:
-    entry = next(e for e in accepted_entries() if e["file"] == name)
-    family = entry["family"]
-    small = shrink(load(entry), family)
+def _check_both_ways(family: str, small: dict[str, Any], tmp_path: Path) -> None:
     original = _build(family, small, tmp_path / "hf")
     ids, attention_mask = padded_batch(vocab=VOCAB)
     expected = torch_logits(original, ids, attention_mask)
@@ -86,6 +80,30 @@ def test_shrunk_real_config_matches_transformers_both_ways(
     ).eval()
     assert type(reloaded) is type(original)
     assert_logits_close(expected, torch_logits(reloaded, ids, attention_mask), attention_mask, atol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "same"), CASES, ids=[name.removesuffix(".json") for name, _ in CASES])
+def test_shrunk_real_config_matches_transformers_both_ways(
+    name: str, same: list[str], tmp_path: Path
+) -> None:
+    entry = next(e for e in accepted_entries() if e["file"] == name)
+    _check_both_ways(entry["family"], shrink(load(entry), entry["family"]), tmp_path)
+
+
+# No published file of the corpus turns Qwen2's window on: these do, keeping each file's max_window_layers
+# (below the layer count: the window from layer 1 of 2 on; equal to or above it: no layer has the window).
+WINDOWED = [
+    ("qwen2/Qwen1.5-110B.json", (None, 4)),  # 28 of 80 layers
+    ("qwen2/Qwen2.5-0.5B.json", (None, None)),  # 24 of 24
+    ("qwen2/Qwen2.5-3B-Instruct.json", (None, None)),  # 70 of 36
+]
+
+
+@pytest.mark.parametrize(("name", "windows"), WINDOWED, ids=[name for name, _ in WINDOWED])
+def test_qwen2_window_switched_on_in_a_real_config(name: str, windows: tuple, tmp_path: Path) -> None:
+    small = shrink({**load({"file": name}), "use_sliding_window": True}, "qwen2")
+    assert config_from_hf_dict(small)[0].layer_windows == windows  # type: ignore[attr-defined]
+    _check_both_ways("qwen2", small, tmp_path)
 
 
 def test_the_distinct_cases_cover_every_accepted_config() -> None:

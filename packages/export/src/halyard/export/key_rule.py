@@ -85,9 +85,9 @@ def names(*groups: str) -> frozenset[str]:
 
 def _same(value: Any, allowed: Any) -> bool:
     """Equality that tells ``False`` from ``0`` and ``True`` from ``1`` (JSON keeps them apart)."""
-    return (
-        type(value) is type(allowed) and value == allowed if isinstance(allowed, bool) else value == allowed
-    )
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return value is allowed
+    return bool(value == allowed)
 
 
 # Keys every architecture's transformers code reads (PreTrainedConfig, the attention-mask builders,
