@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from trainer_fixtures import load_config, write_config
+from trainer_fixtures import load_config, start_processes, write_config
 
 from halyard.train.cli import main
 from halyard.train.config import ConfigError, save_resolved_config
@@ -212,3 +212,19 @@ def test_the_train_command_prints_no_traceback_but_does_with_halyard_debug(
             assert "docs.jsonl:1: text field 'text' not found" in lines[-1]
         else:
             assert done.returncode == 1 and "Traceback" in done.stderr and "MissingFieldError" in done.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_data_error_on_process_0_stops_every_process(tmp_path: Path, tokenizer_file: Path) -> None:
+    config = sources_config(tmp_path, str(tmp_path / "none-*.jsonl"))
+    processes = start_processes(["--config", str(config), "--data.tokenizer", str(tokenizer_file)])
+    try:
+        outputs = [process.communicate(timeout=240) for process in processes]  # hung before: no timeout
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    (_, first), (_, second) = outputs
+    assert processes[0].returncode == 2 and "none-*.jsonl" in first and "matches no file" in first
+    assert processes[1].returncode == 1 and "process 0 stopped while preparing the data" in second
+    assert "Traceback" not in first + second

@@ -25,11 +25,11 @@ from halyard.data import (
     build_cache,
     load_tokenizer,
 )
-from halyard.shard import barrier
+from halyard.train.checkpoint.process_agreement import true_on_any_process
 from halyard.train.config import ConfigError
 from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
 from halyard.train.run_config import DataConfig
-from halyard.train.user_errors import one_line
+from halyard.train.user_errors import RunFailure, one_line
 
 
 @dataclass
@@ -163,9 +163,10 @@ def prepare_data(
     work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
     cache_path = str(work_dir / "tokens")
     tokenizer_path = ""
+    failure: BaseException | None = None
     if is_main:
-        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
         try:
+            sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
             build_cache(
                 sources,
                 tokenizer_path,
@@ -177,15 +178,30 @@ def prepare_data(
                 progress=progress,
             )
         except DataInputError as error:
-            raise _in_config_terms(error) from error
-    barrier("halyard-data-ready")
+            failure = _in_config_terms(error)
+            failure.__cause__ = error
+        except Exception as error:
+            failure = error
+    # Also the barrier after the build: the other processes learn that process 0 failed instead of
+    # waiting for it until the heartbeat timeout.
+    if true_on_any_process(failure is not None):
+        if failure is not None:
+            raise failure
+        raise RunFailure(
+            "process 0 stopped while preparing the data (its error, printed by process 0, names the cause)"
+        )
     if not tokenizer_path:
         tokenizer_path = tokenizer_path_of(config, run_dir, init=init)
-    cache = TokenCache.open(cache_path)
+    return open_datasets(config, TokenCache.open(cache_path), tokenizer_path)
+
+
+def open_datasets(config: DataConfig, cache: TokenCache, tokenizer_path: str) -> PreparedData:
+    """The train and validation splits of ``cache`` (finished or still being built) as ``data:`` says."""
     split = "train" if config.validation_fraction > 0 else "all"
     common: dict[str, Any] = {
         "seed": config.seed,
         "shuffle": config.shuffle,
+        "era_windows": config.era_windows,
         "validation_fraction": config.validation_fraction,
     }
     train = LMDataset(cache, config.seq_len, split=split, **common)
