@@ -6,9 +6,9 @@ trainer's own step (`train_step.trainer_step`: `make_train_step`, `lm_loss_fn`, 
 donated) on random tokens at seq 2048. For each remat policy (``none``, ``save_dots``) and attention
 implementation (``xla``, ``cudnn``, ``blocked``):
 
-1. the largest batch that fits: the step is compiled at batch 1 and XLA's memory analysis (arguments +
-   outputs + temporaries - donated aliases) gives the fixed and the per-sequence bytes; the predicted
-   largest batch is compiled and checked against the device's memory limit, shrinking until it fits;
+1. the largest batch that fits: XLA's memory analysis of the compiled step (arguments + outputs +
+   temporaries - donated aliases) at batch 1 and at a first guess gives the bytes per sequence; the
+   batch predicted to fill the device's memory limit is compiled and kept if it fits (2-3 compiles);
 2. ``--steps`` timed steps after a warm-up step (each waits for its loss): the median step gives tokens/s
    and MFU = model FLOPs (`flops_per_token`, remat recomputation not counted) / step / the device's
    bfloat16 peak (`halyard.train.perf.device_peak_flops`: the vendor table; measured on CPU).
@@ -97,6 +97,11 @@ def largest_batch(
 ) -> tuple[int, Any, Any, float, int]:
     """The largest batch whose compiled step fits in ``limit_bytes``: ``(batch, compiled, init, compile s, bytes)``.
 
+    The bytes a step needs grow linearly with the batch. Batch 1 gives a first guess (everything beyond the
+    state counted per sequence, an over-estimate: gradients and optimizer temporaries do not grow); the
+    guess's own compile gives the second point of the line, whose prediction is compiled and kept if it
+    fits (else the largest batch checked that fits).
+
     Raises:
         MemoryError: not even one sequence fits.
     """
@@ -104,17 +109,26 @@ def largest_batch(
     needed = step_bytes(compiled)
     if needed > limit_bytes:
         raise MemoryError(f"one sequence of {seq_len} tokens needs {needed / 2**30:.1f} GiB, over the limit")
-    fixed = compiled.memory_analysis().argument_size_in_bytes  # the state; the rest grows with the batch
-    per_sequence = max(needed - fixed, 1)
-    batch = min(max_batch, max(1, int((limit_bytes - fixed) // per_sequence)))
-    while batch > 1:
-        candidate, init, candidate_seconds = compile_step(config, batch, seq_len)
+    fits = {1: (compiled, needed)}
+    state_bytes = compiled.memory_analysis().argument_size_in_bytes
+    guess = min(max_batch, max(1, int((limit_bytes - state_bytes) // max(needed - state_bytes, 1))))
+    for _ in range(4):
+        if guess in fits or guess < 1:
+            break
+        candidate, init, candidate_seconds = compile_step(config, guess, seq_len)
         seconds += candidate_seconds
         candidate_bytes = step_bytes(candidate)
         if candidate_bytes <= limit_bytes:
-            return batch, candidate, init, seconds, candidate_bytes
-        batch = min(batch - 1, int(batch * limit_bytes / candidate_bytes))
-    return 1, compiled, init, seconds, needed
+            fits[guess] = (candidate, candidate_bytes)
+        # The line through batch 1 and this batch, solved for the limit.
+        per_sequence = max((candidate_bytes - needed) / (guess - 1), 1.0)
+        predicted = int(1 + (limit_bytes - needed) // per_sequence)
+        largest_fit = max(fits)
+        guess = min(max_batch, predicted if predicted > largest_fit else guess - 1)
+        if guess <= largest_fit:
+            break
+    batch = max(fits)
+    return batch, fits[batch][0], init, seconds, fits[batch][1]
 
 
 def measure(config: Any, seq_len: int, limit_bytes: int, max_batch: int, steps: int, peak: float) -> dict:
