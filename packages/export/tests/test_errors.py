@@ -77,7 +77,9 @@ def test_unsupported_configs_are_refused_naming_the_option(
         import_hf(folder)
 
 
-def test_keys_transformers_does_not_read_are_ignored_unless_strict(llama_folder: Path, tmp_path: Path) -> None:
+def test_keys_transformers_does_not_read_are_ignored_unless_strict(
+    llama_folder: Path, tmp_path: Path
+) -> None:
     folder = _copy(llama_folder, tmp_path)
     _edit_config(folder, some_new_option=3, is_llama_config=True)
     config, info = read_hf_config(folder)
