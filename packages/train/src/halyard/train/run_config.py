@@ -38,7 +38,9 @@ class DataConfig:
     seq_len: int = 256
     """Tokens per training sequence."""
     shuffle: str = "feistel"
-    """Example order: feistel (whole-cache permutation), era (permutation per era, while streaming) or none."""
+    """Example order: feistel (whole-cache permutation: step 1 waits for the whole cache build), era (a permutation inside each era of era_windows sequences: training starts when the first era is tokenized, while the build goes on) or none (stream order)."""
+    era_windows: int = 4096
+    """shuffle=era: sequences per era (training starts when the first era's tokens are built)."""
     seed: int = 0
     """Chooses the shuffle and the validation windows."""
     validation_fraction: float = 0.0
@@ -46,7 +48,11 @@ class DataConfig:
     max_documents: int | None = None
     """Use at most this many documents of a `builtin_corpus` (smoke runs)."""
     num_workers: int | None = None
-    """Tokenizer processes for the cache build (default: the machine's cores)."""
+    """Tokenizer processes for the cache build on each host (default: the machine's cores; 0: in the trainer's process)."""
+    builder: str = "local"
+    """Who tokenizes, in the background while training runs: local (every host a share of the shards, with a process pool) or ray (process 0 sends the shards to a Ray cluster as tasks)."""
+    ray_address: str | None = None
+    """builder=ray: the cluster (auto, or ray://host:10001); null starts a local Ray with num_workers CPUs."""
     format: str = "text"
     """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on) or prompt_completion (only the completion is trained on). chat and prompt_completion read jsonl/json sources and store a loss mask in the cache."""
     messages_field: str = "messages"
@@ -73,6 +79,10 @@ class DataConfig:
     """Stop the cache build at the first bad record (malformed JSON, unknown role, chat without an assistant turn), naming file:line; false skips it and counts it in the cache ledger."""
 
     def __post_init__(self) -> None:
+        if self.builder not in ("local", "ray"):
+            raise ValueError(f"data.builder={self.builder!r}: use local or ray")
+        if self.era_windows < 1:
+            raise ValueError(f"data.era_windows={self.era_windows}: must be at least 1")
         if self.format not in EXAMPLE_KINDS:
             raise ValueError(f"data.format={self.format!r}: use one of {', '.join(EXAMPLE_KINDS)}")
         if self.chat_template not in CHAT_TEMPLATES:

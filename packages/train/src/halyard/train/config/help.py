@@ -85,8 +85,8 @@ def config_help(root: type, prog: str | None = None) -> str:
         "",
         "CONFIG is a YAML file or a built-in config (`halyard configs`); later files and --KEY VALUE",
         "overrides win. Values are YAML: `--trainer.steps 200`, `--data.sources '[a.jsonl, b.jsonl]'`,",
-        "`--model.sliding_window null`. A section's `type:` picks its variant; switching type starts from",
-        "that type's defaults. `halyard config show CONFIG` prints a resolved config with every meaning.",
+        "`--model.sliding_window null`. A section's `type:` picks its variant; switching type keeps the",
+        "values the new type has keys for. `halyard config show CONFIG` prints a config with every meaning.",
     ]
     groups = help_groups(root)
     entries = [entry for group in groups for entry in group.entries]

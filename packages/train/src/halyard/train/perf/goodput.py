@@ -1,10 +1,12 @@
-"""Goodput: where a run's wall time went (first step and compilation, steps, checkpoints, eval, other).
+"""Goodput: where a run's wall time went (first step and compilation, steps, checkpoints, eval, waiting
+for data, other).
 
     goodput = Goodput()                 # the clock starts here: create it when the run starts
     with goodput.step():                # block on the step's result inside, or time measures dispatch
         state, metrics = train_step(state, batch); float(metrics["loss"])
     with goodput.checkpoint(): save(...)
     with goodput.evaluation(): evaluate(...)
+    with goodput.data_wait(): batch = next(loader)   # blocked on a cache that is still being built
     tracker.log_summary(goodput.summary())
 
 The first step is counted apart (`first_step_seconds`, mostly compilation) and ends `time_to_first_step`;
@@ -17,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-STEP, CHECKPOINT, EVALUATION = "step", "checkpoint", "evaluation"
+STEP, CHECKPOINT, EVALUATION, DATA_WAIT = "step", "checkpoint", "evaluation", "data_wait"
 
 
 class Goodput:
@@ -31,16 +33,17 @@ class Goodput:
         """
         self._clock = clock
         self._start = clock()
-        self._seconds = {STEP: 0.0, CHECKPOINT: 0.0, EVALUATION: 0.0}
+        self._seconds = {STEP: 0.0, CHECKPOINT: 0.0, EVALUATION: 0.0, DATA_WAIT: 0.0}
         self.num_steps = 0
         self.first_step_seconds: float | None = None
         self.time_to_first_step: float | None = None
 
     def add(self, activity: str, seconds: float, num_steps: int = 1) -> None:
-        """Record `seconds` spent in `activity` (`step`, `checkpoint` or `evaluation`), timed by the caller.
+        """Record `seconds` spent in `activity` (`step`, `checkpoint`, `evaluation`, `data_wait`), timed by
+        the caller.
 
         Args:
-            activity: one of `step`, `checkpoint`, `evaluation`.
+            activity: one of `step`, `checkpoint`, `evaluation`, `data_wait`.
             seconds: wall time spent.
             num_steps: for `step`, how many optimizer steps the time covers.
 
@@ -79,12 +82,16 @@ class Goodput:
         """Time an evaluation pass."""
         return self._timed(EVALUATION)
 
+    def data_wait(self) -> contextlib.AbstractContextManager[None]:
+        """Time training spent waiting for batches (the token cache still being built)."""
+        return self._timed(DATA_WAIT)
+
     def summary(self) -> dict[str, float | int]:
         """The accounting so far, under `goodput/` names ready for `Tracker.log_summary`.
 
         Keys: `total_seconds`, `time_to_first_step_seconds`, `first_step_seconds`, `step_seconds` (steps
-        after the first), `checkpoint_seconds`, `evaluation_seconds`, `other_seconds` (data loading,
-        logging, setup before the first step...), `step_fraction` (`step_seconds / total_seconds`),
+        after the first), `checkpoint_seconds`, `evaluation_seconds`, `data_wait_seconds` (waiting for
+        data), `other_seconds` (logging, setup before the first step...), `step_fraction` (`step_seconds / total_seconds`),
         `num_steps`.
         """
         total = self._clock() - self._start
@@ -97,6 +104,7 @@ class Goodput:
             "goodput/step_seconds": self._seconds[STEP],
             "goodput/checkpoint_seconds": self._seconds[CHECKPOINT],
             "goodput/evaluation_seconds": self._seconds[EVALUATION],
+            "goodput/data_wait_seconds": self._seconds[DATA_WAIT],
             "goodput/other_seconds": max(0.0, total - accounted),
             "goodput/step_fraction": self._seconds[STEP] / total if total > 0 else 0.0,
             "goodput/num_steps": self.num_steps,
@@ -119,6 +127,7 @@ class Goodput:
                 f"  later steps        {share('goodput/step_seconds')}",
                 f"  checkpoints        {share('goodput/checkpoint_seconds')}",
                 f"  evaluation         {share('goodput/evaluation_seconds')}",
+                f"  waiting for data   {share('goodput/data_wait_seconds')}",
                 f"  other              {share('goodput/other_seconds')}",
             ]
         )

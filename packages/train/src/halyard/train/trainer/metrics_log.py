@@ -75,6 +75,8 @@ class MetricsLog:
         self._window_seconds = 0.0
         self._window_tokens = 0
         self._pending: list[tuple[int, Any]] = []
+        # Extra host-side figures added to every logged record (the background cache build's progress).
+        self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self._bar = None
         if self.main and config.trainer.progress:
             from tqdm import tqdm
@@ -119,6 +121,8 @@ class MetricsLog:
             self.history.append(host)
         self._pending = []
         record = dict(self.history[-1])
+        if self.extra_metrics is not None:
+            record.update(self.extra_metrics())
         if self._window_tokens:
             tokens_per_second = self._window_tokens / max(self._window_seconds, 1e-9)
             record["tokens_per_second"] = tokens_per_second
@@ -148,6 +152,17 @@ class MetricsLog:
         if self.main:
             shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
             print(f"step {step}: {shown}", flush=True)
+
+    @contextlib.contextmanager
+    def data_wait_timer(self) -> Iterator[None]:
+        """Time spent waiting for a batch: goodput's "waiting for data", kept out of the step time."""
+        started = self.clock()
+        try:
+            with self.goodput.data_wait():
+                yield
+        finally:
+            if self._window_start is not None:  # before the first step no step window is open yet
+                self._excluded_seconds += self.clock() - started
 
     @contextlib.contextmanager
     def checkpoint_timer(self) -> Iterator[None]:

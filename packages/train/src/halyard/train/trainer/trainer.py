@@ -41,7 +41,8 @@ from halyard.train.config import save_resolved_config
 from halyard.train.perf import Goodput
 from halyard.train.plot import write_run_plot
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import PreparedData, prepare_data
+from halyard.train.trainer.background_build import start_background_build
+from halyard.train.trainer.data import PreparedData
 from halyard.train.trainer.evaluate import Evaluator
 from halyard.train.trainer.initial_state import initial_state, performance_settings
 from halyard.train.trainer.loss import lm_loss_fn
@@ -191,9 +192,8 @@ class Trainer:
         if is_main_process():
             self.run_dir.mkdir(parents=True, exist_ok=True)
         preemption = self._preemption or install_preemption_handler()
-        data = prepare_data(
-            self.config.data, self.run_dir, is_main=is_main_process(), progress=cfg.progress, init=cfg.init
-        )
+        # Every process tokenizes its share in the background; batches wait for tokens not built yet.
+        data, build = start_background_build(self.config.data, self.run_dir, init=cfg.init)
         self._check_model_fits_data(data)
         data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
 
@@ -231,6 +231,7 @@ class Trainer:
             goodput=goodput,
             clock=self.clock,
         )
+        log.extra_metrics = build.metrics  # the build's progress in every logged record
         evaluator = (
             Evaluator(data.validation, self.config, self.mesh, self.layout, data.tokenizer_path)
             if data.validation is not None
@@ -251,7 +252,7 @@ class Trainer:
         try:
             with use_layout(self.layout, self.mesh), loader:
                 for step in range(start_step, cfg.steps):
-                    local = next(loader)
+                    local = build.next_batch(loader, log)
                     batch = global_batch_from_local(local, self.mesh, layout=self.layout)
                     log.before_step()
                     profile.before_step(step)
@@ -289,6 +290,7 @@ class Trainer:
                     flush=True,
                 )
         finally:
+            build.close()
             profile.close()
             manager.close()
         summary = log.close()

@@ -1,0 +1,198 @@
+"""The token cache built while the run trains: every host tokenizes its share of the shards (or a Ray cluster
+does), training starts as soon as its first batches exist, and a step that catches up with the build waits.
+
+What a batch holds never depends on how far the build got (``data.shuffle`` era or none; feistel waits for
+the whole cache), so a run started on a partial cache and resumed on the finished one has the same bits as
+a run started on the finished cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from halyard.data import BuildHandle, DataInputError, TokenCache, build_cache
+from halyard.shard import is_main_process, process_count, process_index
+from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
+from halyard.train.config import ConfigError
+from halyard.train.run_config import DataConfig
+from halyard.train.trainer.data import (
+    PreparedData,
+    _in_config_terms,
+    _sources_and_tokenizer,
+    example_format_of,
+    open_datasets,
+)
+from halyard.train.user_errors import RunFailure
+
+
+@dataclass
+class BackgroundBuild:
+    """This process's view of the cache build that runs beside training.
+
+    Attributes:
+        cache: the cache, readable while it is built (reads wait for tokens not written yet).
+        handle: this process's build (None where this process does not build: ``data.builder=ray`` on a
+            process other than 0).
+        in_config_terms: turns a data error into the one-line error naming the run config's key.
+        clock: a monotonic seconds counter.
+    """
+
+    cache: TokenCache
+    handle: BuildHandle | None
+    in_config_terms: Callable[[DataInputError], ConfigError]
+    clock: Callable[[], float] = time.monotonic
+    _started: float = field(init=False)
+    _tokens_at_start: int = field(init=False)
+    _reported_finished: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._started = self.clock()
+        status = self.cache.build_status()
+        self._tokens_at_start = status.tokens
+        self._reported_finished = status.finished
+        if self.handle is not None and not status.finished:
+            shards = self.handle.shards
+            print(
+                f"data: building the token cache in the background ({len(shards)} of {status.shards} shards "
+                f"on this process); training starts as soon as its first batches are tokenized",
+                flush=True,
+            )
+
+    def metrics(self) -> dict[str, float]:
+        """The build's progress for the trackers: ``data/build_*`` (documents, tokens, shards, tokens/s)."""
+        self.cache.refresh()
+        status = self.cache.build_status()
+        values = status.metrics()
+        if not self._reported_finished or not status.finished:
+            elapsed = max(self.clock() - self._started, 1e-9)
+            values["data/build_tokens_per_second"] = (status.tokens - self._tokens_at_start) / elapsed
+        if status.finished and not self._reported_finished:
+            self._reported_finished = True
+            if is_main_process():
+                print(
+                    f"data: the token cache is built: {status.tokens:,} tokens, {status.documents:,} documents, "
+                    f"{status.shards} shards ({values['data/build_tokens_per_second']:,.0f} tokens/s)",
+                    flush=True,
+                )
+        return values
+
+    def next_batch(self, batches: Iterator[dict[str, np.ndarray]], log: Any) -> dict[str, np.ndarray]:
+        """The loader's next batch; time blocked on it is counted as waiting for data (``log.data_wait_timer``).
+
+        Raises:
+            ConfigError: the build failed on a bad source or record (names the run config's key).
+        """
+        if self.handle is not None and self.handle.errors:
+            self._raise(self.handle.errors[0])
+        try:
+            with log.data_wait_timer():
+                return next(batches)
+        except DataInputError as error:
+            raise self.in_config_terms(error) from error
+
+    def _raise(self, error: BaseException) -> None:
+        if isinstance(error, DataInputError):
+            raise self.in_config_terms(error) from error
+        raise error
+
+    def close(self) -> None:
+        """Stop this process's build if training ended first (what it wrote stays; the next run resumes it)."""
+        if self.handle is None or self.handle.done():
+            return
+        self.handle.stop(timeout=60)
+        status = self.cache.build_status()
+        print(
+            f"data: training ended before the cache build: stopped it at {status.shards_finished}/"
+            f"{status.shards} shards ({status.tokens:,} tokens); the next run resumes it",
+            flush=True,
+        )
+
+
+def start_background_build(
+    config: DataConfig, run_dir: Path, *, init: str = "auto"
+) -> tuple[PreparedData, BackgroundBuild]:
+    """Start building the token cache beside training and open its train and validation splits at once.
+
+    With ``data.builder=local`` every process tokenizes its share of the shards (shard ``i`` on process
+    ``i % process_count``) into the one cache, which must be on a disk every process sees; with ``ray``,
+    process 0 sends every shard to the Ray cluster. A ``builtin_corpus`` and its tokenizer are written by
+    process 0 first. Bad sources, tokenizer or cache settings are found before this returns, on every
+    process; a bad record found later fails the step that waits for it (or the next step).
+
+    Args:
+        config: the ``data:`` section.
+        run_dir: the run directory (the cache goes to ``<run_dir>/cache`` unless ``data.cache_dir`` is set).
+        init: ``trainer.init`` (an ``hf:FOLDER`` holding tokenizer.json is the default tokenizer).
+
+    Raises:
+        ConfigError: bad sources, records or tokenizer, named with the run config's key.
+        RunFailure: another process failed to start its build (its own error names the cause).
+    """
+    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
+    cache_path = str(work_dir / "tokens")
+    process, processes = process_index(), process_count()
+    sources: list[Any] = []
+    tokenizer_path = ""
+    # The builtin corpus and its tokenizer are written once, by process 0, before the others read them.
+    first = config.builtin_corpus is None or process == 0
+    if first:
+        sources, tokenizer_path = _agreeing(lambda: _sources_and_tokenizer(config, work_dir, init))
+    else:
+        _agreeing(lambda: None)
+        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
+    builds = config.builder == "local" or process == 0
+    local = config.builder == "local"
+
+    def start() -> BuildHandle | None:
+        if not builds:
+            return None
+        handle = build_cache(
+            sources,
+            tokenizer_path,
+            cache_path,
+            text_field=config.text_field,
+            example_format=example_format_of(config),
+            strict=config.strict,
+            num_workers=config.num_workers,
+            builder=config.builder,
+            ray_address=config.ray_address,
+            progress=False,
+            background=True,
+            host_index=process if local else 0,
+            host_count=processes if local else 1,
+        )
+        assert isinstance(handle, BuildHandle)
+        return handle
+
+    handle = _agreeing(start)
+    cache = handle.cache if handle is not None else TokenCache.open(cache_path)
+    return open_datasets(config, cache, tokenizer_path), BackgroundBuild(cache, handle, _in_config_terms)
+
+
+def _agreeing(action: Callable[[], Any]) -> Any:
+    """Run ``action`` on this process; if it failed on any process, fail on all of them (a collective)."""
+    failure: BaseException | None = None
+    result = None
+    try:
+        result = action()
+    except DataInputError as error:
+        failure = _in_config_terms(error)
+        failure.__cause__ = error
+    except Exception as error:
+        failure = error
+    if true_on_any_process(failure is not None):
+        # Every process meets the same bad source or tokenizer: process 0 prints it, the others point there.
+        zero_failed = broadcast_from_process_zero(failure is not None)
+        if failure is not None and (process_index() == 0 or not zero_failed):
+            raise failure
+        who = "process 0" if zero_failed else "another process"
+        raise RunFailure(
+            f"{who} stopped while preparing the data (its error, printed by {who}, names the cause)"
+        )
+    return result
