@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from halyard.train.cli import builtin_configs
+from halyard.train.cli import builtin_configs, main
 
 HARDWARE_CONFIGS = ("gpt2-small", "gpt2-medium", "llama-1b", "llama-8b", "qwen2-0.5b")
 
@@ -35,8 +36,12 @@ def _smoke_overrides(family: str, run_dir: Path, cache_dir: Path) -> list[str]:
     return [*shape, *SMOKE_MODEL[family], *data, *trainer]
 
 
-def test_the_hardware_configs_are_built_in() -> None:
+def test_the_hardware_configs_are_built_in(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(HARDWARE_CONFIGS) <= set(builtin_configs())
+    assert main(["configs"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name in HARDWARE_CONFIGS:  # each with its one-line summary: size, layout, precision
+        assert "parameters" in listed[name] and "bfloat16" in listed[name], listed[name]
 
 
 # What each config chooses for accelerators, kept at smoke size: (layout, remat).

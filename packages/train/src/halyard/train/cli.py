@@ -44,6 +44,14 @@ def builtin_configs() -> dict[str, Path]:
     return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".yaml")}
 
 
+def _summary_of(path: Path) -> str:
+    """The first comment line of a config file: what the config is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
 def resolve_config_paths(argv: Sequence[str]) -> list[str]:
     """Replace ``--config NAME`` of a built-in config by its file path (a file of that name wins)."""
     builtin = builtin_configs()
@@ -139,8 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return report_user_errors(config_main)(rest)
     if command == "configs":
-        for name, path in sorted(builtin_configs().items()):
-            print(f"{name:16s} {path}")
+        configs = sorted(builtin_configs().items())
+        for name, path in configs:
+            print(f"{name:12s} {_summary_of(path)}")
+        if configs:
+            print(f"\n(files in {configs[0][1].parent}; `halyard config show NAME` prints one resolved)")
         return 0
     print(f"halyard: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
