@@ -18,17 +18,16 @@ import numpy as np
 
 from halyard.data import BuildHandle, DataInputError, TokenCache, build_cache
 from halyard.shard import is_main_process, process_count, process_index
-from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
 from halyard.train.config import ConfigError
 from halyard.train.run_config import DataConfig
 from halyard.train.trainer.data import (
     PreparedData,
     _in_config_terms,
     _sources_and_tokenizer,
-    example_format_of,
+    agreeing,
+    build_options,
     open_datasets,
 )
-from halyard.train.user_errors import RunFailure
 
 
 @dataclass
@@ -142,9 +141,9 @@ def start_background_build(
     # The builtin corpus and its tokenizer are written once, by process 0, before the others read them.
     first = config.builtin_corpus is None or process == 0
     if first:
-        sources, tokenizer_path = _agreeing(lambda: _sources_and_tokenizer(config, work_dir, init))
+        sources, tokenizer_path = agreeing(lambda: _sources_and_tokenizer(config, work_dir, init))
     else:
-        _agreeing(lambda: None)
+        agreeing(lambda: None)
         sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
     builds = config.builder == "local" or process == 0
     local = config.builder == "local"
@@ -156,43 +155,17 @@ def start_background_build(
             sources,
             tokenizer_path,
             cache_path,
-            text_field=config.text_field,
-            example_format=example_format_of(config),
-            strict=config.strict,
-            num_workers=config.num_workers,
             builder=config.builder,
             ray_address=config.ray_address,
             progress=False,
             background=True,
             host_index=process if local else 0,
             host_count=processes if local else 1,
+            **build_options(config),
         )
         assert isinstance(handle, BuildHandle)
         return handle
 
-    handle = _agreeing(start)
+    handle = agreeing(start)
     cache = handle.cache if handle is not None else TokenCache.open(cache_path)
     return open_datasets(config, cache, tokenizer_path), BackgroundBuild(cache, handle, _in_config_terms)
-
-
-def _agreeing(action: Callable[[], Any]) -> Any:
-    """Run ``action`` on this process; if it failed on any process, fail on all of them (a collective)."""
-    failure: BaseException | None = None
-    result = None
-    try:
-        result = action()
-    except DataInputError as error:
-        failure = _in_config_terms(error)
-        failure.__cause__ = error
-    except Exception as error:
-        failure = error
-    if true_on_any_process(failure is not None):
-        # Every process meets the same bad source or tokenizer: process 0 prints it, the others point there.
-        zero_failed = broadcast_from_process_zero(failure is not None)
-        if failure is not None and (process_index() == 0 or not zero_failed):
-            raise failure
-        who = "process 0" if zero_failed else "another process"
-        raise RunFailure(
-            f"{who} stopped while preparing the data (its error, printed by {who}, names the cause)"
-        )
-    return result

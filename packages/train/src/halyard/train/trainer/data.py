@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from halyard.data import (
     build_cache,
     load_tokenizer,
 )
-from halyard.train.checkpoint.process_agreement import true_on_any_process
+from halyard.shard import process_index
+from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
 from halyard.train.config import ConfigError
 from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
 from halyard.train.run_config import DataConfig
@@ -162,37 +164,54 @@ def prepare_data(
     """
     work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
     cache_path = str(work_dir / "tokens")
-    tokenizer_path = ""
-    failure: BaseException | None = None
-    if is_main:
-        try:
-            sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
-            build_cache(
-                sources,
-                tokenizer_path,
-                cache_path,
-                text_field=config.text_field,
-                example_format=example_format_of(config),
-                strict=config.strict,
-                num_workers=config.num_workers,
-                progress=progress,
-            )
-        except DataInputError as error:
-            failure = _in_config_terms(error)
-            failure.__cause__ = error
-        except Exception as error:
-            failure = error
+
+    def build() -> str:
+        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
+        build_cache(sources, tokenizer_path, cache_path, progress=progress, **build_options(config))
+        return tokenizer_path
+
     # Also the barrier after the build: the other processes learn that process 0 failed instead of
     # waiting for it until the heartbeat timeout.
-    if true_on_any_process(failure is not None):
-        if failure is not None:
-            raise failure
-        raise RunFailure(
-            "process 0 stopped while preparing the data (its error, printed by process 0, names the cause)"
-        )
+    tokenizer_path = agreeing(build if is_main else lambda: "")
     if not tokenizer_path:
         tokenizer_path = tokenizer_path_of(config, run_dir, init=init)
     return open_datasets(config, TokenCache.open(cache_path), tokenizer_path)
+
+
+def build_options(config: DataConfig) -> dict[str, Any]:
+    """The ``build_cache`` arguments that the ``data:`` section sets (fields, format, strictness, workers)."""
+    return {
+        "text_field": config.text_field,
+        "example_format": example_format_of(config),
+        "strict": config.strict,
+        "num_workers": config.num_workers,
+    }
+
+
+def agreeing(action: Callable[[], Any]) -> Any:
+    """Run ``action`` on this process; if it failed on any process, fail on all of them (a collective).
+
+    Every process meets the same bad source or tokenizer: process 0 raises its error (in the run config's
+    terms), the others a `RunFailure` pointing at it.
+    """
+    failure: BaseException | None = None
+    result = None
+    try:
+        result = action()
+    except DataInputError as error:
+        failure = _in_config_terms(error)
+        failure.__cause__ = error
+    except Exception as error:
+        failure = error
+    if true_on_any_process(failure is not None):
+        zero_failed = broadcast_from_process_zero(failure is not None)
+        if failure is not None and (process_index() == 0 or not zero_failed):
+            raise failure
+        who = "process 0" if zero_failed else "another process"
+        raise RunFailure(
+            f"{who} stopped while preparing the data (its error, printed by {who}, names the cause)"
+        )
+    return result
 
 
 def open_datasets(config: DataConfig, cache: TokenCache, tokenizer_path: str) -> PreparedData:
