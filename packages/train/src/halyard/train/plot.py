@@ -30,7 +30,10 @@ def metrics_file(run_dir: str | os.PathLike[str]) -> Path:
     name = "metrics.jsonl"
     config_path = run / "config.yaml"
     if config_path.is_file():
-        trackers = (yaml.safe_load(config_path.read_text()) or {}).get("trackers") or []
+        try:
+            trackers = (yaml.safe_load(config_path.read_text()) or {}).get("trackers") or []
+        except (yaml.YAMLError, AttributeError):  # not a run config: the default file name
+            trackers = []
         names = [
             t.get("filename", name) for t in trackers if isinstance(t, dict) and t.get("type") == "jsonl"
         ]
