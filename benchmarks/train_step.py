@@ -18,7 +18,13 @@ Every implementation runs one warm-up step (timed: the first-step latency, compi
 implementations alternate for ``--rounds`` rounds, one step each, so that load changes on a shared machine
 hit all of them alike. The f32 matmul rate is measured in each round in the same process (the best of a
 few ``2048 x 2048`` jitted matmuls) and MFU is ``model FLOPs / (median step x median matmul rate)``. The
-1-minute load average (``os.getloadavg``) is recorded before and after the rounds.
+1-minute load average (``os.getloadavg``) is recorded before and after the rounds, and each step's CPU
+time (all threads of the process). On a loaded machine, wall time favours XLA (PyTorch's OpenMP threads
+stall when another process holds a core); the CPU time per step with one thread each is the fairer
+comparison there::
+
+    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false OMP_NUM_THREADS=1 taskset -c 1 \
+        python benchmarks/train_step.py --model llama-49k
 
 Extra Halyard configurations run beside the default with ``--variant NAME:FIELD=VALUE,...`` (model
 config fields: ``attention_implementation``, ``loss_block_size`` (``none`` = full logits), ``scan_layers``,
@@ -41,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -122,6 +129,7 @@ class Runner:
         self.first_step_seconds = 0.0
         self.first_loss = float("nan")
         self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
 
     def warm_up(self) -> None:
         start = time.perf_counter()
@@ -129,9 +137,17 @@ class Runner:
         self.first_step_seconds = time.perf_counter() - start
 
     def timed_step(self) -> None:
-        start = time.perf_counter()
+        cpu_start, start = process_cpu_seconds(), time.perf_counter()
         self._run_step()
         self.seconds.append(time.perf_counter() - start)
+        self.cpu_seconds.append(process_cpu_seconds() - cpu_start)
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU time of this process (all threads): with one thread each (see the module
+    docstring), the least load-sensitive measure of a step's work on a shared machine."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def jax_runner(name: str, step: Callable, state: Any, batch: Any, loss_of: Callable[[Any], Any]) -> Runner:
@@ -210,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         table[runner.name] = {
             "step_seconds_median": median,
             "step_seconds": runner.seconds,
+            "cpu_seconds_median": statistics.median(runner.cpu_seconds),
+            "cpu_seconds": runner.cpu_seconds,
             "tokens_per_second": shapes.tokens_per_step / median,
             "mfu": flops_per_step / median / peak,
             "first_step_seconds": runner.first_step_seconds,
@@ -226,6 +244,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "plain_jax" in table:
         ratios["halyard_over_plain_jax_step_time"] = halyard / table["plain_jax"]["step_seconds_median"]
     ratios["mfu"] = table["halyard"]["mfu"]
+    if "pytorch" in table:
+        ratios["halyard_over_pytorch_cpu_seconds"] = (
+            table["halyard"]["cpu_seconds_median"] / table["pytorch"]["cpu_seconds_median"]
+        )
     best_name = min((n for n, _ in variants), key=lambda n: table[n]["step_seconds_median"])
     result = {
         "benchmark": "train_step",
@@ -255,11 +277,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"1-minute load average {load_average['before_rounds']:.2f} before the rounds, "
         f"{load_average['after_rounds']:.2f} after ({os.cpu_count()} CPUs)"
     )
-    print(f"{'implementation':>16} {'step (s)':>9} {'tokens/s':>9} {'MFU':>6} {'first step (s)':>15}")
+    print(
+        f"{'implementation':>16} {'step (s)':>9} {'CPU (s)':>8} {'tokens/s':>9} {'MFU':>6} {'first step (s)':>15}"
+    )
     for name, row in table.items():
         print(
-            f"{name:>16} {row['step_seconds_median']:9.3f} {row['tokens_per_second']:9.1f} "
-            f"{100 * row['mfu']:5.1f}% {row['first_step_seconds']:15.2f}"
+            f"{name:>16} {row['step_seconds_median']:9.3f} {row['cpu_seconds_median']:8.3f} "
+            f"{row['tokens_per_second']:9.1f} {100 * row['mfu']:5.1f}% {row['first_step_seconds']:15.2f}"
         )
     for name, value in ratios.items():
         goal = GOALS.get(name)
