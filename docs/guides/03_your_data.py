@@ -285,16 +285,30 @@ figure.savefig(FIGURES / "03_mixture.png", dpi=100)
 #
 # ## Training on it
 #
-# The run config points at the same files; the trainer builds (or reuses) the cache in `data.cache_dir`:
+# The run config points at the same files; the trainer builds (or reuses) the cache in `data.cache_dir`,
+# in the background while it trains:
 #
 # ```yaml
 # data:
 #   sources: ["data/web/*.jsonl"]
 #   tokenizer: data/tokenizer.json
 #   seq_len: 1024
-#   shuffle: feistel
+#   shuffle: era          # starts training once the first era is tokenized; feistel waits for the whole cache
+#   era_windows: 4096
+#   builder: local        # every host tokenizes its share of the shards; ray: a Ray cluster does
 #   validation_fraction: 0.01
 # ```
+#
+# Step 1 runs as soon as its batches are tokenized; the build goes on beside training. With `builder:
+# local` on N processes, process `h` tokenizes shards `h, h + N, ...` into the one cache (which must be
+# on a disk every process sees); with `builder: ray` (and `ray_address`, or a local Ray) process 0 sends
+# every shard to the cluster. Both write the bytes of a one-process build. A step that catches up with the
+# build waits, and says what it waits for and how fast the build goes; the goodput summary counts that
+# time as "waiting for data", and every logged record carries the build's progress (`data/build_tokens`,
+# `data/build_shards_finished`, `data/build_tokens_per_second`, `data/build_finished`). A batch never
+# depends on how far the build had got, so a run started on a partial cache, killed, and resumed on the
+# finished one has the bits of a run started on the finished cache. A run that ends before the build
+# stops it; the next run (or `halyard cache build`) resumes it.
 #
 # The cache format and every guarantee are described on the [halyard.data page](../packages/data-cache.md).
 # Next: [scale one run across many devices](04_scaling.md).
