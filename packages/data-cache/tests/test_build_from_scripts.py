@@ -3,6 +3,7 @@ progress bar reports the build's speed."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -59,3 +60,32 @@ def test_the_progress_bar_ends_with_the_builds_tokens_per_second(
     build_cache(str(tmp_path / "data" / "*.jsonl"), tokenizer_path, str(tmp_path / "cache"), num_workers=0)
     speeds = [int(value) for value in re.findall(r"tokens_per_s=(\d+)", capsys.readouterr().err)]
     assert speeds and speeds[-1] > 0
+
+
+def _readme_block(heading: str) -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[0]
+
+
+def test_the_readme_fine_tuning_block_runs_as_a_script(tmp_path: Path, tokenizer_path: str) -> None:
+    (tmp_path / "sft").mkdir()
+    chats = [
+        {
+            "conversation": [
+                {"role": "user", "content": f"add {i} and 1"},
+                {"role": "assistant", "content": str(i + 1)},
+            ]
+        }
+        for i in range(40)
+    ]
+    (tmp_path / "sft" / "chats.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    (tmp_path / "tokenizer.json").write_text(Path(tokenizer_path).read_text())
+    (tmp_path / "script.py").write_text(
+        _readme_block("Supervised fine-tuning examples").replace("2048", "16")
+    )
+    completed = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "(8, 17)" in completed.stdout

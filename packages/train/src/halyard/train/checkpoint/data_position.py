@@ -19,7 +19,15 @@ _MISSING = object()
 
 
 class DataMismatchError(ValueError):
-    """The checkpoint was written for a different data manifest or seed than the current run."""
+    """The checkpoint was written for a different data manifest or seed than the current run.
+
+    ``differences`` says what differs (the message without the advice, which suits Python callers), so a
+    command line can give its own.
+    """
+
+    def __init__(self, message: str, differences: str) -> None:
+        super().__init__(message)
+        self.differences = differences
 
 
 def metadata_differences(saved: Any, current: Any, where: str = "") -> list[str]:
@@ -90,5 +98,6 @@ def check_data_position(
         return
     raise DataMismatchError(
         message + "\nResuming would not continue the same data order. Use the original data and seed, or "
-        "pass allow_data_mismatch=True to resume anyway (e.g. to continue on a new dataset)."
+        "pass allow_data_mismatch=True to resume anyway (e.g. to continue on a new dataset).",
+        message,
     )

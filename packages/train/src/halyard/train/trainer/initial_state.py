@@ -59,7 +59,8 @@ def initial_state(
             return manager.restore(None, abstract, shardings, expected_data=data_position).state
         except DataMismatchError as error:
             raise ConfigError(
-                f"{one_line(str(error))} In the run config: give the original data and trainer.batch_size, "
+                f"{one_line(error.differences)} In the run config: give the original data, trainer.batch_size and "
+                "trainer.seed, "
                 f"or start a new trainer.run_dir with trainer.init=checkpoint:{manager.directory} to "
                 "continue on other data"
             ) from error

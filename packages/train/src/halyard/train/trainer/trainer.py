@@ -195,7 +195,13 @@ class Trainer:
         # Every process tokenizes its share in the background; batches wait for tokens not built yet.
         data, build = start_background_build(self.config.data, self.run_dir, init=cfg.init)
         self._check_model_fits_data(data)
-        data_position = {"manifest": data.train.manifest.to_dict(), "batch_size": cfg.batch_size}
+        # A resume must continue the same run: its data order, batch size and seed (the RNG key is restored
+        # from the checkpoint, so another trainer.seed would be silently ignored; it is refused instead).
+        data_position = {
+            "manifest": data.train.manifest.to_dict(),
+            "batch_size": cfg.batch_size,
+            "trainer_seed": cfg.seed,
+        }
 
         optimizer = self.build_optimizer()
         make_state, abstract, shardings = self.abstract_state(optimizer)
