@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from trainer_fixtures import assert_bitwise_equal, load_config, run_cli, write_config
+from trainer_fixtures import StopAfter, assert_bitwise_equal, load_config, run_cli, write_config
 
 from halyard.train.trainer.trainer import Trainer
 
@@ -40,18 +40,6 @@ def test_same_config_twice_gives_identical_bits(tmp_path: Path, cache_dir: Path)
     assert (tmp_path / "first" / "config.yaml").exists()
     assert list((tmp_path / "first" / "profile").rglob("*.xplane.pb")), "no profiler trace written"
     assert not (tmp_path / "second" / "profile").exists()
-
-
-class StopAfter:
-    """A preemption flag that asks to stop after ``steps`` steps (as SIGTERM would)."""
-
-    def __init__(self, steps: int) -> None:
-        self.calls = 0
-        self.steps = steps
-
-    def requested_on_any_process(self) -> bool:
-        self.calls += 1
-        return self.calls >= self.steps
 
 
 def test_preempted_run_resumes_to_the_same_bits(tmp_path: Path, cache_dir: Path) -> None:

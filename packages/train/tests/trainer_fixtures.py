@@ -42,6 +42,18 @@ TINY = {
 }
 
 
+class StopAfter:
+    """A preemption flag that asks to stop after ``steps`` steps (as SIGTERM would)."""
+
+    def __init__(self, steps: int) -> None:
+        self.calls = 0
+        self.steps = steps
+
+    def requested_on_any_process(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.steps
+
+
 def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in changes.items():

@@ -106,6 +106,7 @@ def build_cache(
     background: bool = False,
     host_index: int = 0,
     host_count: int = 1,
+    relative_to: str | None = None,
 ) -> TokenCache | BuildHandle:
     """Tokenize ``sources`` into a token cache at ``out_dir``; resume it if a build was interrupted.
 
@@ -136,6 +137,8 @@ def build_cache(
             host_count``, ... of the one shared cache; the host that finishes the last shard writes the
             finished ledger. Every host must call with the same arguments and its own index.
         host_count: the number of hosts sharing the build.
+        relative_to: a local folder (a run directory): shards under it are recorded by their path inside
+            it, so the folder with its corpus and cache can be moved or copied and still be reused.
 
     Returns:
         The ``TokenCache`` (finished unless other hosts still build their shares), or a ``BuildHandle``
@@ -176,10 +179,9 @@ def build_cache(
         loss_mask=any(spec.example is not None and spec.example.has_targets for spec in specs),
     )
     shards = resolve_shards(specs)
+    described = [shard.describe(relative_to) for shard in shards]
     first_chunk_tokens = max(1, min(first_chunk_tokens, chunk_tokens))
-    identity = build_identity(
-        processor.metadata(), chunk_tokens, first_chunk_tokens, [shard.describe() for shard in shards]
-    )
+    identity = build_identity(processor.metadata(), chunk_tokens, first_chunk_tokens, described)
     root = out_dir.rstrip("/")
     stored = load_cache_ledger(root)
     if stored is not None and stored["identity"] != identity:
@@ -206,7 +208,9 @@ def build_cache(
         num_workers = default_num_workers()
     share = list(range(host_index, len(shards), host_count))
     jobs = [
-        ShardJob(root, index, shards[index], chunk_tokens, first_chunk_tokens, strict)
+        ShardJob(
+            root, index, shards[index], chunk_tokens, first_chunk_tokens, strict, described=described[index]
+        )
         for index in share
         if not shard_is_finished(root, index)
     ]

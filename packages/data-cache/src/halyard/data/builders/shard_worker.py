@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -31,6 +32,7 @@ class ShardJob:
             as many, up to ``chunk_tokens``: the first batch is readable soon after the build starts, while
             later chunks stay large.
         strict: fail on bad records instead of skipping and counting.
+        described: the shard as the cache's identity records it (default ``shard.describe()``).
         batch_chars: documents are tokenized in batches of about this many characters.
     """
 
@@ -41,6 +43,7 @@ class ShardJob:
     first_chunk_tokens: int
     strict: bool
     batch_chars: int = 1 << 20
+    described: dict[str, Any] | None = None
 
 
 def build_shard(job: ShardJob, processor: Processor) -> ShardProgress:
@@ -62,7 +65,7 @@ def build_shard(job: ShardJob, processor: Processor) -> ShardProgress:
     """
     progress = ShardProgress.load(job.root, job.shard_index)
     if progress is None:
-        progress = ShardProgress(job.shard_index, job.shard.describe())
+        progress = ShardProgress(job.shard_index, job.described or job.shard.describe())
     if progress.finished:
         return progress
     remove_temporaries(job.root, job.shard_index)

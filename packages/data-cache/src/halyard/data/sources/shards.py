@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,10 +82,15 @@ class ShardSpec:
         """True when the shard holds chat or prompt/completion examples (a loss mask is stored)."""
         return self.example is not None and self.example.has_targets
 
-    def describe(self) -> dict[str, Any]:
-        """The fields stored in the ledger for this shard (the example format only when it is not text)."""
+    def describe(self, relative_to: str | None = None) -> dict[str, Any]:
+        """The fields stored in the ledger for this shard (the example format only when it is not text).
+
+        Args:
+            relative_to: a local folder; a shard under it is recorded as ``<root>/its/path/inside``, so
+                the folder (a run directory holding the corpus and the cache) can be moved.
+        """
         described: dict[str, Any] = {
-            "url": self.url,
+            "url": _relative_url(self.url, relative_to),
             "format": self.format,
             "text_field": self.text_field,
             "mode": self.text_mode,
@@ -92,6 +98,13 @@ class ShardSpec:
         if self.example is not None and self.example.has_targets:
             described["example"] = self.example.describe()
         return described
+
+
+def _relative_url(url: str, root: str | None) -> str:
+    if root is None or "://" in url.removeprefix("file://"):
+        return url
+    path, folder = os.path.abspath(url.removeprefix("file://")), os.path.abspath(root)
+    return "<root>/" + os.path.relpath(path, folder) if path.startswith(folder + os.sep) else url
 
 
 def infer_format(url: str) -> str:

@@ -161,7 +161,7 @@ def start_background_build(
             background=True,
             host_index=process if local else 0,
             host_count=processes if local else 1,
-            **build_options(config),
+            **build_options(config, run_dir),
         )
         assert isinstance(handle, BuildHandle)
         return handle

@@ -167,7 +167,7 @@ def prepare_data(
 
     def build() -> str:
         sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
-        build_cache(sources, tokenizer_path, cache_path, progress=progress, **build_options(config))
+        build_cache(sources, tokenizer_path, cache_path, progress=progress, **build_options(config, run_dir))
         return tokenizer_path
 
     # Also the barrier after the build: the other processes learn that process 0 failed instead of
@@ -178,13 +178,20 @@ def prepare_data(
     return open_datasets(config, TokenCache.open(cache_path), tokenizer_path)
 
 
-def build_options(config: DataConfig) -> dict[str, Any]:
-    """The ``build_cache`` arguments that the ``data:`` section sets (fields, format, strictness, workers)."""
+def build_options(config: DataConfig, run_dir: Path) -> dict[str, Any]:
+    """The ``build_cache`` arguments that the ``data:`` section sets (fields, format, strictness, workers).
+
+    Shards inside the run directory (or inside ``data.cache_dir`` when that is elsewhere: the builtin
+    corpus) are recorded by their path inside it, so a moved or copied run directory reuses its cache.
+    """
+    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
+    inside = work_dir.resolve().is_relative_to(run_dir.resolve())
     return {
         "text_field": config.text_field,
         "example_format": example_format_of(config),
         "strict": config.strict,
         "num_workers": config.num_workers,
+        "relative_to": str(run_dir if inside else work_dir),
     }
 
 
