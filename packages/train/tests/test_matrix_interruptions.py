@@ -59,7 +59,8 @@ def test_a_signal_mid_run_leaves_a_run_the_same_command_resumes(
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while process.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+        # Step 5 ran: step 2's checkpoint is complete (a save waits for the previous background write).
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
             break
         time.sleep(0.05)
     process.send_signal(signal_number)
