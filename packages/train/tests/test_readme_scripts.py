@@ -1,6 +1,6 @@
 """The train README's Python block runs as a script, as a user runs it: the token cache's spawn workers
 import the script again, so the guarded block trains and an unguarded copy fails naming the guard
-(it used to wait forever for its own cache build)."""
+(it used to wait forever for its own cache build). The optim README's block runs too."""
 
 from __future__ import annotations
 
@@ -43,3 +43,13 @@ def test_the_readme_training_block_as_a_script(guarded: bool, tmp_path: Path) ->
     else:
         assert completed.returncode != 0
         assert "if __name__ == '__main__':" in completed.stderr, completed.stderr[-3000:]
+
+
+def test_the_optim_readme_block_runs() -> None:
+    readme = README.parent / "src" / "halyard" / "train" / "optim" / "README.md"
+    (block,) = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.DOTALL)
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(block, str(readme), "exec"), namespace)
+    assert (
+        float(namespace["loss"](namespace["params"], namespace["batch"])) < 9.0
+    )  # 9 at w = 1, before the step
