@@ -114,6 +114,25 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "time_to_first_step",
+        "time_to_first_step.py",
+        (
+            Figure(
+                "trainer's time to first step / offline build",
+                "time_to_first_step_over_offline_build",
+                "<= 0.25",
+                at_most(0.25),
+            ),
+            Figure(
+                "loader while building / step consumption",
+                "loader_over_step_consumption",
+                "> 1x",
+                lambda v: v > 1,
+                unit="x",
+            ),
+        ),
+    ),
+    Benchmark(
         "data_cache",
         "data_cache.py",
         (

@@ -48,7 +48,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
 
 
 def _config(
-    tmp_path: Path, name: str, corpus: tuple[Path, Path, str], cache_dir: Path, every_steps: int | None = 1
+    tmp_path: Path,
+    name: str,
+    corpus: tuple[Path, Path, str],
+    cache_dir: Path,
+    every_steps: int | None = 1,
+    progress: bool = False,
 ) -> Path:
     shard_a, shard_b, tokenizer_path = corpus
     data = {
@@ -64,7 +69,7 @@ def _config(
         tmp_path / name,
         cache_dir,
         data=data,
-        trainer={"steps": 6, "batch_size": BATCH},
+        trainer={"steps": 6, "batch_size": BATCH, "progress": progress},
         checkpoint={"every_steps": every_steps},
     )
 
@@ -87,7 +92,7 @@ def test_first_step_runs_before_the_build_ends_and_waiting_counts_in_goodput(
     tmp_path: Path, corpus: tuple[Path, Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, shard_b = _gates(corpus)
-    path = _config(tmp_path, "early", corpus, tmp_path / "cache", every_steps=None)
+    path = _config(tmp_path, "early", corpus, tmp_path / "cache", every_steps=None, progress=True)
 
     def open_b_after_step_1() -> None:
         deadline = time.monotonic() + 120  # a trainer waiting for the whole build fails below, not hangs
@@ -106,6 +111,8 @@ def test_first_step_runs_before_the_build_ends_and_waiting_counts_in_goodput(
     assert result.summary["goodput/data_wait_seconds"] >= 1.0
     shown = capsys.readouterr()
     assert "halyard.data: waiting for" in shown.err and "tokens/s)" in shown.err
+    assert shown.err.count("halyard.data: waiting for") == 1  # two loader threads wait, one message
+    assert "built=" in shown.err  # the progress bar shows the build while it runs
     assert "waiting for data" in shown.out and "data: the token cache is built" in shown.out
 
 

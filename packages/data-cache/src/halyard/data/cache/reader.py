@@ -55,6 +55,7 @@ class TokenCache:
         self._status = BuildStatusReader(self.root, len(self.identity["shards"]))
         # A background build in this process puts its failures here, so a waiting read raises them.
         self.build_errors: list[BaseException] = []
+        self._last_wait_message = float("-inf")
         # Loader threads read concurrently; refreshes and the small ends cache are guarded.
         self._lock = threading.RLock()
         self.refresh()
@@ -236,7 +237,11 @@ class TokenCache:
                 )
             if now >= next_message:
                 next_message = now + self.wait_message_seconds
-                self._print_wait(what, tokens_needed, built_at_start, now - started)
+                with self._lock:  # loader threads waiting together print one message, not one each
+                    quiet = now - self._last_wait_message < min(1.0, self.wait_message_seconds)
+                    self._last_wait_message = now if not quiet else self._last_wait_message
+                if not quiet:
+                    self._print_wait(what, tokens_needed, built_at_start, now - started)
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
             self.refresh()

@@ -139,6 +139,8 @@ class MetricsLog:
             shown = {"loss": f"{record['loss']:.4f}"}
             if "tokens_per_second" in record:
                 shown["tok/s"] = f"{record['tokens_per_second']:,.0f}"
+            if record.get("data/build_finished") == 0.0:  # the cache is still being built beside training
+                shown["built"] = f"{record['data/build_tokens']:,.0f} tok"
             self._bar.set_postfix(shown)
         self._window_seconds = 0.0
         self._window_tokens = 0
