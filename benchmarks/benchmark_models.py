@@ -4,7 +4,7 @@
 |---|---|---|
 | ``gpt2`` | 6 layers, hidden 512, 8 heads, seq 256, batch 8, vocab 8192, tied (23.2M) | the reference shape |
 | ``llama`` | 6 layers, hidden 512, MLP 1536, GQA 8/4, seq 256, batch 8, vocab 8192, untied | RMSNorm, RoPE, SwiGLU, GQA |
-| ``llama-49k`` | 4 layers, hidden 256, MLP 768, GQA 4/2, seq 128, batch 16, vocab 49152, untied | the unembedding and the loss dominate (75% of the FLOPs) |
+| ``llama-49k`` | 4 layers, hidden 256, MLP 768, GQA 4/2, seq 128, batch 16, vocab 49152, untied | the unembedding and the loss dominate (79% of the model FLOPs) |
 
 Used by `benchmarks/train_step.py`; not a library.
 """

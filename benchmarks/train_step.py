@@ -73,7 +73,8 @@ GOALS = {"halyard_over_pytorch_tokens_per_second": 1.0, "halyard_over_plain_jax_
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``"name:field=value,field=value"`` -> ``(name, {field: value})``; ``none``/``true``/``false``/ints parsed.
+    """``"name:field=value,field=value"`` -> ``(name, {field: value})``; ``none``/``true``/``false``/ints parsed,
+    a quoted value (``remat='none'``) kept as the string inside the quotes.
 
     Raises:
         SystemExit: a malformed variant (the message shows the expected form).
@@ -88,7 +89,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
             raise SystemExit(f"--variant {text!r}: {item!r} is not FIELD=VALUE")
         lowered = raw.strip().lower()
         value: Any = raw.strip()
-        if lowered in ("none", "null"):
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # quoted: a string as written (remat='none')
+        elif lowered in ("none", "null"):
             value = None
         elif lowered in ("true", "false"):
             value = lowered == "true"
