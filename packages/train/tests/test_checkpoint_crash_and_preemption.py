@@ -145,3 +145,21 @@ def test_the_flag_is_set_by_a_real_signal_and_uninstall_restores_the_handler() -
     finally:
         flag.uninstall()
     assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+def test_ctrl_c_asks_for_a_save_and_exit_130_and_a_second_ctrl_c_interrupts_at_once() -> None:
+    previous = signal.getsignal(signal.SIGINT)
+    flag = install_preemption_handler(signals=(signal.SIGTERM, signal.SIGINT))
+    try:
+        assert flag.exit_code == PREEMPTION_EXIT_CODE == 143  # no signal here: another process's SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not flag.requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flag.requested and flag.exit_code == 130
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs between bytecodes of the main thread
+    finally:
+        flag.uninstall()
+    assert signal.getsignal(signal.SIGINT) == previous

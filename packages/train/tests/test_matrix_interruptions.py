@@ -65,12 +65,12 @@ def test_a_signal_mid_run_leaves_a_run_the_same_command_resumes(
         time.sleep(0.05)
     process.send_signal(signal_number)
     _, stderr = process.communicate(timeout=180)
-    if signal_number == signal.SIGTERM:
-        assert process.returncode == 143, stderr[-3000:]  # saved at the step it reached, then exited
-    else:
-        assert process.returncode != 0, stderr[-3000:]  # Ctrl-C stops the run; its checkpoints stay whole
+    # Saved at the step it reached, then exited with 128 + the signal (143 SIGTERM, 130 Ctrl-C), no traceback.
+    assert process.returncode == 128 + signal_number, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
     stopped_at = latest_checkpoint(tmp_path / "run")
-    assert stopped_at is not None and 2 <= stopped_at < 1000, stderr[-3000:]
+    reached = len(logged(tmp_path / "run"))
+    assert stopped_at is not None and stopped_at == reached >= 5, (stopped_at, reached, stderr[-3000:])
 
     end = stopped_at + 2
     code = run_train(["--config", str(config), "--trainer.steps", str(end)])

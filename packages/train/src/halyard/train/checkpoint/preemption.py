@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM sets a flag; the training loop polls it, saves synchronously and exits with 143.
+"""Preemption: SIGTERM (or Ctrl-C) sets a flag; the training loop polls it, saves synchronously and exits
+with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A second Ctrl-C interrupts at once.
 
 The handler only sets a flag, because a signal can arrive in the middle of a device computation or of a
 checkpoint write, where neither saving nor exiting is safe. The trainer checks the flag between steps::
@@ -8,7 +9,7 @@ checkpoint write, where neither saving nor exiting is safe. The trainer checks t
         state = train_step(state, batch)
         if flag.requested_on_any_process():
             manager.save(step, state, extra_metadata, wait=True)
-            raise SystemExit(PREEMPTION_EXIT_CODE)
+            raise SystemExit(flag.exit_code)
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class PreemptionFlag:
         self.signal_number = signal_number
         self._event.set()
 
+    @property
+    def exit_code(self) -> int:
+        """What the process should exit with after its save: 128 + the signal's number, as a process killed
+        by that signal reports (143 when no signal reached this process, e.g. only another process's did)."""
+        return 128 + self.signal_number if self.signal_number is not None else PREEMPTION_EXIT_CODE
+
     def requested_on_any_process(self, agree: Callable[[bool], bool] = true_on_any_process) -> bool:
         """Whether any process received the signal, agreed on by all (call it on every process together).
 
@@ -64,6 +71,9 @@ class PreemptionFlag:
         self._previous_handlers.clear()
 
     def _handle(self, signal_number: int, frame: FrameType | None) -> None:
+        if signal_number == signal.SIGINT and self.requested:
+            # Ctrl-C twice: the user does not want to wait for the save.
+            raise KeyboardInterrupt
         self.set(signal_number)
 
 
@@ -71,8 +81,9 @@ def install_preemption_handler(signals: Sequence[int] = (signal.SIGTERM,)) -> Pr
     """Install handlers that turn the given signals into a `PreemptionFlag` instead of a sudden death.
 
     Args:
-        signals: the signals meaning "you are about to be preempted" (SIGTERM by default; add
-            ``signal.SIGUSR1`` for schedulers configured to send it ahead of time).
+        signals: the signals meaning "you are about to be preempted" (SIGTERM by default; the trainer
+            adds ``signal.SIGINT``, so Ctrl-C saves too; add ``signal.SIGUSR1`` for schedulers configured
+            to send it ahead of time).
 
     Returns:
         The flag to poll; ``flag.uninstall()`` restores the previous handlers.

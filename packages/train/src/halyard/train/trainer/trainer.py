@@ -4,11 +4,12 @@
 
 Steps: build the mesh and layout, prepare the data, create the state directly in its sharded layout (or
 restore it onto this mesh), compile one train step with the state donated, and loop: load -> step ->
-log -> checkpoint, with preemption (SIGTERM) saving and exiting with code 143.
+log -> checkpoint, with preemption (SIGTERM, or Ctrl-C) saving and exiting with code 143 (130).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,6 @@ from halyard.shard import (
     use_layout,
 )
 from halyard.train.checkpoint import (
-    PREEMPTION_EXIT_CODE,
     CheckpointManager,
     CheckpointWriteError,
     KeepPolicy,
@@ -75,7 +75,7 @@ class Trainer:
 
     Args:
         config: the run config (`halyard.train.run_config.TrainConfig`).
-        preemption: the flag polled each step (default: SIGTERM handler installed by `fit`).
+        preemption: the flag polled each step (default: SIGTERM and SIGINT handlers that `fit` installs and removes).
         clock: time source for checkpoint policies and throughput (tests pass a fake one).
         devices: the devices of the mesh (default: every process's devices; `halyard plan` passes
             simulated ones).
@@ -183,7 +183,7 @@ class Trainer:
         """Train to ``trainer.steps`` (resuming when a checkpoint exists) and return the final state.
 
         Raises:
-            SystemExit: with code 143 after saving, when preemption (SIGTERM) was requested.
+            SystemExit: with code 143 (SIGTERM) or 130 (Ctrl-C) after saving, when preemption was requested.
             NonFiniteLossError: with ``trainer.nonfinite=stop`` (or too many skipped steps).
         """
         cfg = self.config.trainer
@@ -191,7 +191,7 @@ class Trainer:
         check_init_source(self.config, self.run_dir / "checkpoints")
         if is_main_process():
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        preemption = self._preemption or install_preemption_handler()
+        preemption = self._preemption or install_preemption_handler((signal.SIGTERM, signal.SIGINT))
         # Every process tokenizes its share in the background; batches wait for tokens not built yet.
         data, build = start_background_build(self.config.data, self.run_dir, init=cfg.init)
         self._check_model_fits_data(data)
@@ -276,7 +276,7 @@ class Trainer:
                         with log.checkpoint_timer():
                             self._save(manager, step + 1, state, metadata, wait=True)
                         log.close()
-                        raise SystemExit(PREEMPTION_EXIT_CODE)
+                        raise SystemExit(preemption.exit_code)
                     with log.checkpoint_timer():
                         self._save(manager, step + 1, state, metadata, only_when_due=True)
             with log.checkpoint_timer():
@@ -296,6 +296,8 @@ class Trainer:
                     flush=True,
                 )
         finally:
+            if self._preemption is None:  # the handlers fit installed: Ctrl-C interrupts again afterwards
+                preemption.uninstall()
             build.close()
             profile.close()
             manager.close()
