@@ -299,7 +299,8 @@ figure.savefig(FIGURES / "03_mixture.png", dpi=100)
 #   validation_fraction: 0.01
 # ```
 #
-# Step 1 runs as soon as its batches are tokenized; the build goes on beside training. With `builder:
+# Step 1 runs as soon as its batches are tokenized; the build goes on beside training, its tokenizer
+# processes at a lower CPU priority (niceness +10) so compilation and steps come first. With `builder:
 # local` on N processes, process `h` tokenizes shards `h, h + N, ...` into the one cache (which must be
 # on a disk every process sees); with `builder: ray` (and `ray_address`, or a local Ray) process 0 sends
 # every shard to the cluster. Both write the bytes of a one-process build. A step that catches up with the

@@ -107,6 +107,7 @@ def build_cache(
     host_index: int = 0,
     host_count: int = 1,
     relative_to: str | None = None,
+    niceness: int = 0,
 ) -> TokenCache | BuildHandle:
     """Tokenize ``sources`` into a token cache at ``out_dir``; resume it if a build was interrupted.
 
@@ -139,6 +140,8 @@ def build_cache(
         host_count: the number of hosts sharing the build.
         relative_to: a local folder (a run directory): shards under it are recorded by their path inside
             it, so the folder with its corpus and cache can be moved or copied and still be reused.
+        niceness: the local builder's worker processes run this much nicer (``os.nice``), so a build
+            beside training takes only the CPU time training leaves.
 
     Returns:
         The ``TokenCache`` (finished unless other hosts still build their shares), or a ``BuildHandle``
@@ -233,7 +236,7 @@ def build_cache(
 
         try:
             if builder == "local":
-                run_local(pending, processor, num_workers, poll=poll, poll_seconds=0.5)
+                run_local(pending, processor, num_workers, poll=poll, poll_seconds=0.5, niceness=niceness)
             else:
                 run_ray(
                     pending,

@@ -43,8 +43,10 @@ def refuse_while_importing_main(what: str = "build_cache") -> None:
         )
 
 
-def _initialize_worker(processor: Processor, tokenizer_threads: int) -> None:
+def _initialize_worker(processor: Processor, tokenizer_threads: int, niceness: int) -> None:
     global _WORKER_PROCESSOR
+    if niceness:
+        os.nice(niceness)
     # The tokenizer's thread pool reads this when first used; one thread per worker avoids oversubscription.
     os.environ["RAYON_NUM_THREADS"] = str(tokenizer_threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
@@ -64,6 +66,7 @@ def run_local(
     num_workers: int,
     poll: Callable[[], None],
     poll_seconds: float,
+    niceness: int = 0,
 ) -> None:
     """Build ``jobs`` with ``num_workers`` processes (0: in this process, one shard after another).
 
@@ -79,6 +82,7 @@ def run_local(
         num_workers: worker processes; 0 runs in-process (needed for ``memory://`` caches in tests).
         poll: called every ``poll_seconds`` while waiting (progress display).
         poll_seconds: see ``poll``.
+        niceness: added to the workers' scheduling niceness (a build beside training yields the CPU to it).
 
     Raises:
         the first exception a shard raised (other shards are cancelled).
@@ -98,7 +102,7 @@ def run_local(
         max_workers=num_workers,
         mp_context=context,
         initializer=_initialize_worker,
-        initargs=(processor, threads),
+        initargs=(processor, threads, niceness),
     ) as pool:
         pending: set[Future[int]] = {pool.submit(_run_job, job) for job in jobs}
         try:

@@ -29,6 +29,9 @@ from halyard.train.trainer.data import (
     open_datasets,
 )
 
+# Tokenizer processes yield the CPU to the training process (compilation, steps, batches) on its host.
+_BUILD_NICENESS = 10
+
 
 @dataclass
 class BackgroundBuild:
@@ -159,6 +162,7 @@ def start_background_build(
             ray_address=config.ray_address,
             progress=False,
             background=True,
+            niceness=_BUILD_NICENESS,
             host_index=process if local else 0,
             host_count=processes if local else 1,
             **build_options(config, run_dir),
