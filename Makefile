@@ -11,7 +11,8 @@ PACKAGE_DIRS := $(sort $(dir $(wildcard packages/*/pyproject.toml)))
 STAMP := $(VENV)/.installed
 # Simulated devices so sharding code runs on a CPU-only machine.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
-PYTEST_ARGS ?=
+# Two workers, one a core (CI has two); the slowest tests are listed at the end of the run.
+PYTEST_ARGS ?= -n 2 --durations=30
 
 .PHONY: demo test lint typecheck pytest venv wheels clean
 
