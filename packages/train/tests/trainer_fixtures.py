@@ -45,6 +45,8 @@ TINY = {
 class StopAfter:
     """A preemption flag that asks to stop after ``steps`` steps (as SIGTERM would)."""
 
+    exit_code = 143  # what the trainer exits with after saving, as for SIGTERM
+
     def __init__(self, steps: int) -> None:
         self.calls = 0
         self.steps = steps
