@@ -71,7 +71,12 @@ def _assert_equals_a_local_build(cache_dir: Path, local: Path) -> None:
     assert TokenCache.open(str(tokens)).is_finished
     corpus = sorted(str(path) for path in (cache_dir / "corpus").glob("*.jsonl"))
     single = build_cache(
-        corpus, str(cache_dir / "corpus" / "tokenizer.json"), str(local), num_workers=0, progress=False
+        corpus,
+        str(cache_dir / "corpus" / "tokenizer.json"),
+        str(local),
+        num_workers=0,
+        progress=False,
+        relative_to=str(cache_dir),  # as the trainer records a cache outside its run directory
     )
     assert isinstance(single, TokenCache) and single.is_finished
     assert _files(tokens) == _files(local)
