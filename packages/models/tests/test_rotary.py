@@ -1,16 +1,19 @@
-"""Rotary embeddings against transformers' Llama rotary embedding, for every scaling type."""
+"""Rotary embeddings against transformers' Llama rotary embedding, for every scaling type but longrope
+(test_rotary_longrope.py), and two configurations side by side (Gemma 3's local and global layers)."""
 
 from __future__ import annotations
 
 import warnings
 
 import hypothesis.strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from transformers import LlamaConfig
+from transformers import Gemma3TextConfig, LlamaConfig
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from halyard.models.rotary import RotaryConfig, apply_rotary, inverse_frequencies
@@ -52,13 +55,15 @@ SCALINGS = {
 
 
 def _transformers_rotary(x: np.ndarray, positions: np.ndarray, scaling: dict | None) -> np.ndarray:
-    config = LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        head_dim=HEAD_SIZE,
-        max_position_embeddings=MAX_POSITION,
-        rope_theta=THETA,
-        rope_scaling=dict(scaling) if scaling else None,
+    config = LlamaConfig.from_dict(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "head_dim": HEAD_SIZE,
+            "max_position_embeddings": MAX_POSITION,
+            "rope_theta": THETA,
+            "rope_scaling": dict(scaling) if scaling else None,
+        }
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -97,13 +102,15 @@ def test_hf_round_trip_and_export_loads_in_transformers(name: str) -> None:
     assert RotaryConfig.from_hf(theta, scaling) == config
     assert theta == THETA
     # What to_hf writes is a complete rope_scaling for transformers: same frequencies and attention factor.
-    hf_config = LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        head_dim=HEAD_SIZE,
-        max_position_embeddings=MAX_POSITION,
-        rope_theta=theta,
-        rope_scaling=scaling,
+    hf_config = LlamaConfig.from_dict(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "head_dim": HEAD_SIZE,
+            "max_position_embeddings": MAX_POSITION,
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+        }
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -171,8 +178,8 @@ def test_inverse_frequencies_of_default_rope() -> None:
 
 
 def test_unknown_rope_type_is_named() -> None:
-    with pytest.raises(ValueError, match="'longrope' is not supported"):
-        RotaryConfig.from_hf(THETA, {"rope_type": "longrope", "short_factor": [1.0]})
+    with pytest.raises(ValueError, match="'proportional' is not supported"):
+        RotaryConfig.from_hf(THETA, {"rope_type": "proportional", "factor": 2.0})
 
 
 def test_unknown_key_is_named() -> None:
@@ -195,3 +202,42 @@ def test_positions_with_axes_x_lacks_are_refused() -> None:
     x = named(jnp.zeros((3, HEAD_SIZE)), ("pos", "head_size"))
     with pytest.raises(ValueError, match="positions has axes \\['batch'\\]"):
         apply_rotary(x, named(jnp.zeros((2, 3), jnp.int32), ("batch", "pos")), RotaryConfig(), max_position=8)
+
+
+def test_two_configurations_side_by_side_match_gemma3() -> None:
+    # Gemma 3: global layers rope_theta 1e6 with linear factor 8, local (sliding) layers 1e4 unscaled. The
+    # model holds two RotaryConfigs; one jitted function called with each in turn must not mix them.
+    hf_config = Gemma3TextConfig.from_dict(  # the keys of the published Gemma 3 (4B+) config.json files
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": HEAD_SIZE,
+            "num_hidden_layers": 6,
+            "max_position_embeddings": MAX_POSITION,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        }
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        embedding = Gemma3RotaryEmbedding(hf_config)
+    configs = {
+        "full_attention": RotaryConfig.from_hf(1e6, {"rope_type": "linear", "factor": 8.0}),
+        "sliding_attention": RotaryConfig.from_hf(1e4, None),
+    }
+    rotate = jax.jit(apply_rotary, static_argnames=("config", "max_position"))
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 3, 5, HEAD_SIZE)).astype(np.float32)  # [batch, heads, pos, head_size]
+    positions = np.array([[0, 1, 5, 30, 63], [7, 8, 9, 10, 11]])
+    x_named = named(jnp.asarray(x), ("batch", "heads", "pos", "head_size"))
+    positions_named = named(jnp.asarray(positions), ("batch", "pos"))
+    results = {}
+    for layer_type in ("full_attention", "sliding_attention", "full_attention"):
+        cos, sin = embedding(torch.tensor(x), torch.tensor(positions), layer_type)
+        expected, _ = apply_rotary_pos_emb(torch.tensor(x), torch.tensor(x), cos, sin)
+        actual = rotate(x_named, positions_named, config=configs[layer_type], max_position=MAX_POSITION)
+        np.testing.assert_allclose(actual.array, expected.numpy(), rtol=1e-5, atol=1e-5)
+        results[layer_type] = np.asarray(actual.array)
+    assert not np.allclose(results["full_attention"], results["sliding_attention"], atol=1e-3)

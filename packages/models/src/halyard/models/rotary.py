@@ -1,24 +1,26 @@
 """Rotary position embeddings (RoPE) with the scaling variants Hugging Face checkpoints use.
 
 Numerics follow transformers' Llama rotary embedding: inverse frequencies from the rope-init rule of
-the scaling type, ``cos``/``sin`` of ``position * inv_freq`` in float32 (times the attention factor for
-yarn), cast to the input's dtype, and the "rotate half" pairing (channel ``i`` pairs with channel
-``i + rotary_dim / 2``). With ``partial_rotary_factor < 1`` only the first ``rotary_dim`` channels rotate.
+the scaling type (rotary_scaling.py), ``cos``/``sin`` of ``position * inv_freq`` in float32 (times the
+attention factor for yarn and longrope), cast to the input's dtype, and the "rotate half" pairing (channel ``i``
+pairs with channel ``i + rotary_dim / 2``). With ``partial_rotary_factor < 1`` only the first ``rotary_dim``
+channels rotate.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 import halyard.named as hn
+from halyard.models.rotary_scaling import inverse_frequencies
 from halyard.named import Axis, NamedArray
 
-SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn")
+__all__ = ["SCALINGS", "RotaryConfig", "apply_rotary", "inverse_frequencies"]
+
+SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 # Hugging Face rope_scaling keys -> RotaryConfig fields, per scaling type.
 _HF_KEYS: dict[str, dict[str, str]] = {
@@ -41,8 +43,19 @@ _HF_KEYS: dict[str, dict[str, str]] = {
         "attention_factor": "attention_factor",
         "truncate": "truncate",
     },
+    "longrope": {
+        "short_factor": "short_factor",
+        "long_factor": "long_factor",
+        "original_max_position_embeddings": "original_max_position",
+        "attention_factor": "attention_factor",
+        "factor": "factor",
+    },
 }
 _HF_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+# The types whose original_max_position transformers replaces by a top-level original_max_position_embeddings.
+_HF_ORIGINAL_MAX_POSITION_TYPES = ("llama3", "yarn", "longrope")
+_LONGROPE_FACTORS = ("short_factor", "long_factor")
+_HF_REQUIRED_KEYS = {"longrope": _LONGROPE_FACTORS}
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,26 @@ class RotaryConfig:
     Args:
         theta: the base wavelength (Hugging Face ``rope_theta``).
         scaling: ``default`` | ``linear`` (positions divided by ``factor``) | ``dynamic`` (NTK base
-            growth past ``max_position``) | ``llama3`` (per-band frequency scaling) | ``yarn``.
-        factor: the context-extension factor of the scaling types.
-        original_max_position: the pre-training context length (llama3, yarn); defaults to the
+            growth past ``max_position``) | ``llama3`` (per-band frequency scaling) | ``yarn`` |
+            ``longrope`` (Phi-3: per-frequency divisors, the long set once the batch's longest sequence
+            passes ``original_max_position``).
+        factor: the context-extension factor of the scaling types. longrope only derives its default
+            ``attention_factor`` from it, and 1.0 there means ``max_position / original_max_position``.
+        original_max_position: the pre-training context length (llama3, yarn, longrope); defaults to the
             ``max_position`` given to `apply_rotary`.
         low_freq_factor, high_freq_factor: llama3's band edges.
-        beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate: yarn's parameters
-            (``attention_factor`` multiplies cos and sin; derived from ``factor`` and the mscales when None).
+        beta_fast, beta_slow, mscale, mscale_all_dim, truncate: yarn's parameters.
+        attention_factor: multiplies cos and sin (yarn, longrope); when None, derived from ``factor`` and the
+            mscales (yarn) or ``sqrt(1 + log(factor) / log(original_max_position))`` (longrope, 1.0 for a
+            factor <= 1).
+        short_factor, long_factor: longrope's divisors of the inverse frequencies, one per rotating channel
+            pair (``rotary_dim // 2`` entries; lists become tuples); long ones apply to sequences longer
+            than ``original_max_position``.
         partial_rotary_factor: the fraction of ``head_size`` that rotates (the first channels).
 
     Raises:
-        ValueError: unknown ``scaling``, or a non-positive factor / theta, or a fraction outside (0, 1].
+        ValueError: unknown ``scaling``, a non-positive factor / theta, a fraction outside (0, 1], or longrope
+            factors missing, non-positive, or given to another scaling type.
     """
 
     theta: float = 10000.0
@@ -78,6 +100,8 @@ class RotaryConfig:
     attention_factor: float | None = None
     partial_rotary_factor: float = 1.0
     truncate: bool = True
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -95,10 +119,35 @@ class RotaryConfig:
                 f"RotaryConfig: llama3 needs high_freq_factor ({self.high_freq_factor}) > "
                 f"low_freq_factor ({self.low_freq_factor})"
             )
+        for name in _LONGROPE_FACTORS:
+            self._check_longrope_factors(name, getattr(self, name))
+
+    def _check_longrope_factors(self, name: str, values: Any) -> None:
+        if values is None:
+            if self.scaling == "longrope":
+                raise ValueError(
+                    f"RotaryConfig: longrope needs {name} (one divisor per rotating channel pair)"
+                )
+            return
+        if self.scaling != "longrope":
+            raise ValueError(f"RotaryConfig.{name} is longrope's; scaling {self.scaling!r} does not use it")
+        numbers = isinstance(values, (list, tuple)) and all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) for value in values
+        )
+        if not numbers or not values or not all(value > 0 for value in values):
+            raise ValueError(
+                f"RotaryConfig.{name} must be a non-empty list of positive numbers, got {values!r}"
+            )
+        # A YAML list becomes a tuple: the config is a static (hashed) field of the model.
+        object.__setattr__(self, name, tuple(float(value) for value in values))
 
     @classmethod
     def from_hf(
-        cls, rope_theta: float, rope_scaling: dict | None, partial_rotary_factor: float = 1.0
+        cls,
+        rope_theta: float,
+        rope_scaling: dict | None,
+        partial_rotary_factor: float = 1.0,
+        original_max_position: int | None = None,
     ) -> RotaryConfig:
         """Read a Hugging Face config's ``rope_theta`` and ``rope_scaling`` / ``rope_parameters`` dict.
 
@@ -106,9 +155,12 @@ class RotaryConfig:
             rope_theta: ``config.rope_theta`` (a ``rope_theta`` inside the dict takes precedence).
             rope_scaling: the dict (``rope_type`` or legacy ``type`` plus the type's keys), or None.
             partial_rotary_factor: ``config.partial_rotary_factor`` (also read from the dict).
+            original_max_position: a top-level ``config.original_max_position_embeddings`` (Phi-3 keeps it
+                there); as in transformers it replaces the dict's value for llama3, yarn and longrope.
 
         Raises:
-            ValueError: an unsupported rope type or a key that type does not use (named in the message).
+            ValueError: an unsupported rope type, a key that type does not use, or one it requires and the dict
+                lacks (named in the message).
         """
         if not rope_scaling:
             return cls(theta=float(rope_theta), partial_rotary_factor=float(partial_rotary_factor))
@@ -124,10 +176,20 @@ class RotaryConfig:
                 f"rope_scaling of type {scaling!r} has unknown key(s) {unknown}; this type uses "
                 f"{sorted(known) + ['rope_type', 'rope_theta', 'partial_rotary_factor']}"
             )
+        missing = [key for key in _HF_REQUIRED_KEYS.get(scaling, ()) if rope_scaling.get(key) is None]
+        if missing:
+            raise ValueError(
+                f"rope_scaling of type {scaling!r} lacks key(s) {missing}, which this type requires"
+            )
         values: dict[str, Any] = {"scaling": scaling}
         for hf_key, field_name in known.items():
             if rope_scaling.get(hf_key) is not None:
                 values[field_name] = rope_scaling[hf_key]
+        if original_max_position is not None and scaling in _HF_ORIGINAL_MAX_POSITION_TYPES:
+            values["original_max_position"] = int(original_max_position)
+        if scaling == "longrope" and values.get("factor") == 1.0 and "attention_factor" not in values:
+            # RotaryConfig's longrope factor 1.0 means "max_position / original"; an explicit 1.0 means no scaling.
+            values["attention_factor"] = 1.0
         values["theta"] = float(rope_scaling.get("rope_theta", rope_theta))
         values["partial_rotary_factor"] = float(
             rope_scaling.get("partial_rotary_factor", partial_rotary_factor)
@@ -144,8 +206,10 @@ class RotaryConfig:
         result: dict[str, Any] = {"rope_type": self.scaling}
         for hf_key, field_name in _HF_KEYS[self.scaling].items():
             value = getattr(self, field_name)
+            if self.scaling == "longrope" and field_name == "factor" and value == 1.0:
+                continue  # transformers would read an explicit 1.0 as "no extension" (attention factor 1)
             if value is not None:
-                result[hf_key] = value
+                result[hf_key] = list(value) if field_name in _LONGROPE_FACTORS else value
         return self.theta, result
 
     def rotary_dim(self, head_size: int) -> int:
@@ -160,7 +224,8 @@ class RotaryConfig:
             where: how the head size came about, for the message (``"LlamaConfig: hidden_size 32 / ..."``).
 
         Raises:
-            ValueError: ``rotary_dim(head_size)`` is odd or below 2.
+            ValueError: ``rotary_dim(head_size)`` is odd or below 2, or a longrope factor list does not have
+                ``rotary_dim // 2`` entries.
         """
         dim = self.rotary_dim(head_size)
         if dim < 2 or dim % 2:
@@ -169,91 +234,13 @@ class RotaryConfig:
                 f"{self.partial_rotary_factor}); rotary embeddings rotate channel pairs and need an even "
                 "rotary_dim >= 2: use fewer heads, a wider model, or an even head_dim"
             )
-
-
-def inverse_frequencies(
-    config: RotaryConfig, head_size: int, *, max_position: int, sequence_length: jax.Array | int | None = None
-) -> tuple[jax.Array, float]:
-    """The rotation speed of each channel pair and the factor multiplying cos/sin.
-
-    Args:
-        config: the rotary configuration.
-        head_size: channels per head (``rotary_dim`` of them rotate).
-        max_position: the model's ``max_position_embeddings``: where ``dynamic`` starts growing the
-            base, and the default ``original_max_position``.
-        sequence_length: for ``dynamic``, the current length (``max position + 1``); may be traced.
-
-    Returns:
-        ``(inv_freq[rotary_dim // 2] float32, attention_factor)``.
-    """
-    config.check_head_size(head_size, "rotary")
-    dim = config.rotary_dim(head_size)
-    # jnp's float32 power matches torch's bit for bit; numpy's differs in the last place.
-    exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
-    base_inv_freq = 1.0 / (jnp.float32(config.theta) ** exponents)
-    original = config.original_max_position or max_position
-    if config.scaling == "default":
-        return base_inv_freq, 1.0
-    if config.scaling == "linear":
-        return base_inv_freq / jnp.float32(config.factor), 1.0
-    if config.scaling == "dynamic":
-        length = jnp.maximum(
-            jnp.asarray(max_position if sequence_length is None else sequence_length), max_position
-        )
-        growth = config.factor * length.astype(jnp.float32) / max_position - (config.factor - 1)
-        base = config.theta * growth ** (dim / (dim - 2))
-        return 1.0 / (base**exponents), 1.0
-    if config.scaling == "llama3":
-        return _llama3(base_inv_freq, config, original), 1.0
-    return _yarn(config, dim, exponents, original)
-
-
-def _llama3(inv_freq: jax.Array, config: RotaryConfig, original: int) -> jax.Array:
-    low_freq_wavelength = original / config.low_freq_factor
-    high_freq_wavelength = original / config.high_freq_factor
-    wavelength = 2 * math.pi / inv_freq
-    # Long wavelengths are interpolated by `factor`, short ones kept, the band between blended smoothly.
-    scaled = jnp.where(wavelength > low_freq_wavelength, inv_freq / config.factor, inv_freq)
-    smooth = (original / wavelength - config.low_freq_factor) / (
-        config.high_freq_factor - config.low_freq_factor
-    )
-    blended = (1 - smooth) * scaled / config.factor + smooth * scaled
-    in_band = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
-    return jnp.where(in_band, blended, scaled)
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn(config: RotaryConfig, dim: int, exponents: jax.Array, original: int) -> tuple[jax.Array, float]:
-    factor = config.factor
-    attention_factor = config.attention_factor
-    if attention_factor is None:
-        if config.mscale and config.mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, config.mscale) / _yarn_mscale(
-                factor, config.mscale_all_dim
-            )
-        else:
-            attention_factor = _yarn_mscale(factor)
-
-    def correction_dim(rotations: float) -> float:
-        # The channel whose wavelength completes `rotations` turns over the original context.
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(config.theta))
-
-    low, high = correction_dim(config.beta_fast), correction_dim(config.beta_slow)
-    if config.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
-    position_frequencies = jnp.float32(config.theta) ** exponents
-    extrapolation = 1.0 / position_frequencies
-    interpolation = 1.0 / (jnp.float32(factor) * position_frequencies)
-    keep_fraction = 1 - ramp
-    inv_freq = interpolation * (1 - keep_fraction) + extrapolation * keep_fraction
-    return inv_freq, float(attention_factor)
+        for name in _LONGROPE_FACTORS:
+            factors = getattr(self, name)
+            if factors is not None and len(factors) != dim // 2:
+                raise ValueError(
+                    f"rope {name} has {len(factors)} entries but {where} gives rotary_dim {dim} (head_size "
+                    f"{head_size} x partial_rotary_factor {self.partial_rotary_factor}): it needs {dim // 2}"
+                )
 
 
 def apply_rotary(
@@ -273,8 +260,8 @@ def apply_rotary(
         ``x`` rotated, same axes, order and dtype.
 
     Raises:
-        ValueError: ``x`` has no ``head_size`` axis, ``positions`` has an axis ``x`` lacks, or the rotary
-            dimension is odd.
+        ValueError: ``x`` has no ``head_size`` axis, ``positions`` has an axis ``x`` lacks, the rotary
+            dimension is odd, or a longrope factor list has the wrong length.
     """
     if not x.has_axis("head_size"):
         raise ValueError(f"apply_rotary: x has axes {x.axis_names} but needs a 'head_size' axis")
@@ -282,7 +269,9 @@ def apply_rotary(
     if missing:
         raise ValueError(f"apply_rotary: positions has axes {missing} that x {x.axis_names} lacks")
     head_size = x.axis_size("head_size")
-    sequence_length = jnp.max(positions.array) + 1 if config.scaling == "dynamic" else None
+    # Data-dependent scalings see the batch's longest sequence, as transformers' dynamic_rope_update does.
+    dynamic = config.scaling in ("dynamic", "longrope")
+    sequence_length = jnp.max(positions.array) + 1 if dynamic else None
     inv_freq, attention_factor = inverse_frequencies(
         config, head_size, max_position=max_position, sequence_length=sequence_length
     )
