@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from halyard.models.attention.cudnn import has_nvidia_gpu
 from halyard.named import NamedArray, named
 
 IMPLEMENTATIONS = ["xla", "blocked"]
-TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+TOLERANCE: dict[str, Any] = {"rtol": 1e-5, "atol": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ CASES = [
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 
-def _jitted(implementation: str, **options: object):
+def _jitted(implementation: str, **options: Any):
     """``attention`` compiled as one program (eager mode would compile every small op separately)."""
     return jax.jit(functools.partial(attention, implementation=implementation, **options))
 
@@ -110,7 +111,9 @@ def _inputs(case: Case, dtype: jnp.dtype = jnp.float32) -> tuple[NamedArray, Nam
     )
 
 
-def _value_and_grads(case: Case, implementation: str, inputs: tuple, mask: AttentionMask) -> tuple:
+def _value_and_grads(
+    case: Case, implementation: str, inputs: tuple, mask: AttentionMask, logit_softcap: float | None = None
+) -> tuple:
     rng = np.random.default_rng(1)
     cotangent = jnp.asarray(rng.normal(size=inputs[0].array.shape), inputs[0].dtype)
 
@@ -123,6 +126,7 @@ def _value_and_grads(case: Case, implementation: str, inputs: tuple, mask: Atten
             implementation=implementation,
             scale=case.scale,
             block_size=case.block_size,
+            logit_softcap=logit_softcap,
         )
         return jnp.sum(output.array * cotangent), output
 
@@ -201,9 +205,8 @@ def test_reference_matches_numpy_loops(case: Case) -> None:
         (case.batch, case.num_queries, case.num_keys),
     )
     scale = case.scale or 1 / np.sqrt(case.head_size)
-    expected = _numpy_attention(
-        *(np.asarray(x.array, np.float64) for x in (query, key, value)), visible=visible, scale=scale
-    )
+    query64, key64, value64 = (np.asarray(x.array, np.float64) for x in (query, key, value))
+    expected = _numpy_attention(query64, key64, value64, visible=visible, scale=scale)
     actual = _jitted("reference", scale=case.scale)(query, key, value, mask)
     np.testing.assert_allclose(actual.array, expected, rtol=1e-5, atol=1e-5)
 

@@ -1,5 +1,7 @@
 """Random masks (segments, padding, positions) through every implementation: all agree with `reference`.
 
+With a logit soft-cap (Gemma 2) only the implementations that support one (`CAPPED`) are compared.
+
 Shapes are fixed and every mask array is always present, so each mask-flag combination compiles once
 and hypothesis varies only the data.
 """
@@ -19,20 +21,33 @@ from halyard.named import NamedArray, named
 
 BATCH, NUM_QUERIES, NUM_KEYS, HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 2, 7, 9, 4, 2, 8, 4
 COMPARED = ("xla", "blocked")
+CAPPED = ("blocked",)
+
+
+def _compared(logit_softcap: float | None) -> tuple[str, ...]:
+    return COMPARED if logit_softcap is None else CAPPED
 
 
 @functools.cache
-def _all_implementations(causal: bool, window: int | None):
-    """One compiled program: values and q/k/v gradients of reference, xla and blocked."""
+def _all_implementations(causal: bool, window: int | None, logit_softcap: float | None):
+    """One compiled program: values and q/k/v gradients of reference and the compared implementations."""
 
     def run(query: NamedArray, key: NamedArray, value: NamedArray, mask: AttentionMask, cotangent: jax.Array):
         results = {}
-        for implementation in ("reference", *COMPARED):
+        for implementation in ("reference", *_compared(logit_softcap)):
 
             def loss(
                 query: NamedArray, key: NamedArray, value: NamedArray, implementation: str = implementation
             ):
-                output = attention(query, key, value, mask, implementation=implementation, block_size=BLOCK)
+                output = attention(
+                    query,
+                    key,
+                    value,
+                    mask,
+                    implementation=implementation,
+                    block_size=BLOCK,
+                    logit_softcap=logit_softcap,
+                )
                 return jnp.sum(output.array * cotangent), output.array
 
             (_, output), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(query, key, value)
@@ -42,17 +57,20 @@ def _all_implementations(causal: bool, window: int | None):
     return jax.jit(run)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
-    flags=st.sampled_from([(True, None), (True, 3), (False, None)]),
+    # (causal, sliding window, logit soft-cap)
+    flags=st.sampled_from(
+        [(True, None, None), (True, 3, None), (False, None, None), (True, 3, 1.5), (False, None, 1.5)]
+    ),
     seed=st.integers(0, 2**31 - 1),
     num_segments=st.integers(1, 3),
     padding_probability=st.sampled_from([0.0, 0.3]),
 )
 def test_random_masks_agree_with_reference(
-    flags: tuple[bool, int | None], seed: int, num_segments: int, padding_probability: float
+    flags: tuple[bool, int | None, float | None], seed: int, num_segments: int, padding_probability: float
 ) -> None:
-    causal, window = flags
+    causal, window, logit_softcap = flags
     rng = np.random.default_rng(seed)
     query_positions = np.sort(rng.choice(12, size=(BATCH, NUM_QUERIES), replace=True), axis=1)
     mask = AttentionMask(
@@ -81,8 +99,8 @@ def test_random_masks_agree_with_reference(
         ("batch", "key_pos", "kv_heads", "head_size"),
     )
     cotangent = jnp.asarray(rng.normal(size=(BATCH, NUM_QUERIES, HEADS, HEAD_SIZE)), jnp.float32)
-    results = _all_implementations(causal, window)(query, key, value, mask, cotangent)
-    for implementation in COMPARED:
+    results = _all_implementations(causal, window, logit_softcap)(query, key, value, mask, cotangent)
+    for implementation in _compared(logit_softcap):
         for name, got, want in zip(
             ("output", "dq", "dk", "dv"), results[implementation], results["reference"]
         ):
@@ -93,5 +111,5 @@ def test_random_masks_agree_with_reference(
         (BATCH, NUM_QUERIES, NUM_KEYS),
     )
     empty = ~visible.any(-1)
-    for implementation in ("reference", *COMPARED):
+    for implementation in ("reference", *_compared(logit_softcap)):
         assert np.all(np.asarray(results[implementation][0])[empty] == 0)

@@ -26,7 +26,9 @@ def _problem(seed: int = 0) -> tuple[NamedArray, NamedArray, NamedArray, NamedAr
 
 
 @functools.cache
-def _loss_and_grads(block_size: int | None, z_loss_weight: float, logit_scale: float) -> tuple:
+def _loss_and_grads(
+    block_size: int | None, z_loss_weight: float, logit_scale: float, logit_softcap: float | None = None
+) -> tuple:
     hidden, unembed, labels, mask = _problem()
 
     def loss(hidden: NamedArray, unembed: NamedArray) -> tuple:
@@ -38,6 +40,7 @@ def _loss_and_grads(block_size: int | None, z_loss_weight: float, logit_scale: f
             block_size=block_size,
             z_loss_weight=z_loss_weight,
             logit_scale=logit_scale,
+            logit_softcap=logit_softcap,
         )
         return value.array, metrics
 
@@ -45,13 +48,17 @@ def _loss_and_grads(block_size: int | None, z_loss_weight: float, logit_scale: f
     return value, metrics, grads
 
 
+# Logits here are about N(0, 8 * scale**2): a cap of 3 bends most of them.
+SETTINGS = [(0.0, 1.0, None), (1e-2, 0.5, None), (1e-2, 2.0, 3.0)]
+
+
 @pytest.mark.parametrize("block_size", [1, 8, 16, 2048])
-@pytest.mark.parametrize(("z_loss_weight", "logit_scale"), [(0.0, 1.0), (1e-2, 0.5)])
+@pytest.mark.parametrize(("z_loss_weight", "logit_scale", "logit_softcap"), SETTINGS)
 def test_blocked_equals_full_logits_in_values_and_gradients(
-    block_size: int, z_loss_weight: float, logit_scale: float
+    block_size: int, z_loss_weight: float, logit_scale: float, logit_softcap: float | None
 ) -> None:
-    value, metrics, grads = _loss_and_grads(block_size, z_loss_weight, logit_scale)
-    full_value, full_metrics, full_grads = _loss_and_grads(None, z_loss_weight, logit_scale)
+    value, metrics, grads = _loss_and_grads(block_size, z_loss_weight, logit_scale, logit_softcap)
+    full_value, full_metrics, full_grads = _loss_and_grads(None, z_loss_weight, logit_scale, logit_softcap)
     np.testing.assert_allclose(value, full_value, rtol=1e-5)
     for name in ("cross_entropy", "z_loss", "num_tokens"):
         np.testing.assert_allclose(metrics[name].array, full_metrics[name].array, rtol=1e-5)
@@ -60,9 +67,13 @@ def test_blocked_equals_full_logits_in_values_and_gradients(
         np.testing.assert_allclose(got.array, want.array, rtol=1e-5, atol=1e-6)
 
 
-def _numpy_loss(z_loss_weight: float, logit_scale: float) -> tuple[float, float, float]:
+def _numpy_loss(
+    z_loss_weight: float, logit_scale: float, logit_softcap: float | None
+) -> tuple[float, float, float]:
     hidden, unembed, labels, mask = (np.asarray(x.array, np.float64) for x in _problem())
     logits = np.einsum("bpe,ve->bpv", hidden, unembed) * logit_scale
+    if logit_softcap is not None:  # as transformers' Gemma2ForCausalLM (final_logit_softcapping)
+        logits = np.tanh(logits / logit_softcap) * logit_softcap
     top = logits.max(-1, keepdims=True)
     log_sum_exp = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
     label_logits = np.take_along_axis(logits, labels.astype(int)[..., None], -1)[..., 0]
@@ -73,9 +84,12 @@ def _numpy_loss(z_loss_weight: float, logit_scale: float) -> tuple[float, float,
 
 
 @pytest.mark.parametrize("block_size", [None, 8])
-def test_matches_numpy_cross_entropy_with_mask_and_z_loss(block_size: int | None) -> None:
-    value, metrics, _ = _loss_and_grads(block_size, 1e-2, 0.5)
-    expected, expected_cross_entropy, count = _numpy_loss(1e-2, 0.5)
+@pytest.mark.parametrize(("z_loss_weight", "logit_scale", "logit_softcap"), SETTINGS[1:])
+def test_matches_numpy_cross_entropy_with_mask_and_z_loss(
+    block_size: int | None, z_loss_weight: float, logit_scale: float, logit_softcap: float | None
+) -> None:
+    value, metrics, _ = _loss_and_grads(block_size, z_loss_weight, logit_scale, logit_softcap)
+    expected, expected_cross_entropy, count = _numpy_loss(z_loss_weight, logit_scale, logit_softcap)
     np.testing.assert_allclose(value, expected, rtol=1e-5)
     np.testing.assert_allclose(metrics["cross_entropy"].array, expected_cross_entropy, rtol=1e-5)
     assert float(metrics["num_tokens"].array) == count
@@ -130,7 +144,9 @@ def test_blocked_loss_never_builds_the_logits() -> None:
             return next_token_loss(hidden, unembed, labels, block_size=block_size)[0].array
 
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, unembed).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
+        analysis = compiled.memory_analysis()
+        assert analysis is not None
+        return analysis.temp_size_in_bytes
 
     logits_bytes = tokens * vocab * 4
     assert temp_bytes(None) >= logits_bytes
@@ -151,7 +167,9 @@ def test_full_logits_threshold_picks_the_full_path_only_for_small_logits() -> No
             )[0].array
 
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, unembed).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
+        analysis = compiled.memory_analysis()
+        assert analysis is not None
+        return analysis.temp_size_in_bytes
 
     assert temp_bytes(logits_bytes) >= logits_bytes  # fits: full logits
     assert temp_bytes(logits_bytes - 1) < logits_bytes / 2  # one byte more than allowed: blocks
@@ -168,3 +186,37 @@ def test_bad_arguments_are_named() -> None:
         next_token_loss(hidden, unembed["embed", :4], labels)
     with pytest.raises(ValueError, match="labels have axes"):
         next_token_loss(hidden, unembed, labels["pos", :3])
+
+
+def test_the_cap_changes_the_loss_and_gradients() -> None:
+    """The blocked == full comparison would pass vacuously if the cap did nothing."""
+    capped_value, _, capped_grads = _loss_and_grads(8, 1e-2, 2.0, 3.0)
+    value, _, grads = _loss_and_grads(8, 1e-2, 2.0, None)
+    assert abs(float(capped_value) - float(value)) > 1e-2
+    for capped, uncapped in zip(capped_grads, grads, strict=True):
+        assert np.max(np.abs(np.asarray(capped.array) - np.asarray(uncapped.array))) > 1e-3
+
+
+@pytest.mark.parametrize("block_size", [None, 8])
+def test_no_cap_adds_no_operation(block_size: int | None) -> None:
+    """The uncapped program (forward and backward) holds no tanh; the capped one does."""
+    hidden, unembed, labels, _ = _problem()
+
+    def program(logit_softcap: float | None) -> str:
+        def loss(hidden: NamedArray, unembed: NamedArray) -> jax.Array:
+            value, _ = next_token_loss(
+                hidden, unembed, labels, block_size=block_size, logit_softcap=logit_softcap
+            )
+            return value.array
+
+        return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, unembed))
+
+    assert "tanh" not in program(None)
+    assert "tanh" in program(30.0)
+
+
+@pytest.mark.parametrize("cap", [0.0, -2.0, float("nan"), float("inf"), True])
+def test_bad_caps_are_refused(cap: object) -> None:
+    hidden, unembed, labels, _ = _problem()
+    with pytest.raises(ValueError, match="next_token_loss: logit_softcap must be a positive finite number"):
+        next_token_loss(hidden, unembed, labels, logit_softcap=cap)  # type: ignore[arg-type]

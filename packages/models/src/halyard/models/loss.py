@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from halyard.models.attention.softcap import checked_softcap, soft_cap, soft_cap_derivative
 from halyard.named import NamedArray
 from halyard.named.nn import default_dot_general
 
@@ -33,9 +34,10 @@ def next_token_loss(
     full_logits_max_bytes: int = 0,
     z_loss_weight: float = 0.0,
     logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
     reduction: str = "mean",
 ) -> tuple[NamedArray, dict[str, NamedArray]]:
-    """Cross-entropy of ``labels`` under ``softmax(logit_scale * hidden . unembed)``, plus optional z-loss.
+    """Cross-entropy of ``labels`` under ``softmax(softcap(logit_scale * hidden . unembed))``, plus z-loss.
 
     Args:
         hidden: ``(batch..., "pos", "embed")``, the final-norm output.
@@ -51,6 +53,8 @@ def next_token_loss(
             backward pass costs a third more of the output projection's FLOPs); 0 always blocks.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (PaLM), added to the loss.
         logit_scale: multiplier on the logits (muP's output multiplier).
+        logit_softcap: ``cap``: the scaled logits become ``cap * tanh(logits / cap)`` before the
+            cross-entropy and the z-loss (Gemma 2's ``final_logit_softcapping``); None: no capping.
         reduction: ``mean`` (over counted tokens, weighted), ``sum``, or ``none`` (per position).
 
     Returns:
@@ -59,12 +63,14 @@ def next_token_loss(
         and ``num_tokens`` (sum of the mask weights, a scalar).
 
     Raises:
-        ValueError: missing axes, sizes that disagree, an unknown reduction or a bad block size.
+        ValueError: missing axes, sizes that disagree, an unknown reduction, a bad block size or a
+            ``logit_softcap`` that is not a positive number.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"next_token_loss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
         raise ValueError(f"next_token_loss: block_size must be a positive int or None, got {block_size!r}")
+    logit_softcap = checked_softcap(logit_softcap, "next_token_loss")
     for name, array, needed in (
         ("hidden", hidden, ("pos", "embed")),
         ("unembed", unembed, ("vocab", "embed")),
@@ -105,11 +111,12 @@ def next_token_loss(
     vocab_size = weight_matrix.shape[0]
     if block_size is None or num_tokens_flat * vocab_size * 4 <= full_logits_max_bytes:
         log_sum_exp, label_logit = _full_logsumexp_and_label_logit(
-            hidden_flat, weight_matrix, label_flat, logit_scale
+            hidden_flat, weight_matrix, label_flat, logit_scale, logit_softcap
         )
     else:
+        static = _Static(float(logit_scale), int(block_size), logit_softcap)
         log_sum_exp, label_logit = _blocked_logsumexp_and_label_logit(
-            (float(logit_scale), int(block_size)), hidden_flat, weight_matrix, label_flat
+            static, hidden_flat, weight_matrix, label_flat
         )
     cross_entropy = log_sum_exp - label_logit
     z_loss = jnp.square(log_sum_exp)
@@ -141,11 +148,17 @@ def _label_logit_of(logits: jax.Array, labels: jax.Array, offset: int | jax.Arra
 
 
 def _full_logsumexp_and_label_logit(
-    hidden: jax.Array, weight: jax.Array, labels: jax.Array, logit_scale: float
+    hidden: jax.Array,
+    weight: jax.Array,
+    labels: jax.Array,
+    logit_scale: float,
+    logit_softcap: float | None,
 ) -> tuple[jax.Array, jax.Array]:
     # hidden [n, embed] x weight [vocab, embed] -> [n, vocab] (row-major gradient products on CPU).
     contract = (((1,), (1,)), ((), ()))
     logits = default_dot_general(hidden, weight, contract, preferred_element_type=jnp.float32) * logit_scale
+    if logit_softcap is not None:
+        logits = soft_cap(logits, logit_softcap)
     return jax.nn.logsumexp(logits, axis=-1), _label_logit_of(logits, labels, 0)
 
 
@@ -168,27 +181,40 @@ def _scan_blocks(
     return jax.lax.scan(step, initial, jnp.arange(length))
 
 
-def _block_logits(
-    hidden: jax.Array, weight_block: jax.Array, index: jax.Array, vocab: int, scale: float
-) -> jax.Array:
-    block = weight_block.shape[0]
-    logits = jnp.einsum("ne,ve->nv", hidden, weight_block, preferred_element_type=jnp.float32) * scale
+class _Static(NamedTuple):
+    """Trace-time settings of the blocked loss; ``logit_softcap`` is None for uncapped logits."""
+
+    scale: float
+    block_size: int
+    logit_softcap: float | None
+
+
+def _block_logits(static: _Static, hidden: jax.Array, weight_block: jax.Array) -> jax.Array:
+    """``[n, embed] x [block, embed] -> [n, block]`` in float32, scaled and soft-capped (padding included)."""
+    logits = jnp.einsum("ne,ve->nv", hidden, weight_block, preferred_element_type=jnp.float32) * static.scale
+    if static.logit_softcap is not None:
+        logits = soft_cap(logits, static.logit_softcap)
+    return logits
+
+
+def _hide_padding(logits: jax.Array, index: jax.Array, vocab: int) -> jax.Array:
+    """``-inf`` in the columns of block ``index`` past the vocabulary (the zero-padded rows)."""
+    block = logits.shape[-1]
     column = index * block + jnp.arange(block)
     return jnp.where(column[None, :] < vocab, logits, -jnp.inf)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _blocked_logsumexp_and_label_logit(
-    static: tuple[float, int], hidden: jax.Array, weight: jax.Array, labels: jax.Array
+    static: _Static, hidden: jax.Array, weight: jax.Array, labels: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    scale, block_size = static
-    blocks = _vocab_blocks(weight, block_size)
+    blocks = _vocab_blocks(weight, static.block_size)
     vocab, block = weight.shape[0], blocks.shape[1]
     num_tokens = hidden.shape[0]
 
     def step(carry: tuple, index: jax.Array) -> tuple[tuple, None]:
         running_max, running_sum, label_logit = carry
-        logits = _block_logits(hidden, blocks[index], index, vocab, scale)
+        logits = _hide_padding(_block_logits(static, hidden, blocks[index]), index, vocab)
         new_max = jnp.maximum(running_max, logits.max(axis=-1))
         running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.exp(logits - new_max[:, None]).sum(
             -1
@@ -206,29 +232,31 @@ def _blocked_logsumexp_and_label_logit(
 
 
 def _blocked_forward(
-    static: tuple[float, int], hidden: jax.Array, weight: jax.Array, labels: jax.Array
+    static: _Static, hidden: jax.Array, weight: jax.Array, labels: jax.Array
 ) -> tuple[tuple[jax.Array, jax.Array], tuple]:
     log_sum_exp, label_logit = _blocked_logsumexp_and_label_logit(static, hidden, weight, labels)
     return (log_sum_exp, label_logit), (hidden, weight, labels, log_sum_exp)
 
 
-def _blocked_backward(static: tuple[float, int], residuals: tuple, cotangents: tuple) -> tuple:
-    scale, block_size = static
+def _blocked_backward(static: _Static, residuals: tuple, cotangents: tuple) -> tuple:
     hidden, weight, labels, log_sum_exp = residuals
     log_sum_exp_cotangent, label_logit_cotangent = cotangents
-    blocks = _vocab_blocks(weight, block_size)
+    blocks = _vocab_blocks(weight, static.block_size)
     vocab, block = weight.shape[0], blocks.shape[1]
 
     def step(hidden_gradient: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
         weight_block = blocks[index]
-        logits = _block_logits(hidden, weight_block, index, vocab, scale)
+        logits = _block_logits(static, hidden, weight_block)
         # d lse / d logit = softmax; d label_logit / d logit = one-hot of the label.
-        probabilities = jnp.exp(logits - log_sum_exp[:, None])
+        probabilities = jnp.exp(_hide_padding(logits, index, vocab) - log_sum_exp[:, None])
         local = labels - index * block
         one_hot = (local[:, None] == jnp.arange(block)[None, :]).astype(jnp.float32)
         logit_gradient = (
             log_sum_exp_cotangent[:, None] * probabilities + label_logit_cotangent[:, None] * one_hot
-        ) * scale
+        ) * static.scale
+        if static.logit_softcap is not None:
+            # The padded columns' logits are finite (zero rows), so this stays finite there.
+            logit_gradient = logit_gradient * soft_cap_derivative(logits, static.logit_softcap)
         hidden_gradient = hidden_gradient + jnp.einsum(
             "nv,ve->ne", logit_gradient, weight_block.astype(jnp.float32)
         )

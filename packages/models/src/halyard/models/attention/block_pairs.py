@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from halyard.models.attention.layout import visible
+from halyard.models.attention.softcap import soft_cap, soft_cap_derivative
 
 
 class BlockTokens(NamedTuple):
@@ -28,15 +29,17 @@ class BlockTokens(NamedTuple):
 
 
 class Static(NamedTuple):
-    """Trace-time settings: the mask flags, the logit scale, and the visible pairs when known.
+    """Trace-time settings: the mask flags, the logit scale and cap, and the visible pairs when known.
 
-    ``pairs`` lists ``(query_block, key_block)`` in query-major order, or is None (scan every pair).
+    ``pairs`` lists ``(query_block, key_block)`` in query-major order, or is None (scan every pair);
+    ``logit_softcap`` is None for uncapped logits.
     """
 
     causal: bool
     sliding_window: int | None
     scale: float
     pairs: tuple[tuple[int, int], ...] | None
+    logit_softcap: float | None = None
 
 
 def static_visible_pairs(
@@ -90,9 +93,12 @@ def _mask(
 
 
 def _logits(static: Static, query: jax.Array, key: jax.Array) -> jax.Array:
-    """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled."""
+    """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled (and soft-capped)."""
     logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
-    return logits * static.scale
+    logits = logits * static.scale
+    if static.logit_softcap is not None:
+        logits = soft_cap(logits, static.logit_softcap)
+    return logits
 
 
 Running = tuple[jax.Array, jax.Array, jax.Array]
@@ -186,6 +192,8 @@ def _pair_gradients(
     value_gradient = jnp.einsum("bhgqk,bhgqd->bhkd", probabilities, output_gradient)
     probability_gradient = jnp.einsum("bhgqd,bhkd->bhgqk", output_gradient, value.astype(jnp.float32))
     logit_gradient = probabilities * (probability_gradient - delta[..., None]) * static.scale
+    if static.logit_softcap is not None:
+        logit_gradient = logit_gradient * soft_cap_derivative(logits, static.logit_softcap)
     query_gradient = jnp.einsum("bhgqk,bhkd->bhgqd", logit_gradient, key.astype(jnp.float32))
     key_gradient = jnp.einsum("bhgqk,bhgqd->bhkd", logit_gradient, query.astype(jnp.float32))
     return query_gradient, key_gradient, value_gradient

@@ -45,7 +45,7 @@ MAX_UNROLLED_PAIRS = 16
 
 
 def blocked_attention(
-    flat: FlatAttention, *, scale: float, block_size: int = 128
+    flat: FlatAttention, *, scale: float, block_size: int = 128, logit_softcap: float | None = None
 ) -> Shaped[Array, "batch pos heads head_size"]:
     """Attention of plain-array inputs without materialising the attention matrix.
 
@@ -54,6 +54,8 @@ def blocked_attention(
         scale: the logit multiplier.
         block_size: the number of queries and of keys per block (shorter sequences use one block);
             lengths that are not a multiple are padded internally.
+        logit_softcap: ``cap``: each block's scaled logits become ``cap * tanh(logits / cap)`` before
+            the mask (the backward multiplies by ``1 - tanh**2``); None: no capping.
 
     Returns:
         ``[batch, pos, heads, head_size]``; rows that see no key are zeros.
@@ -107,7 +109,13 @@ def blocked_attention(
             sliding_window=flat.sliding_window,
         )
         pairs = pairs if len(pairs) <= MAX_UNROLLED_PAIRS else None
-    static = Static(causal=flat.causal, sliding_window=flat.sliding_window, scale=float(scale), pairs=pairs)
+    static = Static(
+        causal=flat.causal,
+        sliding_window=flat.sliding_window,
+        scale=float(scale),
+        pairs=pairs,
+        logit_softcap=None if logit_softcap is None else float(logit_softcap),
+    )
     output = _blocked(static, query, key, value, tokens)
     # [Q, B, h, g, q, d] -> [B, Q, q, h, g, d] -> [B, pos, heads, head_size]
     output = output.transpose(1, 0, 4, 2, 3, 5).reshape(batch, padded_queries, num_heads, head_size)

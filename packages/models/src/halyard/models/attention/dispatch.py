@@ -11,6 +11,9 @@ The ``auto`` rule:
    AUTO_XLA_MAX_SCORES`` (``2048 * 2048``): ``xla``, whose fused quadratic path is fast there at that size;
 4. otherwise: ``blocked``, whose memory is linear in sequence length.
 
+With a ``logit_softcap`` (Gemma 2), ``auto`` is always ``blocked``: ``xla`` and ``cudnn`` (both
+``jax.nn.dot_product_attention``) cannot cap the logits, so only `SOFTCAP_IMPLEMENTATIONS` accept one.
+
 Switching implementation never changes parameters: every implementation computes the same function
 (tested against ``reference`` in values and gradients).
 """
@@ -26,10 +29,13 @@ from halyard.models.attention.cudnn import cudnn_attention, cudnn_unsupported_re
 from halyard.models.attention.layout import FlatAttention, flatten_inputs, unflatten_output
 from halyard.models.attention.mask import AttentionMask
 from halyard.models.attention.reference import reference_attention
+from halyard.models.attention.softcap import checked_softcap
 from halyard.models.attention.xla import xla_attention
 from halyard.named import NamedArray
 
 IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "auto")
+SOFTCAP_IMPLEMENTATIONS = ("reference", "blocked", "auto")
+"""The implementations that accept a ``logit_softcap``."""
 CPU_BLOCK_SIZE = 64
 """The ``blocked`` kernel's block on CPU. Measured (fwd+bwd, causal, 8 heads of 64, one core): 0.85x the
 time of 128-blocks at 256 tokens, 0.68x at 512, 0.89x at 1024, 1.05x at 2048."""
@@ -47,6 +53,7 @@ def attention(
     implementation: str = "auto",
     scale: float | None = None,
     block_size: int | None = None,
+    logit_softcap: float | None = None,
 ) -> NamedArray:
     """Scaled dot-product attention over named axes, with grouped-query support.
 
@@ -61,6 +68,8 @@ def attention(
             docstring for the rule ``auto`` follows).
         scale: the logit multiplier; default ``1/sqrt(head_size)`` (muP passes ``1/head_size``).
         block_size: queries and keys per block for ``blocked``; ``None``: `default_block_size`.
+        logit_softcap: ``cap``: the scaled logits become ``cap * tanh(logits / cap)`` before the mask
+            and the softmax (Gemma 2's ``attn_logit_softcapping``); None: no capping.
 
     Returns:
         ``(batch..., "pos", "heads", "head_size")`` in the query's axis order and dtype. Rows whose
@@ -68,7 +77,8 @@ def attention(
 
     Raises:
         ValueError: an unknown implementation, missing or mismatched axes, heads not a multiple of
-            kv_heads, a mask array with the wrong axes, or ``cudnn`` where cuDNN cannot run.
+            kv_heads, a mask array with the wrong axes, ``cudnn`` where cuDNN cannot run, a
+            ``logit_softcap`` that is not a positive number, or one given to ``xla`` or ``cudnn``.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -76,17 +86,26 @@ def attention(
         )
     if not isinstance(mask, AttentionMask):
         raise TypeError(f"attention: mask must be an AttentionMask, got {type(mask).__name__}")
+    logit_softcap = checked_softcap(logit_softcap, "attention")
+    if logit_softcap is not None and implementation not in SOFTCAP_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention: implementation={implementation!r} has no logit soft-capping; with logit_softcap "
+            f"use one of {SOFTCAP_IMPLEMENTATIONS}"
+        )
     flat = flatten_inputs(query, key, value, mask)
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size("head_size"))
-    chosen = choose_implementation(flat) if implementation == "auto" else implementation
+    if implementation == "auto":
+        chosen = choose_implementation(flat, logit_softcap=logit_softcap)
+    else:
+        chosen = implementation
     if chosen == "reference":
-        return reference_attention(query, key, value, mask, scale=scale)
+        return reference_attention(query, key, value, mask, scale=scale, logit_softcap=logit_softcap)
     if chosen == "xla":
         output = xla_attention(flat, scale=scale)
     elif chosen == "blocked":
         block_size = default_block_size() if block_size is None else block_size
-        output = blocked_attention(flat, scale=scale, block_size=block_size)
+        output = blocked_attention(flat, scale=scale, block_size=block_size, logit_softcap=logit_softcap)
     else:
         output = cudnn_attention(flat, scale=scale)
     return unflatten_output(flat, output)
@@ -102,13 +121,18 @@ def default_block_size(backend: str | None = None) -> int:
     return CPU_BLOCK_SIZE if backend == "cpu" else ACCELERATOR_BLOCK_SIZE
 
 
-def choose_implementation(flat: FlatAttention, *, backend: str | None = None) -> str:
+def choose_implementation(
+    flat: FlatAttention, *, backend: str | None = None, logit_softcap: float | None = None
+) -> str:
     """The implementation ``auto`` picks for these inputs (see the module docstring).
 
     Args:
         flat: the inputs, laid out by `halyard.models.attention.layout.flatten_inputs`.
         backend: JAX's platform name (``cpu``, ``gpu``, ``tpu``); default ``jax.default_backend()``.
+        logit_softcap: the attention's logit cap, or None; a cap rules out ``xla`` and ``cudnn``.
     """
+    if logit_softcap is not None:
+        return "blocked"
     backend = jax.default_backend() if backend is None else backend
     if backend == "gpu" and cudnn_unsupported_reason(flat) is None:
         return "cudnn"

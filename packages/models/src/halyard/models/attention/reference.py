@@ -19,8 +19,9 @@ def reference_attention(
     mask: AttentionMask,
     *,
     scale: float,
+    logit_softcap: float | None = None,
 ) -> NamedArray:
-    """``softmax(scale * q . k + mask) . v`` with the softmax in float32.
+    """``softmax(softcap(scale * q . k) + mask) . v`` with the softmax in float32.
 
     Args:
         query: ``(batch..., "pos", "heads", "head_size")``.
@@ -28,6 +29,8 @@ def reference_attention(
         value: ``(batch..., "key_pos", "kv_heads", "head_size")``.
         mask: which keys each query sees; materialised as a ``[pos, key_pos]`` matrix.
         scale: the logit multiplier (``1/sqrt(head_size)`` for standard attention).
+        logit_softcap: ``cap``: the scaled logits become ``cap * tanh(logits / cap)`` before the mask
+            (Gemma 2); None: no capping.
 
     Returns:
         ``(batch..., "pos", "heads", "head_size")`` in the query's axis order and dtype; rows that see
@@ -36,6 +39,8 @@ def reference_attention(
     num_kv_heads = key.axis_size("kv_heads")
     grouped_query = _split_heads(query, num_kv_heads)
     logits = hn.dot(grouped_query, key, axis="head_size", preferred_element_type=jnp.float32) * scale
+    if logit_softcap is not None:
+        logits = logit_softcap * hn.tanh(logits / logit_softcap)
     visible = mask.materialize(query.axis("pos"), key.axis("key_pos"))
     masked_logits = hn.where(visible, logits.astype(jnp.float32), -jnp.inf)
     row_max = hn.max(masked_logits, "key_pos")
