@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))  # hf_mapping.py sits next to the tests
+sys.path.insert(0, os.path.dirname(__file__))  # hf_weights.py and tiny.py sit next to the tests
 
 try:
     import torch

@@ -1,4 +1,5 @@
-"""Logits parity with `transformers` for every family (random tiny models, f32, right-padded batch)."""
+"""Logits parity with `transformers` for every family (random tiny models, f32, right-padded batch); the
+Halyard model and its config come through the family's Hugging Face spec (`hf_weights`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hf_mapping import gpt2_config_from_hf, llama_config_from_hf, load_gpt2, load_llama
+from hf_weights import halyard_from_torch
 
-from halyard.models import init_model
 from halyard.models.attention import AttentionMask
 from halyard.named import named
 
@@ -55,8 +55,7 @@ def test_gpt2_matches_transformers() -> None:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     hf_model = _hf(config, transformers.GPT2LMHeadModel)
-    model = load_gpt2(init_model(gpt2_config_from_hf(config), jax.random.key(0)), hf_model)
-    _compare(hf_model, model)
+    _compare(hf_model, halyard_from_torch(hf_model))
 
 
 LLAMA_CASES = {
@@ -92,8 +91,7 @@ def _llama_like(cls: Any, model_cls: Any, **kwargs: Any) -> None:
     defaults.update(kwargs)
     config = cls(**defaults)
     hf_model = _hf(config, model_cls)
-    model = load_llama(init_model(llama_config_from_hf(config), jax.random.key(0)), hf_model)
-    _compare(hf_model, model)
+    _compare(hf_model, halyard_from_torch(hf_model))
 
 
 @pytest.mark.parametrize("case", sorted(LLAMA_CASES))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from hf_mapping import llama_config_from_hf, load_llama
+from hf_weights import halyard_from_torch
 from tiny import random_tokens, tiny
 
 from halyard.models import LmBatch, init_model
@@ -30,8 +30,8 @@ def _hf_mixtral() -> tuple[transformers.MixtralForCausalLM, transformers.Mixtral
 
 
 def test_mixtral_logits_and_load_balancing_loss_match_transformers() -> None:
-    hf_model, hf_config = _hf_mixtral()
-    model = load_llama(init_model(llama_config_from_hf(hf_config), jax.random.key(0)), hf_model)
+    hf_model, _ = _hf_mixtral()
+    model = halyard_from_torch(hf_model)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 97, size=(2, 12))
     attention_mask = np.ones((2, 12), np.int64)

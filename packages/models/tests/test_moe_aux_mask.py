@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hf_mapping import llama_config_from_hf, load_llama
+from hf_weights import halyard_from_torch
 from tiny import random_tokens, tiny
 
 from halyard.models import LmBatch, init_model
@@ -89,7 +89,7 @@ def test_right_padding_matches_transformers_load_balancing_with_an_attention_mas
     hf_config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf_model = transformers.MixtralForCausalLM(hf_config).eval().float()
-    model = load_llama(init_model(llama_config_from_hf(hf_config), jax.random.key(0)), hf_model)
+    model = halyard_from_torch(hf_model)
     ids = np.random.default_rng(0).integers(1, 97, size=(3, 12))
     attention_mask = np.ones((3, 12), np.int64)
     attention_mask[1, 7:] = 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hf_mapping import llama_config_from_hf, load_llama
+from hf_weights import halyard_from_torch
 
 from halyard.models import Qwen2Config, init_model
 from halyard.models.attention import AttentionMask
@@ -61,8 +61,7 @@ def _halyard_logits(model: Any) -> np.ndarray:
 
 
 def _halyard_model(hf_model: Any, **overrides: Any) -> Any:
-    config = llama_config_from_hf(hf_model.config, **{"full_attention_layers": FULL_LAYERS, **overrides})
-    return load_llama(init_model(config, jax.random.key(0)), hf_model)
+    return halyard_from_torch(hf_model, **overrides)
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
@@ -84,8 +83,9 @@ def test_windows_on_the_later_layers_match_transformers(scan_layers: bool) -> No
 
 def test_every_layer_full_is_the_model_without_a_window() -> None:
     hf_model = _hf_qwen2(max_window_layers=LAYERS)
-    model = _halyard_model(hf_model, full_attention_layers=LAYERS)
-    plain = _halyard_model(hf_model, full_attention_layers=0, sliding_window=None)
+    model = _halyard_model(hf_model, sliding_window=WINDOW, full_attention_layers=LAYERS)
+    plain = _halyard_model(hf_model)  # transformers' layer_types: every layer full_attention
+    assert plain.config.layer_windows == (None,) * LAYERS
     valid = _batch()[1].astype(bool)
     np.testing.assert_allclose(
         _halyard_logits(model)[valid], _torch_logits(hf_model)[valid], atol=1e-4, rtol=1e-4
