@@ -26,7 +26,8 @@ commands:
   train     train a model: halyard train --config demo [--trainer.steps 100 ...]
   cache     build a token cache offline (python -m halyard.data build --help)
   generate  continue a prompt with a run's checkpoint: halyard generate --run runs/demo --prompt "def "
-  eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo
+  eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo;
+            lm-evaluation-harness tasks: halyard eval --run runs/demo --tasks hellaswag [--limit 100]
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
   configs   list the built-in configs
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
@@ -125,15 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from halyard.data.cli import run_command
 
         return report_user_errors(run_command)(rest)
-    if command in ("generate", "eval", "export"):
+    if command in ("generate", "export"):
         from halyard.train import run_tools
 
-        tools = {
-            "generate": run_tools.generate_main,
-            "eval": run_tools.eval_main,
-            "export": run_tools.export_main,
-        }
+        tools = {"generate": run_tools.generate_main, "export": run_tools.export_main}
         return report_user_errors(tools[command])(rest)
+    if command == "eval":  # the validation loss, or lm-evaluation-harness tasks with --tasks
+        from halyard.train.eval_command import eval_main
+
+        return report_user_errors(eval_main)(rest)
     if command == "plan":
         from halyard.train.plan.command import plan_main
 
