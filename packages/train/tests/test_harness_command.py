@@ -140,3 +140,5 @@ def test_model_args_name_one_source() -> None:
         HalyardLM.create_from_arg_string("batch_size=2")
     with pytest.raises(ValueError, match="key=value pairs"):
         HalyardLM.create_from_arg_string("run")
+    with pytest.raises(ValueError, match="batch_size='auto': give a whole number"):
+        HalyardLM.create_from_arg_string("run=runs/x", {"batch_size": "auto"})

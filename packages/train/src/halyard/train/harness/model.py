@@ -170,8 +170,13 @@ class HalyardLM(TemplateLM):  # type: ignore[misc]
         options.pop("device", None)
         options.pop("max_batch_size", None)
         for key in ("batch_size", "max_length", "vocab_size", "seed", "step"):
-            if isinstance(options.get(key), str):
-                options[key] = int(options[key])
+            value = options.get(key)
+            if isinstance(value, str):
+                if not value.strip().isdigit():
+                    raise ValueError(
+                        f"model_args {key}={value!r}: give a whole number (no 'auto' sizes here)"
+                    )
+                options[key] = int(value)
         sources = [key for key in ("run", "hf", "model") if key in options]
         if len(sources) != 1:
             raise ValueError(
