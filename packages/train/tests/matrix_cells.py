@@ -74,19 +74,24 @@ class Cell:
     layout: str
     trainer: dict[str, Any] = field(default_factory=dict)
     trackers: tuple[str, ...] = ("jsonl",)
+    compute_dtype: str | None = None
+    """The model's compute dtype (None: its float32 parameters' dtype)."""
 
     @property
     def name(self) -> str:
         extras = "-".join(f"{key}={value}" for key, value in self.trainer.items())
         clip = "clip" if self.clip else "noclip"
         trackers = "+".join(self.trackers) if self.trackers != ("jsonl",) else ""
-        parts = [self.optimizer, clip, self.schedule, self.model, self.layout, extras, trackers]
+        compute = f"compute={self.compute_dtype}" if self.compute_dtype else ""
+        parts = [self.optimizer, clip, self.schedule, self.model, self.layout, extras, compute, trackers]
         return "-".join(filter(None, parts))
 
     def config(self, run_dir: Path, cache_dir: Path) -> dict[str, Any]:
         """The cell's run config as the nested dict a YAML file would hold."""
         values = yaml.safe_load(yaml.safe_dump(BASE))
         values["model"] = {"type": self.model, **MODELS[self.model]}
+        if self.compute_dtype is not None:
+            values["model"]["compute_dtype"] = self.compute_dtype
         values["optimizer"] = {
             "type": self.optimizer,
             "learning_rate": LEARNING_RATES[self.optimizer],
@@ -101,7 +106,6 @@ class Cell:
         return values
 
 
-BF16 = {"precision": {"compute": "bfloat16"}}
 CELLS = [
     Cell("adamw", True, "cosine", "llama", "data_parallel", trackers=("jsonl", "tensorboard", "wandb")),
     Cell("adamw", False, "constant", "gpt2", "fsdp"),
@@ -109,9 +113,9 @@ CELLS = [
     Cell("lion", False, "wsd", "qwen2", "fsdp_tensor"),
     Cell("sophia_h", True, "wsd", "gpt2", "fsdp"),
     Cell("sophia_h", False, "cosine", "llama", "data_parallel", {"accumulation": 2}),
-    Cell("muon", True, "constant", "mup", "data_parallel", BF16),
+    Cell("muon", True, "constant", "mup", "data_parallel", compute_dtype="bfloat16"),
     Cell("muon", False, "linear", "mixtral", "fsdp", {"z_loss_weight": 0.001}),
-    Cell("adamw", True, "linear", "llama", "fsdp_tensor", {"accumulation": 2, **BF16}),
+    Cell("adamw", True, "linear", "llama", "fsdp_tensor", {"accumulation": 2}, compute_dtype="bfloat16"),
 ]
 
 

@@ -75,7 +75,10 @@ def test_every_config_trains_at_smoke_size(tmp_path: Path) -> None:
     for name in HARDWARE_CONFIGS:
         resolved = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
         assert resolved["model"]["type"] == _family(name) and resolved["model"]["hidden_size"] == 32
-        assert resolved["trainer"]["precision"]["compute"] == "bfloat16"
+        assert (resolved["model"]["param_dtype"], resolved["model"]["compute_dtype"]) == (
+            "float32",
+            "bfloat16",
+        )
         assert (resolved["trainer"]["layout"], resolved["model"]["remat"]) == ACCELERATOR_CHOICES[name]
 
 

@@ -51,6 +51,21 @@ def test_unknown_key_names_file_and_line_also_inside_an_include(tmp_path):
     assert f"for config section 'schedule' in {path}:4" in error_of([], path)
 
 
+def test_removed_trainer_precision_names_the_model_keys_that_replace_it(tmp_path):
+    from halyard.train.run_config import TrainConfig
+
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  steps: 3\n  precision:\n    compute: bfloat16\n")
+    for argv, where in (([], f"{path}:4"), (["--trainer.precision.params", "float32"], "the command line")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(TrainConfig, argv, None if argv else path)
+        message = str(info.value)
+        key = "trainer.precision.params" if argv else "trainer.precision.compute"
+        assert message.startswith(f"config key '{key}' in {where} was removed:"), message
+        assert "model.param_dtype" in message and "model.compute_dtype" in message
+        assert "\n" not in message
+
+
 def test_wrong_type_in_a_file_names_file_and_line(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("name: x\ntrainer:\n  steps: lots\n")

@@ -1,4 +1,4 @@
-"""The compiled train step: accumulation equals the full batch, NaN steps are skipped, precision casts."""
+"""The compiled train step: accumulation equals the full batch, NaN steps are skipped, the model's dtypes hold."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from halyard.train.trainer.precision import Precision
-from halyard.train.trainer.step import init_state, make_train_step, split_microbatches
+from halyard.models import LlamaConfig, ModelConfig
+from halyard.train.trainer.loss import lm_loss_fn
+from halyard.train.trainer.step import TrainState, init_state, make_train_step, split_microbatches
 
 
 def toy_loss(params, batch, key):
@@ -76,25 +77,52 @@ def test_nonfinite_update_is_skipped_and_counted() -> None:
     assert not np.array_equal(good_state.params["w"], state.params["w"])
 
 
-def test_compute_precision_casts_parameters_inside_the_loss() -> None:
-    seen = {}
-
-    def loss(params, batch, key):
-        seen["dtype"] = params["w"].dtype
-        return toy_loss(params, batch, key)
-
-    optimizer = optax.sgd(0.1)
-    state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
-    step = jax.jit(make_train_step(loss, optimizer, precision=Precision(compute="bfloat16")))
-    new_state, metrics = step(state, toy_batch())
-    assert seen["dtype"] == jnp.bfloat16
-    assert new_state.params["w"].dtype == jnp.float32
-    assert metrics["loss"].dtype == jnp.float32
+TINY_LLAMA = LlamaConfig(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    max_position=16,
+)
+TOKENS = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, 64, (4, 9)), jnp.int32)}
 
 
-def test_bad_precision_and_indivisible_batch_are_named() -> None:
-    with pytest.raises(ValueError, match="precision.compute"):
-        Precision(compute="fp7")
+def _one_step(model_config: ModelConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+    optimizer = optax.adam(1e-2)
+    model = model_config.init(jax.random.PRNGKey(0))
+    step = jax.jit(make_train_step(lm_loss_fn(), optimizer))
+    new_state, metrics = step(init_state(model, optimizer, jax.random.PRNGKey(1)), TOKENS)
+    return new_state, metrics
+
+
+def _floating_dtypes(tree: object) -> set:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return {leaf.dtype for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating)}
+
+
+def test_the_step_computes_in_the_models_compute_dtype_and_keeps_its_param_dtype() -> None:
+    mixed = TINY_LLAMA.replace(param_dtype="float32", compute_dtype="bfloat16")
+    new_state, metrics = _one_step(mixed)
+    assert _floating_dtypes(new_state.params) == {jnp.dtype(jnp.float32)}
+    # The loss is the bfloat16 model's (the model's own policy), not the float32 one's.
+    loss_fn, key = jax.jit(lm_loss_fn()), jax.random.PRNGKey(0)
+    bf16_sum, stats = loss_fn(mixed.init(key), TOKENS, key)
+    f32_sum, _ = loss_fn(TINY_LLAMA.init(key), TOKENS, key)  # the same float32 weights, float32 compute
+    tokens = float(stats["num_tokens"])
+    np.testing.assert_allclose(float(metrics["loss"]), float(bf16_sum) / tokens, rtol=1e-6)
+    assert abs(float(metrics["loss"]) - float(f32_sum) / tokens) > 1e-5
+
+
+def test_bfloat16_parameters_stay_bfloat16_and_metrics_are_float32() -> None:
+    new_state, metrics = _one_step(TINY_LLAMA.replace(param_dtype="bfloat16"))
+    assert _floating_dtypes(new_state.params) == {jnp.dtype(jnp.bfloat16)}
+    for name in ("loss", "grad_norm", "param_norm", "update_norm"):
+        assert metrics[name].dtype == jnp.float32, name
+
+
+def test_indivisible_batch_is_named() -> None:
     with pytest.raises(ValueError, match="trainer.accumulation=3"):
         split_microbatches({"x": jnp.zeros((8, 2))}, 3)
 

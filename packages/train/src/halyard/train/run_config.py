@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.shard import MeshSpec
 from halyard.train.model_section import ModelSection, model_section
 from halyard.train.optim import AdamWConfig, OptimizerConfig
 from halyard.train.trackers import JsonlTrackerConfig, TrackerConfig
-from halyard.train.trainer.precision import Precision
 
 INIT_MODES = ("auto", "scratch", "resume")
 INIT_PREFIXES = ("checkpoint:", "weights:", "hf:")
@@ -142,8 +141,6 @@ class TrainerConfig:
     """Where weights live: data_parallel | fsdp | tensor_parallel | fsdp_tensor | expert_parallel."""
     min_shard: int = 4096
     """Weights with fewer elements stay replicated."""
-    precision: Precision = field(default_factory=Precision)
-    """Mixed precision: params / compute / output dtypes."""
     z_loss_weight: float = 0.0
     """Weight of the z-loss (logsumexp(logits)^2)."""
     nonfinite: str = "skip"
@@ -168,6 +165,12 @@ class TrainerConfig:
     """Sampling temperature for the sample (0: greedy); top-k 40 when above 0, seeded by trainer.seed."""
     progress: bool = True
     """Show a progress bar."""
+
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "precision": "set model.param_dtype (stored parameters, e.g. float32) and model.compute_dtype "
+        "(forward and backward, e.g. bfloat16) instead: the model's dtypes are the run's one precision",
+    }
+    """Keys this section no longer has -> what to set instead (`check_keys` names them)."""
 
     def __post_init__(self) -> None:
         if self.init not in INIT_MODES and not self.init.startswith(INIT_PREFIXES):

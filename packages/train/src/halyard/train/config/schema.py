@@ -101,8 +101,12 @@ def check_keys(
         prefix: the dotted path of `cls` within the root config ("" for the root).
         locations: dotted key -> "file:line" where the layer wrote it, used instead of `source` if known.
 
+    A dataclass lists the keys it no longer has in a class attribute ``REMOVED_KEYS`` (name -> what to
+    set instead); such a key gets that advice instead of "unknown key".
+
     Raises:
-        ConfigError: an unknown key (with the closest valid key suggested) or an unknown `type:`.
+        ConfigError: an unknown or removed key (with the closest valid key suggested, or the replacement)
+            or an unknown `type:`.
     """
     locations = locations or {}
     section = prefix.rstrip(".") or "<root>"
@@ -110,7 +114,12 @@ def check_keys(
         cls = resolve_choice(cls, layer, merged, section, locations.get(f"{prefix}{CHOICE_TYPE_KEY}", source))
         layer = {key: value for key, value in layer.items() if key != CHOICE_TYPE_KEY}
     fields = field_types(cls)
+    removed: Mapping[str, str] = getattr(cls, "REMOVED_KEYS", {})
     for key, value in layer.items():
+        if key in removed and key not in fields:
+            dotted = _first_leaf_key(f"{prefix}{key}", value)
+            where = locations.get(dotted) or locations.get(f"{prefix}{key}", source)
+            raise ConfigError(f"config key '{dotted}' in {where} was removed: {removed[key]}.")
         if key not in fields:
             raise ConfigError(
                 f"unknown config key '{prefix}{key}' in {locations.get(f'{prefix}{key}', source)} "
@@ -128,6 +137,14 @@ def check_keys(
             for index, item in enumerate(value):
                 if isinstance(item, dict):
                     check_keys(element, item, {}, source, f"{prefix}{key}.{index}.", locations)
+
+
+def _first_leaf_key(dotted: str, value: Any) -> str:
+    """``trainer.precision`` holding ``{compute: ...}`` -> ``trainer.precision.compute``: the key a user wrote."""
+    while isinstance(value, dict) and value:
+        name, value = next(iter(value.items()))
+        dotted = f"{dotted}.{name}"
+    return dotted
 
 
 def describe_field(cls: type, path: typing.Sequence[str], config: dict[str, Any]) -> str:

@@ -49,7 +49,7 @@ def accelerator(name: str, dtype: str, memory_gib: float | None = None) -> Accel
 
     Args:
         name: the accelerator, matched as JAX device kinds are (case and `-`/`_` ignored).
-        dtype: the matmul dtype (the run's `trainer.precision.compute`).
+        dtype: the matmul dtype (the run's `model.compute_dtype`, else its `model.param_dtype`).
         memory_gib: memory per chip, overriding `HBM_GIB`.
 
     Raises:
@@ -65,7 +65,7 @@ def accelerator(name: str, dtype: str, memory_gib: float | None = None) -> Accel
         )
     if dtype not in PEAK_FLOPS[key]:
         raise ConfigError(
-            f"no {dtype} peak for {key} in the peaks table; set trainer.precision.compute to one of "
+            f"no {dtype} peak for {key} in the peaks table; set model.compute_dtype to one of "
             f"{', '.join(PEAK_FLOPS[key])}."
         )
     fraction = 1.0 if key.startswith("TPU") else GPU_MEMORY_FRACTION

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from halyard.train.config import ConfigError, exit_on_config_error, parse_config
 from halyard.train.plan.accelerators import Accelerator, accelerator
@@ -61,7 +61,9 @@ def plan_main(argv: Sequence[str]) -> int:
     num_devices = options.devices or _mesh_device_count(config.trainer.mesh)
     if num_devices < 1:
         raise ConfigError(f"--devices {num_devices}: give a positive number of devices.")
-    chip = accelerator(options.accelerator, config.trainer.precision.compute, options.memory_gib)
+    # The model section's dtypes are the run's, also under trainer.init=hf: (they override the HF config).
+    model: Any = config.model
+    chip = accelerator(options.accelerator, model.compute.name, options.memory_gib)
     devices = _simulated_devices(num_devices)
     if devices is None:
         return _rerun_with_devices(argv, num_devices)
@@ -76,6 +78,7 @@ def plan_main(argv: Sequence[str]) -> int:
 def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu: float) -> str:
     """The report: memory per device with the fit verdict, then FLOPs and the expected step time."""
     trainer, seq_len = config.trainer, config.data.seq_len
+    model: Any = config.model
     tokens = trainer.batch_size * seq_len
     flops_per_token = memory.flops_per_token
     step_flops = flops_per_token * tokens
@@ -85,7 +88,7 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
     lines = [
         f"model     {memory.model_family} {_count(memory.num_params)} parameters, remat={memory.remat}",
         f"run       {memory.num_devices} devices (mesh {mesh}), layout {trainer.layout}, "
-        f"precision params={trainer.precision.params} compute={trainer.precision.compute}",
+        f"precision params={model.params.name} compute={model.compute.name}",
         f"batch     {trainer.batch_size} x {seq_len} = {tokens:,} tokens a step, "
         f"accumulation {trainer.accumulation}",
         "",

@@ -3,6 +3,5 @@
     from halyard.train.trainer.trainer import Trainer
     result = Trainer(config).fit()     # config: halyard.train.run_config.TrainConfig
 
-Nothing is imported here: the run config imports `halyard.train.trainer.precision`, and the trainer
-imports the run config.
+Nothing is imported here: importing one piece (the step, the loss) does not import the whole trainer.
 """

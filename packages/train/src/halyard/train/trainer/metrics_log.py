@@ -68,7 +68,7 @@ class MetricsLog:
         self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
         # Every process reports the run's figures (global tokens, the slowest process's time, process 0's
         # peak), so all processes print the same tokens/s and MFU.
-        peak = device_peak_flops(jax.local_devices()[0], config.trainer.precision.compute)
+        peak = device_peak_flops(jax.local_devices()[0], model_config.compute)
         self.peak = dataclasses.replace(peak, flops_per_second=from_process_zero(peak.flops_per_second))
         self._window_start: float | None = None
         self._excluded_seconds = 0.0

@@ -1,4 +1,4 @@
-"""The training state and the one compiled train step (gradient accumulation, precision, NaN policy)."""
+"""The training state and the one compiled train step (gradient accumulation, NaN policy)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-
-from halyard.train.trainer.precision import Precision
 
 # loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
 # batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
@@ -69,7 +67,6 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     *,
     accumulation: int = 1,
-    precision: Precision = Precision(),
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
     skip_nonfinite: bool = True,
     microbatch_sharding: Any = None,
@@ -77,15 +74,18 @@ def make_train_step(
     """Build ``train_step(state, batch) -> (state, metrics)``; jit it with the state donated.
 
     Args:
-        loss_fn: see `LossFn`; called with parameters cast to ``precision.compute``.
+        loss_fn: see `LossFn`; called with the parameters as stored.
         optimizer: an optax transformation (clipping, schedules and masks live inside it).
         accumulation: microbatches per step; the gradient equals the full batch's token mean.
-        precision: the mixed-precision policy.
         learning_rate: the schedule, only to report ``learning_rate`` in the metrics.
         skip_nonfinite: when the loss, gradient norm or update norm is NaN/Inf, keep the old parameters and optimizer
             state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
             order stays a function of the step).
         microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
+
+    Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
+    model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
+    back in the parameter dtype, and ``optax.apply_updates`` keeps every parameter in its dtype.
 
     An ``optax.GradientTransformationExtraArgs`` also receives ``loss_fn=``: ``params -> token-mean loss``
     of the step's first microbatch (Sophia-H's Hessian estimate; the other optimizers ignore it, and XLA
@@ -93,11 +93,11 @@ def make_train_step(
 
     Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
     ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
-    means of the other stats of ``loss_fn``.
+    means of the other stats of ``loss_fn``; floating metrics are float32 whatever the parameter dtype.
     """
 
     def compute_loss(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, Any]:
-        loss_sum, stats = loss_fn(precision.cast_to_compute(params), batch, key)
+        loss_sum, stats = loss_fn(params, batch, key)
         return loss_sum.astype(jnp.float32), stats
 
     grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
@@ -154,7 +154,6 @@ def make_train_step(
             extra["loss_fn"] = mean_loss_of(first_microbatch(batch), optimizer_key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
         params = optax.apply_updates(state.params, updates)
-        params = precision.cast_to_params(params)
 
         loss = loss_sum / num_tokens
         grad_norm = optax.tree.norm(grads)
@@ -186,6 +185,11 @@ def make_train_step(
             key=state.key,
             nonfinite_steps=state.nonfinite_steps + (~finite).astype(jnp.int32),
         )
-        return new_state, precision.cast_to_output(metrics)
+        return new_state, {name: _float32_if_floating(value) for name, value in metrics.items()}
 
     return train_step
+
+
+def _float32_if_floating(value: jax.Array) -> jax.Array:
+    # Norms of bfloat16 parameters are bfloat16: a logged figure should not round to 3 digits.
+    return value.astype(jnp.float32) if jnp.issubdtype(value.dtype, jnp.floating) else value

@@ -142,7 +142,6 @@ class Trainer:
                 lm_loss_fn(cfg.z_loss_weight),
                 optimizer,
                 accumulation=cfg.accumulation,
-                precision=cfg.precision,
                 learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
             ),
             donate_argnums=0,
