@@ -21,6 +21,7 @@ def _sigmoid(x):
 REFERENCES = {
     "relu": lambda x: np.maximum(x, 0),
     "relu_squared": lambda x: np.maximum(x, 0) ** 2,
+    "squared_relu": lambda x: np.maximum(x, 0) ** 2,
     "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
     "gelu_new": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "gelu_pytorch_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),

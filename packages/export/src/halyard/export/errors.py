@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from halyard.models.hf.errors import HfConversionError, UnsupportedModelError
 
-class HfConversionError(ValueError):
-    """Base class: a Hugging Face folder or a Halyard model cannot be converted as asked."""
+__all__ = [
+    "HfConversionError",
+    "MissingHfFileError",
+    "MissingWeightError",
+    "PickleRefusedError",
+    "ShapeMismatchError",
+    "UnexpectedWeightError",
+    "UnsupportedModelError",
+]
 
 
 class MissingHfFileError(HfConversionError, FileNotFoundError):
     """A Hugging Face folder without a file it needs (config.json, the weights); the message names it."""
-
-
-class UnsupportedModelError(HfConversionError):
-    """The architecture, a config option or its value has no Halyard (or Hugging Face) equivalent."""
 
 
 class MissingWeightError(HfConversionError, KeyError):

@@ -1,4 +1,4 @@
-"""halyard.models: GPT-2, Llama, Mistral, Qwen2, Mixtral and a muP decoder over named axes.
+"""halyard.models: decoder families (GPT-2, Llama, Mistral, Qwen2, Mixtral, muP, ...) over named axes, one skeleton.
 
 config = model_config("llama", num_layers=2, hidden_size=64, ...)
 model = init_model(config, jax.random.key(0))
@@ -10,13 +10,25 @@ import jax as _jax
 
 from halyard.models.batch import LmBatch, segment_positions
 from halyard.models.config import ModelConfig, config_class, model_config, register_model, registered_models
+from halyard.models.decoder import BlockLayout, Decoder, DecoderConfig, DecoderShape, LayerKind
+from halyard.models.families import (
+    Gemma2Config,
+    Gemma3Config,
+    GemmaConfig,
+    Gpt2Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    MupConfig,
+    Olmo2Config,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    lr_multipliers,
+)
 from halyard.models.flops import flops_per_token, mean_visible_keys, num_params
-from halyard.models.gpt2 import Gpt2, Gpt2Config
 from halyard.models.layers.kv_cache import KVCache
-from halyard.models.llama import Llama, LlamaConfig, MistralConfig, Qwen2Config
-from halyard.models.mixtral import Mixtral, MixtralConfig
 from halyard.models.model import CausalLM, DecoderOutput
-from halyard.models.mup import MupConfig, MupTransformer, lr_multipliers
 
 
 def init_model(config: ModelConfig, key: _jax.Array) -> CausalLM:
@@ -30,21 +42,28 @@ def init_model(config: ModelConfig, key: _jax.Array) -> CausalLM:
 
 
 __all__ = [
+    "BlockLayout",
     "CausalLM",
+    "Decoder",
+    "DecoderConfig",
     "DecoderOutput",
-    "Gpt2",
+    "DecoderShape",
+    "Gemma2Config",
+    "Gemma3Config",
+    "GemmaConfig",
     "Gpt2Config",
     "KVCache",
-    "Llama",
+    "LayerKind",
     "LlamaConfig",
     "LmBatch",
     "MistralConfig",
-    "Mixtral",
     "MixtralConfig",
     "ModelConfig",
     "MupConfig",
-    "MupTransformer",
+    "Olmo2Config",
+    "Phi3Config",
     "Qwen2Config",
+    "Qwen3Config",
     "config_class",
     "flops_per_token",
     "init_model",

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import jax
 import jax.numpy as jnp
 
+from halyard.named.nn import REMAT_POLICIES
+
 if TYPE_CHECKING:
     from halyard.models.model import CausalLM
 
-REMAT_POLICIES = ("none", "full", "save_dots", "nested", "offload")
 ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn")
 
 

@@ -67,16 +67,6 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree, is_leaf=hn.is_named)
 
 
-def build_model(model_class: Any, config: Any, key: jax.Array) -> Any:
-    """``model_class.init(config, key=key)``.
-
-    Runs eagerly: each random draw compiles once per shape and is reused by every later config of the
-    same shapes (a jitted init would recompile for every config). Wrap it in ``jax.jit`` or use
-    ``halyard.shard.init_sharded`` to create a large model directly in its sharding.
-    """
-    return model_class.init(config, key=key)
-
-
 class CausalLM(eqx.Module):
     """A decoder-only language model over named axes (``batch``, ``pos``, ``embed``, ``vocab``...).
 
@@ -128,6 +118,11 @@ class CausalLM(eqx.Module):
         """Multiplier on the logits (1.0 except where a family's parametrisation says otherwise)."""
         return 1.0
 
+    @property
+    def logit_softcap(self) -> float | None:
+        """``cap * tanh(logits / cap)`` on the output logits (Gemma 2), or None."""
+        return None
+
     # -- shared behaviour ---------------------------------------------------------------------------
     def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
         """``mask`` (causal by default) with the config's sliding window filled in when it has one."""
@@ -173,7 +168,9 @@ class CausalLM(eqx.Module):
         """float32 logits ``(batch..., pos, vocab)`` from final hidden states."""
         unembedding = self.unembedding
         logits = hn.dot(hidden, unembedding.astype(hidden.dtype), axis="embed")
-        return (logits * self.logit_scale).astype(jnp.float32)
+        logits = (logits * self.logit_scale).astype(jnp.float32)
+        cap = self.logit_softcap
+        return logits if cap is None else hn.tanh(logits / cap) * cap
 
     def loss(
         self,
@@ -198,6 +195,7 @@ class CausalLM(eqx.Module):
         model = self.in_compute_dtype()
         mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
         token_mask: dict[str, Any] = {"token_mask": batch.loss_mask} if self.decoder_takes_token_mask else {}
+        softcap: dict[str, Any] = {} if self.logit_softcap is None else {"logit_softcap": self.logit_softcap}
         output = model.decoder(batch.tokens, mask=mask, positions=batch.positions, **token_mask)
         cross_entropy, loss_metrics = next_token_loss(
             output.hidden,
@@ -209,6 +207,7 @@ class CausalLM(eqx.Module):
             z_loss_weight=z_loss_weight,
             logit_scale=self.logit_scale,
             reduction=reduction,
+            **softcap,
         )
         metrics: dict[str, jax.Array] = {name: _plain(value) for name, value in loss_metrics.items()}
         metrics.update(output.metrics)

@@ -1,8 +1,11 @@
-"""Layers shared by the model families: self-attention with an optional KV cache, MLPs, activations."""
+"""Layers the decoder block is built from: self-attention with an optional KV cache, MLPs, routed experts.
 
-from halyard.models.layers.activations import ACTIVATIONS, activation
+Activations are `halyard.named.nn.ACTIVATIONS` (one registry for every package).
+"""
+
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.mlp import MLP, GatedMLP
+from halyard.models.layers.moe import MoeMLP
 from halyard.models.layers.self_attention import SelfAttention
 
-__all__ = ["ACTIVATIONS", "MLP", "GatedMLP", "KVCache", "SelfAttention", "activation"]
+__all__ = ["MLP", "GatedMLP", "KVCache", "MoeMLP", "SelfAttention"]

@@ -7,9 +7,8 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from halyard.models.layers.activations import activation, check_activation
 from halyard.named import Axis, NamedArray
-from halyard.named.nn import Linear
+from halyard.named.nn import Linear, activation
 from halyard.shard import constrain
 
 
@@ -47,7 +46,7 @@ class MLP(eqx.Module):
             init_std, down_init_std: weight std of ``up`` and of ``down`` (residual projection).
             dtype: parameter dtype.
         """
-        check_activation(act, "MLP act")
+        activation(act)  # an unknown name is a ValueError listing the known ones
         up_key, down_key = jax.random.split(key)
         up = Linear.init(Embed, Mlp, key=up_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
         down = Linear.init(Mlp, Embed, key=down_key, use_bias=use_bias, init_std=down_init_std, dtype=dtype)
@@ -55,7 +54,7 @@ class MLP(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """``x[..., embed] -> [..., embed]``."""
-        hidden = constrain(activation(self.act, self.up(x)))
+        hidden = constrain(activation(self.act)(self.up(x)))
         return self.down(hidden)
 
 
@@ -85,7 +84,7 @@ class GatedMLP(eqx.Module):
         dtype: Any,
     ) -> GatedMLP:
         """Create the three projections (arguments as in `MLP.init`)."""
-        check_activation(act, "GatedMLP act")
+        activation(act)
         gate_key, up_key, down_key = jax.random.split(key, 3)
         gate = Linear.init(Embed, Mlp, key=gate_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
         up = Linear.init(Embed, Mlp, key=up_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
@@ -94,5 +93,5 @@ class GatedMLP(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """``x[..., embed] -> [..., embed]``."""
-        hidden = constrain(activation(self.act, self.gate(x)) * self.up(x))
+        hidden = constrain(activation(self.act)(self.gate(x)) * self.up(x))
         return self.down(hidden)

@@ -27,9 +27,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from halyard.models.layers.activations import ACTIVATIONS, check_activation
 from halyard.named import Axis, NamedArray
-from halyard.named.nn import Linear
+from halyard.named.nn import Linear, activation
 from halyard.shard import constrain
 
 EXPERTS = "experts"
@@ -109,7 +108,7 @@ class MoeMLP(eqx.Module):
         """
         if not 1 <= top_k <= Experts.size:
             raise ValueError(f"top_k={top_k} must lie between 1 and the number of experts ({Experts.size})")
-        check_activation(act, "MoeMLP act")
+        activation(act)  # an unknown name is a ValueError listing the known ones
         router_key, gate_key, up_key, down_key = jax.random.split(key, 4)
         router = Linear.init(Embed, Experts, key=router_key, use_bias=False, init_std=init_std, dtype=dtype)
 
@@ -163,7 +162,9 @@ class MoeMLP(eqx.Module):
         gate_w = self.gate.unwrap(EXPERTS, "embed", "mlp").astype(tokens.dtype)
         up_w = self.up.unwrap(EXPERTS, "embed", "mlp").astype(tokens.dtype)
         down_w = self.down.unwrap(EXPERTS, "mlp", "embed").astype(tokens.dtype)
-        hidden = ACTIVATIONS[self.act](jax.lax.ragged_dot(grouped, gate_w, group_sizes)) * jax.lax.ragged_dot(
+        gated = jax.lax.ragged_dot(grouped, gate_w, group_sizes)
+        routed_axes = (Axis("routed", gated.shape[0]), Axis("mlp", gated.shape[1]))
+        hidden = activation(self.act)(NamedArray(gated, routed_axes)).array * jax.lax.ragged_dot(
             grouped, up_w, group_sizes
         )
         expert_out = jax.lax.ragged_dot(hidden, down_w, group_sizes)

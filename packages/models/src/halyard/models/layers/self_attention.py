@@ -17,7 +17,7 @@ import halyard.named as hn
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
-from halyard.named.nn import Linear
+from halyard.named.nn import Linear, RMSNorm
 from halyard.shard import constrain
 
 HEADS = "heads"
@@ -31,9 +31,11 @@ class SelfAttention(eqx.Module):
     Attributes:
         q_proj: ``embed -> (heads, head_size)``; k_proj, v_proj: ``embed -> (kv_heads, head_size)``;
         o_proj: ``(heads, head_size) -> embed``.
-        rope: rotary configuration, or None for models with learned positions (static).
+        q_norm, k_norm: RMSNorms of the queries and keys before rotary (per head or over the whole
+            projection), or None.
         max_position: the longest position the model was configured for (static; rotary scaling).
         scale: attention logit scale, None for ``1/sqrt(head_size)`` (static; muP uses ``1/head_size``).
+        softcap: ``cap * tanh(logits / cap)`` on the attention logits, or None (static).
         implementation: attention kernel name (static).
         block_size: queries and keys per block of the ``blocked`` kernel (static; None: 64 on CPU, else 128).
     """
@@ -42,9 +44,11 @@ class SelfAttention(eqx.Module):
     k_proj: Linear
     v_proj: Linear
     o_proj: Linear
-    rope: RotaryConfig | None = eqx.field(static=True)
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
     max_position: int = eqx.field(static=True)
     scale: float | None = eqx.field(static=True)
+    softcap: float | None = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
     block_size: int | None = eqx.field(static=True, default=None)
 
@@ -61,9 +65,12 @@ class SelfAttention(eqx.Module):
         out_bias: bool,
         init_std: float,
         out_init_std: float,
-        rope: RotaryConfig | None,
         max_position: int,
         scale: float | None = None,
+        softcap: float | None = None,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
+        norm_offset: float = 0.0,
         implementation: str = "auto",
         query_init_std: float | None = None,
         block_size: int | None = None,
@@ -79,9 +86,11 @@ class SelfAttention(eqx.Module):
             qkv_bias, out_bias: biases on the q/k/v projections and on the output projection.
             init_std, out_init_std: weight std of q/k/v and of the output projection.
             query_init_std: weight std of the query projection when it differs (muP zero-init: 0.0).
-            rope: rotary configuration, or None (learned absolute positions handled by the model).
             max_position: longest configured position.
             scale: logit scale, None for ``1/sqrt(head_size)``.
+            softcap: attention-logit soft-capping, or None.
+            qk_norm: RMSNorm queries and keys ``head`` by head, over the whole ``projection``, or None;
+                ``norm_eps`` and ``norm_offset`` configure those norms.
             implementation: attention kernel (`halyard.models.attention.attention`).
             block_size: queries and keys per block of the ``blocked`` kernel (None: the backend's default).
             dtype: parameter dtype.
@@ -112,13 +121,23 @@ class SelfAttention(eqx.Module):
         o_proj = Linear.init(
             (Heads, HeadSize), Embed, key=o_key, use_bias=out_bias, init_std=out_init_std, dtype=dtype
         )
-        return cls(q_proj, k_proj, v_proj, o_proj, rope, max_position, scale, implementation, block_size)
+        q_norm = k_norm = None
+        if qk_norm is not None:
+            q_axes = (HeadSize,) if qk_norm == "head" else (Heads, HeadSize)
+            k_axes = (HeadSize,) if qk_norm == "head" else (KVHeads, HeadSize)
+            q_norm = RMSNorm.init(q_axes, eps=norm_eps, offset=norm_offset, dtype=dtype)
+            k_norm = RMSNorm.init(k_axes, eps=norm_eps, offset=norm_offset, dtype=dtype)
+        return cls(
+            q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, max_position, scale, softcap, implementation,
+            block_size,
+        )  # fmt: skip
 
     def __call__(
         self,
         x: NamedArray,
         mask: AttentionMask,
         positions: NamedArray,
+        rope: RotaryConfig | None,
         cache: tuple[NamedArray, NamedArray] | None = None,
         cache_index: Any = None,
     ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
@@ -128,6 +147,7 @@ class SelfAttention(eqx.Module):
             x: hidden states ``(batch..., pos, embed)``.
             mask: which keys each query sees (causal, window, segments; slots when decoding).
             positions: rotary position of each token ``(batch..., pos)``.
+            rope: this layer's rotary configuration, or None (learned positions, added by the model).
             cache: this layer's ``(key, value)`` cache ``(batch, key_pos, kv_heads, head_size)``, or None.
             cache_index: slot where ``x``'s first token is written (scalar int; with ``cache`` only).
 
@@ -137,9 +157,11 @@ class SelfAttention(eqx.Module):
         query = constrain(self.q_proj(x))
         key = constrain(self.k_proj(x))
         value = constrain(self.v_proj(x))
-        if self.rope is not None:
-            query = apply_rotary(query, positions, self.rope, max_position=self.max_position)
-            key = apply_rotary(key, positions, self.rope, max_position=self.max_position)
+        if self.q_norm is not None and self.k_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        if rope is not None:
+            query = apply_rotary(query, positions, rope, max_position=self.max_position)
+            key = apply_rotary(key, positions, rope, max_position=self.max_position)
         key = key.rename({"pos": "key_pos"})
         value = value.rename({"pos": "key_pos"})
         if cache is not None:
@@ -149,6 +171,7 @@ class SelfAttention(eqx.Module):
                 value_cache, {"key_pos": cache_index}, value.astype(value_cache.dtype)
             )
             cache = (key, value)
+        softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         attended = attention(
             query,
             key,
@@ -157,5 +180,6 @@ class SelfAttention(eqx.Module):
             implementation=self.implementation,
             scale=self.scale,
             block_size=self.block_size,
+            **softcap,
         )
         return self.o_proj(constrain(attended)), cache

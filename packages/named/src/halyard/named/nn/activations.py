@@ -15,10 +15,15 @@ Activation = Callable[[NamedArray], NamedArray]
 
 
 def _lift(fn: Callable[[jax.Array], jax.Array], name: str, doc: str) -> Activation:
+    # The backward pass keeps only the input and recomputes the function: differentiating e.g. the tanh
+    # GELU directly saves every intermediate (x**2, x**3, the tanh, ...), several [tokens, mlp] arrays per
+    # layer written in the forward pass and read back in the backward one, for a few flops per element.
+    recomputed = jax.checkpoint(fn)
+
     def activation_fn(x: NamedArray) -> NamedArray:
         if not isinstance(x, NamedArray):
             raise TypeError(f"{name} expects a NamedArray, got {type(x).__name__}")
-        return NamedArray(fn(x.array), x.axes)
+        return NamedArray(recomputed(x.array), x.axes)
 
     activation_fn.__name__ = name
     activation_fn.__qualname__ = name
@@ -47,6 +52,7 @@ identity = _lift(lambda x: x, "identity", "x unchanged (a linear 'activation')."
 ACTIVATIONS: dict[str, Activation] = {
     "relu": relu,
     "relu_squared": relu_squared,
+    "squared_relu": relu_squared,
     "gelu": gelu,
     "gelu_new": gelu_new,
     "gelu_pytorch_tanh": gelu_new,

@@ -81,27 +81,53 @@ class BlockSeq(LayerStack[M]):
 
         return Stacked.from_layers(self.blocks, self.Layers, self.remat)
 
-    def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
-        """Apply every layer in turn; see `Stacked.fold` (same arguments, same per-layer keys)."""
-        carry, _ = self._run(x, args, kwargs, key, with_outputs=False)
+    def fold(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        kinds: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Apply every layer in turn; see `Stacked.fold` (same arguments, same per-layer keys and kinds)."""
+        carry, _ = self._run(x, args, kwargs, key, kinds, with_outputs=False)
         return carry
 
-    def scan(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> tuple[Any, Any]:
+    def scan(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        kinds: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
         """Layers return ``(x, y)``; returns ``(x, ys)`` with ys stacked along ``Layers``; see `Stacked.scan`."""
-        return self._run(x, args, kwargs, key, with_outputs=True)
+        return self._run(x, args, kwargs, key, kinds, with_outputs=True)
 
     def _run(
-        self, x: Any, args: tuple, kwargs: dict, key: jax.Array | None, with_outputs: bool
+        self,
+        x: Any,
+        args: tuple,
+        kwargs: dict,
+        key: jax.Array | None,
+        kinds: Sequence[Any] | None,
+        with_outputs: bool,
     ) -> tuple[Any, Any]:
         keys = layer_keys(key, self.Layers.size)
+        if kinds is not None and len(kinds) != self.Layers.size:
+            raise ValueError(f"BlockSeq: {len(kinds)} kinds were given for {self.Layers.size} layers")
 
         inputs = PerLayerInputs(args, kwargs, self.Layers, "BlockSeq")
 
-        def step(params: Any, static: Any, carry: Any, layer_key: Any, slices: list[Any]) -> tuple[Any, Any]:
+        def step(
+            params: Any, static: Any, carry: Any, layer_key: Any, slices: list[Any], kind: Any
+        ) -> tuple[Any, Any]:
             layer = eqx.combine(params, static)
             layer_args, layer_kwargs = inputs.rebuild(slices)
             if layer_key is not None:
                 layer_kwargs = {**layer_kwargs, "key": layer_key}
+            if kinds is not None:
+                layer_kwargs = {**layer_kwargs, "kind": kind}
             result = layer(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
             return match_carry(new_carry, carry, "BlockSeq"), output
@@ -110,8 +136,9 @@ class BlockSeq(LayerStack[M]):
         for i, layer in enumerate(self.blocks):
             params, static = eqx.partition(layer, eqx.is_array)
             # The static half holds no arrays, so it is closed over rather than traced.
+            kind = None if kinds is None else kinds[i]
             run_layer = checkpoint_layer(
-                lambda p, c, k, s, static=static: step(p, static, c, k, s), self.remat
+                lambda p, c, k, s, static=static, kind=kind: step(p, static, c, k, s, kind), self.remat
             )
             x, output = run_layer(params, x, None if keys is None else keys[i], [a[i] for a in inputs.sliced])
             outputs.append(output)

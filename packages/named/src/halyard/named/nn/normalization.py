@@ -91,19 +91,21 @@ class LayerNorm(eqx.Module):
 
 
 class RMSNorm(eqx.Module):
-    """``x / sqrt(mean(x**2) + eps) * weight (+ bias)`` over ``axes`` (Llama, T5).
+    """``x / sqrt(mean(x**2) + eps) * (offset + weight) (+ bias)`` over ``axes`` (Llama, T5; Gemma: offset 1).
 
     Attributes:
-        weight: NamedArray over ``axes`` (initialised to ones), or None.
+        weight: NamedArray over ``axes`` (initialised so that ``offset + weight`` is one), or None.
         bias: NamedArray over ``axes`` (zeros), or None (the default: Llama has none).
         axes: the normalised axis or axes (static).
         eps: added to the mean square (static).
+        offset: added to the weight when it is applied (static; Gemma stores ``scale - 1``).
     """
 
     weight: NamedArray | None
     bias: NamedArray | None
     axes: tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=1e-6)
+    offset: float = eqx.field(static=True, default=0.0)
 
     @classmethod
     def init(
@@ -113,6 +115,7 @@ class RMSNorm(eqx.Module):
         eps: float = 1e-6,
         use_weight: bool = True,
         use_bias: bool = False,
+        offset: float = 0.0,
         dtype: Any = jnp.float32,
     ) -> RMSNorm:
         """An RMSNorm over ``axes``.
@@ -121,12 +124,13 @@ class RMSNorm(eqx.Module):
             axes: the axis (or axes) to normalise over; the parameters span it.
             eps: floor of the mean square.
             use_weight, use_bias: include the learned scale / shift.
+            offset: added to the weight when applied (the weight starts at ``1 - offset``).
             dtype: parameter dtype.
         """
         normalised = as_axes(axes, "RMSNorm axes")
-        weight = constant(normalised, 1.0, dtype) if use_weight else None
+        weight = constant(normalised, 1.0 - offset, dtype) if use_weight else None
         bias = constant(normalised, 0.0, dtype) if use_bias else None
-        return cls(weight, bias, normalised, eps)
+        return cls(weight, bias, normalised, eps, offset)
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Normalise ``x`` over ``axes``; axes and dtype are kept.
@@ -138,4 +142,7 @@ class RMSNorm(eqx.Module):
         xf = x.astype(jnp.float32)
         mean_square = (xf * xf).mean(_names(self.axes))
         y = xf * NamedArray(jnp.reciprocal(jnp.sqrt(mean_square.array + self.eps)), mean_square.axes)
-        return _affine(y, self.weight, self.bias, x.dtype)
+        weight = self.weight
+        if weight is not None and self.offset:
+            weight = weight.astype(jnp.float32) + self.offset
+        return _affine(y, weight, self.bias, x.dtype)

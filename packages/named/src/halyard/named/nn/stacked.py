@@ -5,7 +5,7 @@ Scanning compiles the layer once whatever N is, so compile time stays flat as mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from halyard.named.axis import Axis
+from halyard.named.nn.layer_pattern import Run, repeating_runs
 from halyard.named.nn.layer_stack import (
     LayerStack,
     M,
@@ -121,7 +122,15 @@ class Stacked(LayerStack[M]):
         return BlockSeq(tuple(self.layers()), self.Layers, self.remat)
 
     # -- running -----------------------------------------------------------------------------
-    def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
+    def fold(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        kinds: Sequence[Hashable] | None = None,
+        unroll: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """Apply every layer in turn: ``x = layer(x, *args, **kwargs)``; returns the final ``x``.
 
         Args:
@@ -130,44 +139,98 @@ class Stacked(LayerStack[M]):
             args, kwargs: passed to every layer: unchanged (masks, positions, ...), except NamedArrays
                 with the ``Layers`` axis (e.g. a KV cache), which are sliced: layer ``i`` gets slice ``i``.
             key: when given, split into one key per layer and passed as ``key=`` (dropout).
+            kinds: one hashable static value per layer, passed to layer ``i`` as ``kind=kinds[i]`` (an
+                attention window, a rotary setting): layers repeating a pattern of kinds are still scanned,
+                in groups of one period (`halyard.named.nn.layer_pattern.repeating_runs`).
+            unroll: unroll the loop (the same program without a loop: longer compiles, sometimes faster).
 
         Raises:
             ValueError: a layer changes the carry's axis names or structure; a sliced argument's
-                ``Layers`` axis has another size.
+                ``Layers`` axis has another size; ``kinds`` has another length than ``Layers``.
         """
-        carry, _ = self._run(x, args, kwargs, key, with_outputs=False)
+        carry, _ = self._run(x, args, kwargs, key, kinds, unroll, with_outputs=False)
         return carry
 
-    def scan(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> tuple[Any, Any]:
+    def scan(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        kinds: Sequence[Hashable] | None = None,
+        unroll: bool = False,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
         """Like `fold` for layers returning ``(x, y)``; returns ``(x, ys)`` with the ``y`` stacked along
         ``Layers`` (NamedArrays get the ``Layers`` axis in front; plain arrays a leading dimension)."""
-        return self._run(x, args, kwargs, key, with_outputs=True)
+        return self._run(x, args, kwargs, key, kinds, unroll, with_outputs=True)
 
     def _run(
-        self, x: Any, args: tuple, kwargs: dict, key: jax.Array | None, with_outputs: bool
+        self,
+        x: Any,
+        args: tuple,
+        kwargs: dict,
+        key: jax.Array | None,
+        kinds: Sequence[Hashable] | None,
+        unroll: bool,
+        with_outputs: bool,
     ) -> tuple[Any, Any]:
+        num_layers = self.Layers.size
+        if kinds is not None and len(kinds) != num_layers:
+            raise ValueError(f"Stacked: {len(kinds)} kinds were given for {num_layers} layers")
         dynamic, static = eqx.partition(layer_view(self.stacked, self.Layers), eqx.is_array)
         inputs = PerLayerInputs(args, kwargs, self.Layers, "Stacked")
-        keys = layer_keys(key, self.Layers.size)
+        keys = layer_keys(key, num_layers)
 
-        def step(carry: Any, per_layer: tuple[Any, Any, list[Any]]) -> tuple[Any, Any]:
+        def step(carry: Any, per_layer: tuple[Any, Any, list[Any]], kind: Any = None) -> tuple[Any, Any]:
             params, layer_key, slices = per_layer
             layer = eqx.combine(params, static)
             layer_args, layer_kwargs = inputs.rebuild(slices)
             if layer_key is not None:
                 layer_kwargs = {**layer_kwargs, "key": layer_key}
+            if kinds is not None:
+                layer_kwargs = {**layer_kwargs, "kind": kind}
             result = layer(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
             return match_carry(new_carry, carry, "Stacked"), output
 
         xs = (dynamic, keys, inputs.sliced)
-        if self.remat == "nested":
-            carry, outputs = self._nested_scan(step, x, xs)
+        runs = repeating_runs(kinds) if kinds is not None else [Run(0, num_layers, 1)]
+        if self.remat == "nested" and len(runs) == 1 and runs[0].period == 1:
+            carry, outputs = self._nested_scan(step, x, xs, unroll)
         else:
-            carry, outputs = jax.lax.scan(checkpoint_layer(step, self.remat), x, xs)
+            carry, pieces = x, []
+            for run in runs:
+                carry, piece = self._run_pattern(step, carry, xs, run, kinds, unroll)
+                pieces.append(piece)
+            outputs = pieces[0] if len(pieces) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
         return carry, add_layers_axis(outputs, self.Layers) if with_outputs else None
 
-    def _nested_scan(self, step: Callable[..., Any], x: Any, xs: Any) -> tuple[Any, Any]:
+    def _run_pattern(
+        self, step: Callable[..., Any], x: Any, xs: Any, run: Run, kinds: Any, unroll: bool
+    ) -> tuple[Any, Any]:
+        """Scan over the repeats of ``run``'s pattern; each scan step runs one period of layers."""
+        whole = (run.start, run.stop) == (0, self.Layers.size)
+        period, repeats = run.period, run.repeats
+        grouped = jax.tree.map(
+            lambda a: (a if whole else a[run.start : run.stop]).reshape(repeats, period, *a.shape[1:]), xs
+        )
+        kinds_of = [None] * period if kinds is None else list(kinds[run.start : run.start + period])
+        layer_steps = [
+            checkpoint_layer(lambda c, per_layer, kind=kind: step(c, per_layer, kind), self.remat)
+            for kind in kinds_of
+        ]
+
+        def group_step(carry: Any, group: Any) -> tuple[Any, Any]:
+            outputs = []
+            for index, layer_step in enumerate(layer_steps):
+                carry, output = layer_step(carry, jax.tree.map(lambda a, i=index: a[i], group))
+                outputs.append(output)
+            return carry, jax.tree.map(lambda *o: jnp.stack(o), *outputs)
+
+        carry, outputs = jax.lax.scan(group_step, x, grouped, unroll=unroll)
+        return carry, jax.tree.map(lambda a: a.reshape(repeats * period, *a.shape[2:]), outputs)
+
+    def _nested_scan(self, step: Callable[..., Any], x: Any, xs: Any, unroll: bool) -> tuple[Any, Any]:
         """Scan of scans: sqrt(N) checkpointed blocks of checkpointed layers."""
         per_block = nested_block_size(self.Layers.size)
         num_blocks = self.Layers.size // per_block
@@ -175,8 +238,10 @@ class Stacked(LayerStack[M]):
         inner_step = checkpoint_layer(step, "full")
 
         def block_step(carry: Any, block_xs: Any) -> tuple[Any, Any]:
-            return jax.lax.scan(inner_step, carry, block_xs)
+            return jax.lax.scan(inner_step, carry, block_xs, unroll=unroll)
 
-        carry, outputs = jax.lax.scan(jax.checkpoint(block_step, prevent_cse=False), x, blocked)
+        carry, outputs = jax.lax.scan(
+            jax.checkpoint(block_step, prevent_cse=False), x, blocked, unroll=unroll
+        )
         flat = jax.tree.map(lambda a: jnp.reshape(a, (self.Layers.size, *a.shape[2:])), outputs)
         return carry, flat

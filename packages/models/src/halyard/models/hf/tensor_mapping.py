@@ -12,6 +12,10 @@ its stacked axes: each ``{name}`` placeholder in the key stands for one leading 
 name, and each index along it is a separate Hugging Face tensor (``layers``: one tensor per layer;
 Mixtral's ``experts``: one per expert). ``part`` names a dimension that appears only on the left, fixed
 at one index (GPT-2 stores q, k and v in one ``c_attn`` tensor: ``("qkv", 1, 3)`` is the key part).
+Parts of unequal sizes are concatenated along the dimension their name leads, each as long as the sizes
+say in entries of the axis after the name (Phi-3's ``qkv_proj`` with grouped-query heads: the key part of
+``(qkv kv_heads head_size) embed`` is ``("qkv", 1, (heads, kv_heads, kv_heads))``, so it starts
+``heads * head_size`` rows in).
 
 Because the mapping is only a split of dimensions and a permutation, any rectangular block of the
 Halyard array comes from one contiguous range per Hugging Face dimension (`TensorMapping.read`), which
@@ -25,6 +29,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +37,17 @@ Reader = Callable[[tuple[slice, ...]], np.ndarray]
 """Reads a rectangular block (one slice per dimension) of one Hugging Face tensor."""
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+class _UnequalPart(NamedTuple):
+    """A part among parts of unequal sizes: ``name`` leads its dimension, and this parameter's entries of
+    axis ``counted`` start ``offset`` entries in, ``size`` of the dimension's ``total``."""
+
+    name: str
+    counted: str
+    offset: int
+    size: int
+    total: int
 
 
 def _parse_side(text: str) -> list[list[str]]:
@@ -53,13 +69,32 @@ class TensorMapping:
         hf_key: the Hugging Face tensor name; ``{axis}`` placeholders index stacked Halyard axes.
         pattern: ``"HF dims -> Halyard axes"`` (see the module docstring).
         part: ``(name, index, count)``: a left-side dimension absent on the right, of size ``count``,
-            of which this parameter is entry ``index``; None when there is none.
+            of which this parameter is entry ``index``; or ``(name, index, sizes)``: ``name`` leads its
+            group, which concatenates ``len(sizes)`` parts, part ``j`` holding ``sizes[j]`` entries of the
+            axis after ``name`` (so ``sizes[index]`` is that axis's size); None when there is none.
+
+    Raises:
+        ValueError: a ``part`` index outside the parts, or unequal sizes whose name does not lead a group
+            of at least two axes.
     """
 
     path: str
     hf_key: str
     pattern: str
-    part: tuple[str, int, int] | None = None
+    part: tuple[str, int, int | tuple[int, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.part is None:
+            return
+        name, index, count = self.part
+        parts = len(count) if isinstance(count, tuple) else count
+        if not 0 <= index < parts:
+            raise ValueError(f"TensorMapping {self.path!r}: part index {index} is not one of {parts} parts")
+        if isinstance(count, tuple) and not any(g[0] == name and len(g) > 1 for g in self.groups):
+            raise ValueError(
+                f"TensorMapping {self.path!r}: parts of unequal sizes {count} need {name!r} to lead a "
+                f"group followed by the axis they count, as in '({name} heads head_size)'; got {self.pattern!r}"
+            )
 
     @cached_property
     def groups(self) -> list[list[str]]:
@@ -76,35 +111,77 @@ class TensorMapping:
         """The Halyard axes that index separate Hugging Face tensors, in key order."""
         return _PLACEHOLDER.findall(self.hf_key)
 
+    @cached_property
+    def _unequal(self) -> _UnequalPart | None:
+        """Where this parameter's part lies when the parts differ in size, else None."""
+        if self.part is None or not isinstance(self.part[2], tuple):
+            return None
+        name, index, sizes = self.part[0], self.part[1], self.part[2]
+        counted = next(group[1] for group in self.groups if group[0] == name)
+        return _UnequalPart(name, counted, sum(sizes[:index]), sizes[index], sum(sizes))
+
+    @cached_property
+    def _view_groups(self) -> list[list[str]]:
+        """`groups` with unequal parts' counted axis folded into the part's dimension (of ``sum(sizes)``
+        entries), so that the Hugging Face tensor reshapes to the view whatever the part."""
+        unequal = self._unequal
+        if unequal is None:
+            return self.groups
+        return [group[:1] + group[2:] if group[0] == unequal.name else group for group in self.groups]
+
     @property
     def view_names(self) -> list[str]:
-        """Every left-side axis name in order."""
-        return [name for group in self.groups for name in group]
+        """Every left-side axis name in order (unequal parts: the counted axis folded into the part's)."""
+        return [name for group in self._view_groups for name in group]
 
     def key(self, indices: Mapping[str, int]) -> str:
         """The Hugging Face tensor name for one index along each stacked axis."""
         return self.hf_key.format(**indices)
 
     def sizes_with_part(self, sizes: Mapping[str, int]) -> dict[str, int]:
-        """``sizes`` plus the part dimension's size."""
+        """``sizes`` plus the part dimension's size (for unequal parts: the sum of their sizes).
+
+        Raises:
+            ValueError: unequal parts whose own size is not the counted axis's size in ``sizes``.
+        """
         result = dict(sizes)
-        if self.part is not None:
+        unequal = self._unequal
+        if unequal is not None:
+            if sizes.get(unequal.counted, unequal.size) != unequal.size:
+                raise ValueError(
+                    f"TensorMapping {self.path!r}: its part of {unequal.name!r} holds {unequal.size} entries of "
+                    f"{unequal.counted!r}, but the parameter's {unequal.counted!r} is {sizes[unequal.counted]}"
+                )
+            result[unequal.name] = unequal.total
+        elif self.part is not None and isinstance(self.part[2], int):
             result[self.part[0]] = self.part[2]
         return result
 
     def hf_shape(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """Shape of the Hugging Face tensor given every axis size (Hugging Face side: unpadded vocab)."""
         full = self.sizes_with_part(sizes)
-        return tuple(math.prod(full[name] for name in group) for group in self.groups)
+        return tuple(math.prod(full[name] for name in group) for group in self._view_groups)
 
     def _ranges(self, target_slices: Sequence[slice], sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
         ranges = {name: (0, size) for name, size in self.sizes_with_part(sizes).items()}
         for name, part_slice in zip(self.target, target_slices):
             start, stop, _ = part_slice.indices(sizes[name])
             ranges[name] = (start, stop)
-        if self.part is not None:
+        unequal = self._unequal
+        if unequal is not None:
+            start, stop = ranges.pop(unequal.counted)
+            ranges[unequal.name] = (unequal.offset + start, unequal.offset + stop)
+        elif self.part is not None:
             ranges[self.part[0]] = (self.part[1], self.part[1] + 1)
         return ranges
+
+    def _halyard_names(self) -> list[str]:
+        """`view_names` as Halyard axes: an equal part's dimension dropped, an unequal part's renamed to the
+        axis it counts (its range is this parameter's)."""
+        unequal = self._unequal
+        if unequal is not None:
+            return [unequal.counted if n == unequal.name else n for n in self.view_names]
+        return [n for n in self.view_names if self.part is None or n != self.part[0]]
 
     def read(self, reader: Reader, sizes: Mapping[str, int], target_slices: Sequence[slice]) -> np.ndarray:
         """The block ``target_slices`` of the Halyard array (one stacked index), read through ``reader``.
@@ -121,17 +198,16 @@ class TensorMapping:
         ranges = self._ranges(target_slices, sizes)
         full = self.sizes_with_part(sizes)
         hf_slices, read_shape, trims = [], [], []
-        for group in self.groups:
+        for group in self._view_groups:
             inner = math.prod(full[name] for name in group[1:])
             start, stop = ranges[group[0]]
             hf_slices.append(slice(start * inner, stop * inner))
             read_shape += [stop - start] + [full[name] for name in group[1:]]
             trims += [slice(None)] + [slice(*ranges[name]) for name in group[1:]]
         view = np.asarray(reader(tuple(hf_slices))).reshape(read_shape)[tuple(trims)]
-        names = self.view_names
-        if self.part is not None:
-            view = view.squeeze(names.index(self.part[0]))
-            names = [name for name in names if name != self.part[0]]
+        if self.part is not None and self._unequal is None:
+            view = view.squeeze(self.view_names.index(self.part[0]))
+        names = self._halyard_names()
         return view.transpose([names.index(name) for name in self.target])
 
     def place(
@@ -145,11 +221,15 @@ class TensorMapping:
             block: the Halyard block, axes in `target` order.
             target_slices: where the block lies along each `target` axis; default: the whole array.
         """
-        names = [name for name in self.view_names if self.part is None or name != self.part[0]]
+        names = self._halyard_names()
         arranged = block.transpose([self.target.index(name) for name in names])
-        where = dict(zip(self.target, target_slices)) if target_slices is not None else {}
-        index = tuple(
-            self.part[1] if self.part is not None and name == self.part[0] else where.get(name, slice(None))
-            for name in self.view_names
-        )
-        view[index] = arranged
+        where: dict[str, slice | int] = dict(zip(self.target, target_slices or ()))
+        unequal = self._unequal
+        if unequal is not None:
+            counted = where.get(unequal.counted, slice(None))
+            assert isinstance(counted, slice)
+            start, stop, _ = counted.indices(unequal.size)
+            where[unequal.name] = slice(unequal.offset + start, unequal.offset + stop)
+        elif self.part is not None:
+            where[self.part[0]] = self.part[1]
+        view[tuple(where.get(name, slice(None)) for name in self.view_names)] = arranged

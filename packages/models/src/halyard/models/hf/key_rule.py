@@ -1,7 +1,7 @@
 """The rule that decides, key by key, whether a ``config.json`` can be imported.
 
 What Halyard must match is what `transformers` computes for the architecture. So each family states, next
-to its tensor mapping (`halyard.export.families`), the keys that the architecture's `transformers` config
+to its tensor mapping (each family folder's ``hf.py``), the keys that the architecture's `transformers` config
 class and modeling code read, sorted three ways:
 
 - ``implemented``: mapped to a Halyard config field by the family's reader;
@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from halyard.export.errors import UnsupportedModelError
+from halyard.models.hf.errors import UnsupportedModelError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,37 +125,3 @@ COMMON_RULE = KeyRule(
         "attention_dropout",
     ),
 )
-
-
-def quantization_refusal(hf: Mapping[str, Any], where: str) -> UnsupportedModelError | None:
-    """The error for a quantized checkpoint (``quantization_config``, or MLX's ``quantization``), else None."""
-    if hf.get("quantization_config"):
-        settings = hf["quantization_config"]
-        method = str(settings.get("quant_method", "unknown method")) if isinstance(settings, dict) else "?"
-        key = "quantization_config"
-    elif hf.get("quantization"):
-        settings, method, key = hf["quantization"], "mlx", "quantization"
-    else:
-        return None
-    bits = _bits(settings)
-    label = {"awq": "AWQ", "gptq": "GPTQ", "mlx": "MLX", "bitsandbytes": "bitsandbytes", "fp8": "FP8"}.get(
-        method.lower(), method
-    )
-    what = f"{label} {bits}-bit" if bits is not None else f"{label} (bits not stated)"
-    return UnsupportedModelError(
-        f"{where}: the checkpoint is quantized ({what}, {key!r}): Halyard trains in floating point and "
-        "imports float32 / bfloat16 / float16 weights only. Dequantize first (e.g. load it with "
-        "transformers, call model.dequantize() where the method supports it, and save_pretrained a copy), "
-        "or download the unquantized checkpoint it was made from"
-    )
-
-
-def _bits(settings: Any) -> int | None:
-    if not isinstance(settings, dict):
-        return None
-    if isinstance(settings.get("bits"), int):
-        return int(settings["bits"])
-    for flag, bits in (("load_in_4bit", 4), ("load_in_8bit", 8)):
-        if settings.get(flag):
-            return bits
-    return None

@@ -1,0 +1,176 @@
+"""`DecoderConfig`: what every decoder family tells the one skeleton (`Decoder`).
+
+A family's config is a frozen dataclass with its own fields (named as its papers and checkpoints name
+them); it derives from `DecoderConfig` and answers four questions: the model's sizes (`shape`), how a
+layer is arranged (`layout`), what differs per layer (`layer_kinds`), and the few hooks where a family's
+embedding or output differ (`embedding_scale`, `final_logit_softcap`). Parameter and FLOP counts follow
+from those answers.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+
+from halyard.models.config import ModelConfig
+from halyard.models.decoder.layout import BlockLayout, LayerKind
+from halyard.models.flops import decoder_flops_per_token
+from halyard.named.nn import activation
+
+if TYPE_CHECKING:
+    from halyard.models.decoder.model import Decoder
+
+
+class DecoderShape(NamedTuple):
+    """The sizes of a decoder.
+
+    Attributes:
+        vocab, embed, mlp, layers: vocabulary, width, MLP width and depth.
+        heads, kv_heads, head_size: query heads, key/value heads, size of one head.
+        max_position: the longest position configured (learned tables, rotary scaling).
+        tie_embeddings: the output projection is the input embedding.
+        learned_positions: a learned ``(position, embed)`` table is added to the embeddings (GPT-2).
+    """
+
+    vocab: int
+    embed: int
+    mlp: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    max_position: int
+    tie_embeddings: bool
+    learned_positions: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig(ModelConfig):
+    """Base of every decoder family's config (fields: `ModelConfig`'s; the family adds its own)."""
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> DecoderShape:
+        """The model's sizes."""
+
+    @abc.abstractmethod
+    def layout(self) -> BlockLayout:
+        """How every layer is arranged (the same for all layers)."""
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Each layer's attention window and rotary setting, in layer order (default: none, learned positions)."""
+        return (LayerKind(None, None),) * self.shape.layers
+
+    @property
+    def embedding_scale(self) -> float:
+        """Multiplier on the token embeddings (Gemma: sqrt(hidden_size)); 1.0 for most families."""
+        return 1.0
+
+    @property
+    def final_logit_softcap(self) -> float | None:
+        """``cap * tanh(logits / cap)`` on the output logits (Gemma 2), or None."""
+        return None
+
+    def router_loss_weights(self) -> tuple[float, float]:
+        """Weights of the MoE load-balancing loss and router z-loss in the training loss (dense: zeros)."""
+        return (0.0, 0.0)
+
+    @property
+    def embed_init_std(self) -> float:
+        """Std of the token (and position) embeddings at init."""
+        return self.layout().init_std
+
+    @property
+    def lm_head_init_std(self) -> float:
+        """Std of an untied output projection at init."""
+        return self.layout().init_std
+
+    # -- what follows from the answers ------------------------------------------------------------
+    @property
+    def head_size(self) -> int:
+        """Size of one attention head."""
+        return self.shape.head_size
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads."""
+        return self.shape.kv_heads
+
+    def init(self, key: jax.Array) -> Decoder:
+        """The model with freshly initialised parameters (see `Decoder.init`)."""
+        from halyard.models.decoder.model import Decoder
+
+        return Decoder.init(self, key=key)
+
+    def num_params(self) -> int:
+        """Parameter count (tied embeddings once)."""
+        s, layout = self.shape, self.layout()
+        embed, size = s.embed, s.head_size
+        attention = embed * size * (s.heads + 2 * s.kv_heads) + s.heads * size * embed
+        if layout.qkv_bias:
+            attention += size * (s.heads + 2 * s.kv_heads)
+        if layout.out_bias:
+            attention += embed
+        if layout.qk_norm == "head":
+            attention += 2 * size
+        elif layout.qk_norm == "projection":
+            attention += size * (s.heads + s.kv_heads)
+        per_norm = (2 if layout.norm == "layer" else 1) * embed if layout.norm_gains else 0
+        per_layer = attention + self._mlp_params() + layout.norms_per_layer * per_norm
+        embeddings = s.vocab * embed * (1 if s.tie_embeddings else 2)
+        if s.learned_positions:
+            embeddings += s.max_position * embed
+        return s.layers * per_layer + embeddings + per_norm
+
+    def _mlp_params(self) -> int:
+        s, layout = self.shape, self.layout()
+        if layout.mlp == "moe":
+            return layout.num_experts * (3 * s.embed * s.mlp + s.embed)
+        projections = 2 if layout.mlp == "plain" else 3
+        bias = (projections - 1) * s.mlp + s.embed if layout.mlp_bias else 0
+        return projections * s.embed * s.mlp + bias
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), each layer at its own window; see `halyard.models.flops`."""
+        s, layout = self.shape, self.layout()
+        if layout.mlp == "moe":
+            mlp = layout.experts_per_token * 3 * s.embed * s.mlp + layout.num_experts * s.embed
+        else:
+            mlp = (2 if layout.mlp == "plain" else 3) * s.embed * s.mlp
+
+        def flops(num_layers: int, window: int | None) -> float:
+            return decoder_flops_per_token(
+                matmul_params_per_layer=s.embed * s.head_size * (2 * s.heads + 2 * s.kv_heads) + mlp,
+                num_layers=num_layers,
+                attention_width=s.heads * s.head_size,
+                vocab_size=s.vocab,
+                hidden_size=s.embed,
+                seq_len=seq_len,
+                sliding_window=window,
+            )
+
+        # The output projection is counted once; each windowed layer attends to fewer keys.
+        total = flops(s.layers, None)
+        for kind in self.layer_kinds():
+            if kind.window is not None:
+                total += flops(1, kind.window) - flops(1, None)
+        return total
+
+
+def check_positive(config: object, *fields: str) -> None:
+    """ValueError naming ``Config.field`` for the first of ``fields`` below 1."""
+    for field in fields:
+        value = getattr(config, field)
+        if value < 1:
+            raise ValueError(f"{type(config).__name__}.{field} must be positive, got {value}")
+
+
+def check_activation(name: str, owner: str) -> None:
+    """ValueError naming ``owner`` (e.g. ``LlamaConfig.activation``) when ``name`` is not an activation."""
+    try:
+        activation(name)
+    except ValueError as error:
+        raise ValueError(f"{owner}={name!r}: {error}") from None

@@ -1,0 +1,201 @@
+"""`Decoder`: the one decoder skeleton every family runs.
+
+x = embed(tokens) * embedding_scale (+ position_embedding(positions))
+x = layers(x)                 # a scan (or an unrolled loop) over `DecoderBlock`s, remat per layer
+logits = softcap(final_norm(x) · W_out)       # W_out = the embedding when tied
+
+Layers that differ by their `LayerKind` (window, rotary setting) stay one stacked parameter tree; the
+stack scans them in groups of one repeating pattern (`halyard.named.nn.Stacked.scan` with ``kinds``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from halyard.models.attention import AttentionMask
+from halyard.models.decoder.block import DecoderBlock, Norm, make_norm
+from halyard.models.decoder.config import DecoderConfig
+from halyard.models.layers.kv_cache import KVCache
+from halyard.models.layers.moe import load_balancing_loss, router_z_loss
+from halyard.models.model import CausalLM, DecoderOutput, default_positions
+from halyard.named import Axis, NamedArray
+from halyard.named.nn import Embedding, Linear, Stacked
+from halyard.shard import constrain
+
+LAYERS = "layers"
+
+
+class Decoder(CausalLM):
+    """A decoder-only transformer described by a `DecoderConfig`.
+
+    Attributes:
+        embed: token embedding ``(vocab, embed)``.
+        position_embedding: learned ``(position, embed)`` table (GPT-2), or None.
+        layers: the `DecoderBlock`s, stacked on a ``layers`` axis.
+        final_norm: the norm before the output projection.
+        lm_head: ``embed -> vocab``, None when the embeddings are tied.
+        config: the family config (static).
+    """
+
+    embed: Embedding
+    position_embedding: Embedding | None
+    layers: Stacked[DecoderBlock]
+    final_norm: Norm
+    lm_head: Linear | None
+    config: DecoderConfig = eqx.field(static=True)
+    decoder_takes_token_mask: ClassVar[bool] = True
+
+    @classmethod
+    def init(cls, config: DecoderConfig, *, key: jax.Array) -> Decoder:
+        """Initialise every parameter from ``key`` (the family's stds; norms at one, biases at zero)."""
+        shape, dtype = config.shape, config.params
+        embed_key, position_key, layers_key, head_key = jax.random.split(key, 4)
+        Embed, Vocab = Axis("embed", shape.embed), Axis("vocab", shape.vocab)
+        embed = Embedding.init(Vocab, Embed, key=embed_key, init_std=config.embed_init_std, dtype=dtype)
+        position_embedding = None
+        if shape.learned_positions:
+            Position = Axis("position", shape.max_position)
+            position_embedding = Embedding.init(
+                Position, Embed, key=position_key, init_std=config.embed_init_std, dtype=dtype
+            )
+        layers = Stacked.init(
+            Axis(LAYERS, shape.layers), DecoderBlock, config, key=layers_key, remat=config.remat
+        )
+        lm_head = None
+        if not shape.tie_embeddings:
+            lm_head = Linear.init(
+                Embed, Vocab, key=head_key, use_bias=False, init_std=config.lm_head_init_std, dtype=dtype
+            )
+        final_norm = make_norm(config.layout(), Embed, dtype)
+        return cls(embed, position_embedding, layers, final_norm, lm_head, config)
+
+    @property
+    def model_config(self) -> DecoderConfig:
+        return self.config
+
+    @property
+    def unembedding(self) -> NamedArray:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    @property
+    def position_limit(self) -> int | None:
+        return self.config.shape.max_position if self.position_embedding is not None else None
+
+    @property
+    def logit_softcap(self) -> float | None:
+        return self.config.final_logit_softcap
+
+    def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
+        """``mask`` (causal by default); each layer adds its own window (`LayerKind`) unless it has one."""
+        return AttentionMask(causal=True) if mask is None else mask
+
+    def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+        """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
+        shape = self.config.shape
+        return KVCache.zeros(
+            num_layers=shape.layers,
+            batch_size=batch_size,
+            max_length=max_length,
+            num_kv_heads=shape.kv_heads,
+            head_size=shape.head_size,
+            dtype=self.config.compute,
+        )
+
+    def run_layers(
+        self,
+        tokens: NamedArray,
+        *,
+        mask: AttentionMask,
+        positions: NamedArray,
+        cache: KVCache | None = None,
+        cache_index: Any = None,
+        token_mask: NamedArray | None = None,
+    ) -> tuple[NamedArray, Any, KVCache | None]:
+        """``(final hidden states, per-layer extras stacked on layers, updated cache)``; see `decoder`."""
+        if self.position_embedding is not None:
+            length = tokens.axis_size("pos") if cache is None else cache.max_length
+            limit = self.config.shape.max_position
+            if length > limit:
+                raise ValueError(
+                    f"{type(self.config).__name__} has {limit} learned positions but got a sequence of "
+                    f"{length}; use shorter windows or a config with a larger max_position"
+                )
+        x = self.embed(tokens)
+        scale = self.config.embedding_scale
+        if scale != 1.0:
+            x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(positions)
+        cache_args = () if cache is None else (cache.key, cache.value)
+        x, (new_cache, extras) = self.layers.scan(
+            constrain(x),
+            mask,
+            positions,
+            *cache_args,
+            kinds=self.config.layer_kinds(),
+            unroll=not self.config.scan_layers,
+            cache_index=cache_index,
+            token_mask=token_mask,
+        )
+        updated = None if cache is None else KVCache(*new_cache)
+        return self.final_norm(x), extras, updated
+
+    def decoder(
+        self,
+        tokens: NamedArray,
+        *,
+        mask: AttentionMask,
+        positions: NamedArray,
+        cache: KVCache | None = None,
+        cache_index: Any = None,
+        token_mask: NamedArray | None = None,
+    ) -> DecoderOutput:
+        """See `CausalLM.decoder`; MoE families add the weighted router losses to ``aux_loss``.
+
+        Args:
+            token_mask: 0/1 per token ``(batch..., pos)``: router statistics are means over the tokens
+                where it is 1 (`CausalLM.loss` passes the loss mask); None counts every token.
+
+        Raises:
+            ValueError: a sequence longer than a learned position table.
+        """
+        hidden, extras, new_cache = self.run_layers(
+            tokens,
+            mask=mask,
+            positions=positions,
+            cache=cache,
+            cache_index=cache_index,
+            token_mask=token_mask,
+        )
+        aux, metrics = jnp.zeros((), jnp.float32), {}
+        if self.config.layout().mlp == "moe":
+            balance, z_loss = load_balancing_loss(extras), router_z_loss(extras)
+            coefficients = self.config.router_loss_weights()
+            aux = coefficients[0] * balance + coefficients[1] * z_loss
+            metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
+        return DecoderOutput(hidden, aux, metrics, new_cache)
+
+    def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:
+        """Mean |activation| for a coordinate check (families whose layout reports coordinates: muP).
+
+        Returns:
+            ``embedding`` (scalar), ``attention``, ``mlp`` and ``residual`` (``[num_layers]`` each) and
+            ``logits`` (scalar).
+
+        Raises:
+            ValueError: the family's layout does not report coordinates.
+        """
+        if not self.config.layout().report_coordinates:
+            raise ValueError(f"{type(self.config).__name__} does not report coordinates (a muP family does)")
+        model = self.in_compute_dtype()
+        assert isinstance(model, Decoder)
+        hidden, coordinates, _ = model.run_layers(
+            tokens, mask=self.complete_mask(mask), positions=default_positions(tokens)
+        )
+        coordinates = dict(coordinates, embedding=jnp.mean(jnp.abs(model.embed(tokens).array)))
+        coordinates["logits"] = jnp.mean(jnp.abs(model.logits(hidden).array))
+        return coordinates
