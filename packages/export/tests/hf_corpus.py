@@ -17,16 +17,13 @@ from typing import Any
 
 import transformers
 
+from halyard.models.hf import hf_families
+
 CORPUS = Path(__file__).parent / "fixtures" / "hf-configs"
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+# The families with a Hugging Face spec (INDEX.json's ``family`` is the model_type, which each spec states)
+SUPPORTED = tuple(sorted(spec.model_type for spec in hf_families().values()))
 # transformers' config class of each supported family
-CONFIG_CLASSES = {
-    "gpt2": transformers.GPT2Config,
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "mixtral": transformers.MixtralConfig,
-}
+CONFIG_CLASSES = {model_type: transformers.CONFIG_MAPPING[model_type] for model_type in SUPPORTED}
 VOCAB = 512
 LAYERS = 2
 HEAD_SIZE = 16

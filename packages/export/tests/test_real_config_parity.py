@@ -22,7 +22,7 @@ from hf_corpus import CONFIG_CLASSES, VOCAB, accepted_entries, load, shrink
 
 from halyard.export import export_hf, import_hf, read_hf_config
 from halyard.export.config_reading import config_from_hf_dict
-from halyard.export.families import KEY_RULES
+from halyard.models.hf import hf_family
 
 # Keys that do not reach the forward pass once the weights are given
 _NOT_COMPUTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "architectures"}
@@ -30,7 +30,7 @@ _NOT_COMPUTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_ra
 
 def _computation(family: str, small: dict[str, Any]) -> str:
     """What decides the logits of a shrunk config, as transformers and Halyard read it."""
-    rule = KEY_RULES[family]
+    rule = hf_family(family).rule
     theirs = CONFIG_CLASSES[family].from_dict(small).to_dict()
     decided = {
         key: value

@@ -68,10 +68,10 @@ def test_other_families_are_refused_naming_the_family(entry: dict[str, Any]) -> 
 
 
 def test_the_corpus_has_every_kind_of_refusal() -> None:
-    assert {e["family"] for e in OTHER_FAMILIES} == {
-        "falcon", "gemma", "gemma2", "olmo2", "phi3", "qwen2_moe", "qwen3"
-    }  # fmt: skip
-    assert len(accepted_entries()) == 49 and len(QUANTIZED) == 4
+    # the families without a Hugging Face spec shrink as specs are added (falcon and qwen2_moe stay)
+    assert {"falcon", "qwen2_moe"} <= {e["family"] for e in OTHER_FAMILIES}
+    assert len(accepted_entries()) >= 49 and len(QUANTIZED) >= 4
+    assert len(accepted_entries()) + len(QUANTIZED) + len(OTHER_FAMILIES) == len(entries())
 
 
 def _file(name: str) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def test_fsdp_import_on_8_devices_equals_unsharded_and_reads_only_each_slice(
 
     for left, right in zip(_named_arrays(plain), _named_arrays(sharded)):
         np.testing.assert_array_equal(left, right)
-    q_proj = sharded.layers.layers.attention.q_proj.weight.array
+    q_proj = sharded.layers.stacked.attention.q_proj.weight.array
     assert q_proj.sharding.spec[1] == "fsdp" and len({str(s.index) for s in q_proj.addressable_shards}) == 8
     # each device read its own eighth: the tensor's elements were read once in all, not once per device
     assert reads["model.layers.0.self_attn.q_proj.weight"] == 32 * 32
@@ -148,7 +148,7 @@ def test_import_converts_the_dtype(tmp_path: Path) -> None:
     original = save("mistral_sliding_window", tmp_path / "hf")
     config, model = import_hf(tmp_path / "hf", dtype="bfloat16")
     assert config.param_dtype == "bfloat16"
-    weight = model.layers.layers.mlp.up.weight.array
+    weight = model.layers.stacked.mlp.up.weight.array
     assert weight.dtype == np.dtype(ml_dtypes.bfloat16)
     stored = original.model.layers[1].mlp.up_proj.weight.detach().to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(np.asarray(weight[1]).astype(np.float32), stored.T)

@@ -1,7 +1,9 @@
 """``config.json`` -> Halyard model configs, read without `transformers`.
 
-Each key is decided by its family's `KeyRule` (`halyard.export.families.KEY_RULES`, explained in
-`halyard.export.key_rule`): keys `transformers` reads for the architecture are implemented, accepted only
+A generic engine over the families' Hugging Face specs (`halyard.models.hf.HfFamily`, one in each family's
+``hf.py``): the spec whose ``model_type`` (or architecture) the file names supplies the required keys, the
+defaults and the reader. Each key is decided by the spec's `KeyRule` (explained in
+`halyard.models.hf.key_rule`): keys `transformers` reads for the architecture are implemented, accepted only
 with the value Halyard implements, or refused naming the key and value; the others cannot change what the
 model computes and are ignored (listed at debug level), unless ``strict=True``. Quantized checkpoints and
 checkpoints that need their own Python code are refused with what to do instead.
@@ -14,16 +16,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from halyard.export.config_fields import CLASSES, HF_DEFAULTS, REQUIRED_KEYS, gpt2_fields, llama_fields
 from halyard.export.errors import UnsupportedModelError
-from halyard.export.families import HF_ARCHITECTURES, KEY_RULES
-from halyard.export.key_rule import KeyRule, quantization_refusal
-from halyard.models import ModelConfig, registered_models
+from halyard.export.quantization import quantization_refusal
+from halyard.models import ModelConfig
+from halyard.models.hf import HfFamily, KeyRule, hf_families
 
 logger = logging.getLogger("halyard.export")
 
-_FAMILY_BY_MODEL_TYPE = {model_type: family for family, (model_type, _) in HF_ARCHITECTURES.items()}
-_FAMILY_BY_ARCHITECTURE = {architecture: family for family, (_, architecture) in HF_ARCHITECTURES.items()}
 # auto_map entries that replace the model's code (an AutoTokenizer entry does not change the model)
 _MODEL_CODE_ENTRIES = ("AutoConfig", "AutoModel")
 
@@ -57,51 +56,47 @@ def _refuse_remote_code(hf: Mapping[str, Any], where: str) -> None:
         raise UnsupportedModelError(
             f"{where} has 'auto_map' entries {code}: the model needs its own Python code "
             "(trust_remote_code). Halyard never runs code from a checkpoint; convert it to a supported "
-            f"architecture ({', '.join(arch for _, arch in HF_ARCHITECTURES.values())}) first"
+            f"architecture ({', '.join(spec.architecture for spec in hf_families().values())}) first"
         )
 
 
 def _supported() -> str:
-    names = [f"{t} ({arch})" for f, (t, arch) in HF_ARCHITECTURES.items() if f in registered_models()]
-    return ", ".join(sorted(names))
+    return ", ".join(sorted(f"{spec.model_type} ({spec.architecture})" for spec in hf_families().values()))
 
 
-def detect_family(hf: Mapping[str, Any], where: str) -> str:
-    """The Halyard family of a ``config.json``, from ``model_type`` (or, in files from before
+def detect_family(hf: Mapping[str, Any], where: str) -> HfFamily:
+    """The spec of the family a ``config.json`` describes, from ``model_type`` (or, in files from before
     ``model_type`` existed, the single ``architectures`` entry).
 
     Raises:
         UnsupportedModelError: a model type Halyard does not implement (named), remote code, or an
             architecture other than the causal-LM head of that type.
     """
+    specs = list(hf_families().values())
     model_type = hf.get("model_type")
     architectures = hf.get("architectures")
     if model_type is None:
-        family = (
-            _FAMILY_BY_ARCHITECTURE.get(architectures[0])
-            if architectures and len(architectures) == 1
-            else None
-        )
-        if family is None:
+        single = architectures[0] if architectures and len(architectures) == 1 else None
+        spec = next((s for s in specs if s.architecture == single), None)
+        if spec is None:
             raise UnsupportedModelError(
                 f"{where} has no model_type and architectures {architectures}: Halyard cannot tell the "
                 f"family; it imports {_supported()}"
             )
     else:
-        family = _FAMILY_BY_MODEL_TYPE.get(str(model_type))
-        if family is None or family not in registered_models():
+        spec = next((s for s in specs if s.model_type == str(model_type)), None)
+        if spec is None:
             raise UnsupportedModelError(
                 f"{where}: model_type {model_type!r} (architectures {architectures}) is a model family "
                 f"Halyard does not implement; Halyard imports {_supported()}"
             )
     _refuse_remote_code(hf, where)
-    expected = HF_ARCHITECTURES[family][1]
-    if list(architectures or [expected]) != [expected]:
+    if list(architectures or [spec.architecture]) != [spec.architecture]:
         raise UnsupportedModelError(
             f"{where}: architectures {architectures} are not supported for model_type "
-            f"{HF_ARCHITECTURES[family][0]!r}; Halyard imports the causal language model {expected!r} only"
+            f"{spec.model_type!r}; Halyard imports the causal language model {spec.architecture!r} only"
         )
-    return family
+    return spec
 
 
 def _resolve_aliases(hf: Mapping[str, Any], rule: KeyRule) -> dict[str, Any]:
@@ -152,42 +147,42 @@ def config_from_hf_dict(
             config rejects (each message names the family, key or quantization).
         TypeError: an unknown field in ``overrides`` (with a suggestion).
     """
-    family = detect_family(hf, where)
+    spec = detect_family(hf, where)
     quantized = quantization_refusal(hf, where)
     if quantized is not None:
         raise quantized
-    rule = KEY_RULES[family]
+    rule = spec.rule
     try:
         hf = _resolve_aliases(hf, rule)
-        missing = [key for key in REQUIRED_KEYS[family] if hf.get(key) is None]
+        missing = [key for key in spec.required if hf.get(key) is None]
         if missing:
             raise UnsupportedModelError(
                 f"the required key(s) {missing} are missing; they fix the shapes of the weights"
             )
         ignored = rule.check(hf, strict=strict)
-        complete = {**HF_DEFAULTS[family], **hf}
         used: set[str] = set()
-        fields = gpt2_fields(complete, used) if family == "gpt2" else llama_fields(family, complete, used)
+        eos_token_ids = eos_ids(hf.get("eos_token_id"), where)
+        config = spec.config(hf, used=used, eos_token_ids=eos_token_ids)
         assert used <= rule.implemented, (
-            f"{family} reader uses keys outside its rule: {used - rule.implemented}"
+            f"{spec.family} reader uses keys outside its rule: {used - rule.implemented}"
         )
-        fields["eos_token_ids"] = eos_ids(hf.get("eos_token_id"), where)
-        config = CLASSES[family](**fields)
     except UnsupportedModelError as error:
         raise UnsupportedModelError(f"{where}: {error}") from None
     except (TypeError, ValueError) as error:
         raise UnsupportedModelError(f"{where}: {error}") from error
     if ignored:
-        logger.debug("%s: ignored keys (transformers does not read them for %s): %s", where, family, ignored)
+        logger.debug(
+            "%s: ignored keys (transformers does not read them for %s): %s", where, spec.family, ignored
+        )
     if overrides:
         config = config.replace(**overrides)  # an unknown field is a TypeError with a suggestion
     info = HfModelInfo(
-        family=family,
+        family=spec.family,
         vocab_size=int(hf["vocab_size"]),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
         pad_token_id=hf.get("pad_token_id"),
-        eos_token_ids=fields["eos_token_ids"],
+        eos_token_ids=eos_token_ids,
         ignored_keys=tuple(ignored),
     )
     return config, info

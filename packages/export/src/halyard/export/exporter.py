@@ -14,13 +14,13 @@ import ml_dtypes
 import numpy as np
 
 from halyard.export.config_writing import config_to_hf_dict, generation_config_dict
-from halyard.export.families import mappings_for
 from halyard.export.plan import leaf_plans
 from halyard.export.safetensors_writing import write_safetensors
 from halyard.export.sources import SAFETENSORS, SAFETENSORS_INDEX
 from halyard.export.tensor_gathering import Contribution, gather_tensor
 from halyard.export.tokenizer_files import TokenizerInfo, read_tokenizer, write_tokenizer_files
 from halyard.models import CausalLM
+from halyard.models.hf import hf_family
 
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
@@ -107,7 +107,7 @@ def export_hf(
     """Write ``model`` as a Hugging Face folder: config.json, generation_config.json, safetensors, tokenizer.
 
     Args:
-        model: a Halyard GPT-2, Llama, Mistral, Qwen2 or Mixtral, sharded or not. Each safetensors file is
+        model: a Halyard model of a family with a Hugging Face spec (GPT-2, Llama, ...), sharded or not. Each safetensors file is
             written tensor by tensor as each is gathered from the devices, so the host holds about one
             Hugging Face tensor at a time. Across several processes, every process must call this (they
             all take part in the gathers) and only process 0 writes.
@@ -136,7 +136,7 @@ def export_hf(
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"export dtype {dtype!r} is not supported; choose one of {', '.join(EXPORT_DTYPES)}")
     config = model.model_config
-    mappings = mappings_for(config)
+    mappings = hf_family(config).mappings(config)
     info = read_tokenizer(tokenizer) if tokenizer is not None else None
     model_vocab = int(config.vocab_size)
     if vocab_size is None:

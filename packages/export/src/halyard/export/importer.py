@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,14 @@ from halyard.export.errors import (
     ShapeMismatchError,
     UnexpectedWeightError,
 )
-from halyard.export.families import GPT2_BUFFERS, mappings_for
 from halyard.export.plan import LeafPlan, expected_tensors, leaf_plans, named_leaves
 from halyard.export.sources import WeightSource, open_weights
 from halyard.models import CausalLM, ModelConfig
+from halyard.models.hf import HfFamily, hf_family
 from halyard.named import NamedArray
 from halyard.shard import Layout, pad_for
 
 GENERATION_CONFIG = "generation_config.json"
-
-# Constant buffers some checkpoints store next to the parameters; Halyard recomputes them.
-_BUFFERS = re.compile(r".*\.(rotary_emb\.inv_freq|" + "|".join(re.escape(b) for b in GPT2_BUFFERS) + r")$")
 
 
 def read_hf_config(
@@ -46,7 +42,7 @@ def read_hf_config(
         folder: the model folder.
         overrides: Halyard config fields set on top (``param_dtype``, ``remat``, ``attention_implementation``).
         strict: refuse every key the family's rule does not name (default: keys transformers does not read
-            for the architecture are ignored; see `halyard.export.key_rule`).
+            for the architecture are ignored; see `halyard.models.hf.key_rule`).
 
     Returns:
         ``(config, info)``; ``info`` holds the family, the checkpoint's vocabulary size and its special ids.
@@ -75,11 +71,7 @@ def read_hf_config(
     return config, info
 
 
-def _gpt2_prefix(keys: list[str]) -> str:
-    return "transformer." if any(key.startswith("transformer.") for key in keys) else ""
-
-
-def _check_tensors(source: WeightSource, plans: list[LeafPlan], config: ModelConfig) -> None:
+def _check_tensors(source: WeightSource, plans: list[LeafPlan], config: ModelConfig, spec: HfFamily) -> None:
     expected = expected_tensors(plans)
     present = set(source.keys())
     missing = [key for key in expected if key not in present]
@@ -97,13 +89,12 @@ def _check_tensors(source: WeightSource, plans: list[LeafPlan], config: ModelCon
                 f"{source.file_of(key)}: tensor {key!r} has shape {found}, but config.json implies {shape}; "
                 "the weights do not belong to this config"
             )
-    tied = getattr(config, "tie_embeddings", False) or config.family == "gpt2"
     unexpected = []
     for key in source.keys():  # noqa: SIM118 (a WeightSource is not a mapping)
-        if key in expected or _BUFFERS.match(key):
+        if key in expected or spec.is_buffer(key):
             continue
-        if key == "lm_head.weight" and tied:
-            _check_tied_head(source, plans)
+        if key == spec.head_key:  # not expected: the embeddings are tied
+            _check_tied_head(source, plans, key)
             continue
         unexpected.append(key)
     if unexpected:
@@ -116,15 +107,15 @@ def _check_tensors(source: WeightSource, plans: list[LeafPlan], config: ModelCon
         )
 
 
-def _check_tied_head(source: WeightSource, plans: list[LeafPlan]) -> None:
-    """A stored ``lm_head.weight`` of a tied model must equal the embedding it is tied to."""
-    embedding = next(p.mapping.hf_key for p in plans if p.path in ("token_embedding.weight", "embed.weight"))
+def _check_tied_head(source: WeightSource, plans: list[LeafPlan], head: str) -> None:
+    """A stored output projection ``head`` of a tied model must equal the embedding it is tied to."""
+    embedding = next(p.mapping.hf_key for p in plans if p.path == "embed.weight")
     full = (slice(None), slice(None))
-    if source.shape("lm_head.weight") != source.shape(embedding) or not np.array_equal(
-        source.read("lm_head.weight", full), source.read(embedding, full)
+    if source.shape(head) != source.shape(embedding) or not np.array_equal(
+        source.read(head, full), source.read(embedding, full)
     ):
         raise UnexpectedWeightError(
-            f"{source.description} holds 'lm_head.weight' different from {embedding!r}, but config.json ties "
+            f"{source.description} holds {head!r} different from {embedding!r}, but config.json ties "
             "them (tie_word_embeddings); set tie_word_embeddings=false if the head is separate"
         )
 
@@ -207,7 +198,8 @@ def import_hf(
     config_overrides: Mapping[str, Any] | None = None,
     strict: bool = False,
 ) -> tuple[ModelConfig, CausalLM]:
-    """Load a Hugging Face causal-LM folder (GPT-2, Llama, Mistral, Qwen2, Mixtral) as a Halyard model.
+    """Load a Hugging Face causal-LM folder of any family with a Hugging Face spec
+    (`halyard.models.hf.hf_families`: GPT-2, Llama, Mistral, Qwen2, Mixtral, ...) as a Halyard model.
 
     Without ``layout``/``mesh`` the parameters are ordinary arrays on the default device. With both, each
     parameter is created directly in ``layout``'s sharding: every device's block is read from the
@@ -255,9 +247,10 @@ def import_hf(
         if vocab_size != config.vocab_size:  # type: ignore[attr-defined]
             config = config.replace(vocab_size=vocab_size)
     abstract = eqx.filter_eval_shape(config.init, jax.random.key(0))
-    mappings = mappings_for(config, gpt2_prefix=_gpt2_prefix(source.keys()))
+    spec = hf_family(config)
+    mappings = spec.checkpoint_mappings(config, set(source.keys()))
     plans = leaf_plans(abstract, mappings, info.vocab_size)
-    _check_tensors(source, plans, config)
+    _check_tensors(source, plans, config, spec)
 
     numpy_dtype = np.dtype(jnp.dtype(config.param_dtype))
     leaves, treedef = named_leaves(abstract)

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from halyard.export.tensor_mapping import TensorMapping
+from halyard.models.hf.tensor_mapping import TensorMapping
 from halyard.named import NamedArray, is_named
 
 
@@ -68,7 +68,7 @@ def leaf_plans(model: Any, mappings: list[TensorMapping], hf_vocab_size: int) ->
 
     Args:
         model: a Halyard model, concrete or from ``eqx.filter_eval_shape``.
-        mappings: the family's mappings (`halyard.export.families.mappings_for`).
+        mappings: the family's mappings (`halyard.models.hf.HfFamily.mappings`).
         hf_vocab_size: the vocabulary size on the Hugging Face side (the model's may be padded above it).
 
     Raises:

@@ -58,7 +58,8 @@ LLAMA_LIKE_DEFAULTS = {
     "rope_theta": 10000.0,
 }
 
-_FIELDS = {
+# config.json key -> LlamaConfig field, for the keys every Llama-like architecture names the same way
+LLAMA_LIKE_FIELDS = {
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "intermediate_size": "intermediate_size",
@@ -73,7 +74,7 @@ _FIELDS = {
 
 def read_common(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     """The `LlamaConfig` fields every Llama-like architecture reads the same way (no windows, no biases)."""
-    fields = renamed(hf, used, _FIELDS)
+    fields = renamed(hf, used, LLAMA_LIKE_FIELDS)
     fields["activation"] = activation_from_hf(fields["activation"])
     used.update({"num_key_value_heads", "tie_word_embeddings"})
     fields["num_kv_heads"] = hf.get("num_key_value_heads") or hf["num_attention_heads"]
@@ -119,27 +120,44 @@ def _read_mistral(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     return {**read_common(hf, used), "sliding_window": uniform_window(hf, used, "MistralForCausalLM")}
 
 
-def _read_qwen2(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
-    """transformers' Qwen2 rule: ``sliding_window`` counts only with ``use_sliding_window``; ``layer_types``
-    when given, else the layers from ``max_window_layers`` on use the window."""
-    fields = read_common(hf, used)
+def qwen2_windows(hf: Mapping[str, Any], used: set[str], *, architecture: str) -> dict[str, Any]:
+    """``sliding_window`` and ``full_attention_layers`` by transformers' Qwen2 rule (Qwen3 too):
+    ``sliding_window`` counts only with ``use_sliding_window``; ``layer_types`` when given, else the layers
+    from ``max_window_layers`` on use the window."""
     used.update({"sliding_window", "use_sliding_window", "max_window_layers"})
     window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
-    num_layers = fields["num_layers"]
+    num_layers = int(hf["num_hidden_layers"])
     types = hf.get("layer_types")
     if types is None and window is not None:
         full = min(int(hf["max_window_layers"]), num_layers)
         types = [FULL] * full + [SLIDING] * (num_layers - full)
     windows = layer_windows(hf, used, window=window, num_layers=num_layers, layer_types=types)
-    fields["sliding_window"], full_layers = full_then_windowed(windows, what="Qwen2ForCausalLM")
-    if full_layers:
-        fields["full_attention_layers"] = full_layers
-    return fields
+    sliding_window, full_layers = full_then_windowed(windows, what=architecture)
+    return {
+        "sliding_window": sliding_window,
+        **({"full_attention_layers": full_layers} if full_layers else {}),
+    }
+
+
+def qwen2_window_keys(config: LlamaConfig) -> dict[str, Any]:
+    """The ``config.json`` keys of `qwen2_windows` (``use_sliding_window``, ``max_window_layers``...)."""
+    window = config.sliding_window
+    return {
+        "use_sliding_window": window is not None,
+        "sliding_window": window,
+        # transformers: the layers from max_window_layers on use the window (when use_sliding_window)
+        "max_window_layers": config.full_attention_layers if window is not None else config.num_layers,
+        "layer_types": layer_types(config.layer_windows),
+    }
+
+
+def _read_qwen2(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
+    return {**read_common(hf, used), **qwen2_windows(hf, used, architecture="Qwen2ForCausalLM")}
 
 
 def write_common(config: LlamaConfig, architecture: str) -> dict[str, Any]:
     """The ``config.json`` keys every Llama-like architecture writes the same way."""
-    values = {theirs: getattr(config, ours) for theirs, ours in _FIELDS.items()}
+    values = {theirs: getattr(config, ours) for theirs, ours in LLAMA_LIKE_FIELDS.items()}
     values.update(
         hidden_act=activation_to_hf(config.activation),
         num_key_value_heads=config.num_kv_heads,
@@ -187,15 +205,7 @@ def _write_qwen2(config: LlamaConfig) -> dict[str, Any]:
     if not (config.attention_bias and config.qkv_bias_only):
         what, fix = "attention biases other than q/k/v only", "use attention_bias=True, qkv_bias_only=True"
         raise refusal(config, architecture, what, fix)
-    window = config.sliding_window
-    return {
-        **write_common(config, architecture),
-        "use_sliding_window": window is not None,
-        "sliding_window": window,
-        # transformers: the layers from max_window_layers on use the window (when use_sliding_window)
-        "max_window_layers": config.full_attention_layers if window is not None else config.num_layers,
-        "layer_types": layer_types(config.layer_windows),
-    }
+    return {**write_common(config, architecture), **qwen2_window_keys(config)}
 
 
 def mappings(config: LlamaConfig, *, mlp: bool = True) -> list[TensorMapping]:
