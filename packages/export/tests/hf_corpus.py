@@ -72,7 +72,8 @@ def _shrink_llama_like(hf: dict[str, Any]) -> None:
         new_heads = new_kv * (heads // kv_heads)
     default_head = hf["hidden_size"] // heads
     if hf.get("head_dim") is not None:
-        hf["head_dim"] = HEAD_SIZE * hf["head_dim"] // default_head
+        # an even size (rotary rotates pairs): Qwen3-4B's 128 over a default of 80 becomes 24
+        hf["head_dim"] = 2 * (HEAD_SIZE * hf["head_dim"] // (2 * default_head))
     layers = hf["num_hidden_layers"]
     hf.update(
         hidden_size=new_heads * HEAD_SIZE,

@@ -2,7 +2,7 @@
 
 Each cell is one row of a covering design: every optimizer with and without clipping, every schedule,
 every registered model family, every layout, accumulation, bf16 compute and z-loss each appear in at least
-one row (`test_matrix_covers_every_option` checks it), so the matrix costs 9 trainings, not a product.
+one row (`test_matrix_covers_every_option` checks it), so the matrix costs one training per row, not a product.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "mistral": {**ROTARY_SHAPE, "sliding_window": 8},
     "qwen2": ROTARY_SHAPE,
     "mixtral": {**ROTARY_SHAPE, "num_experts": 4, "num_experts_per_token": 2},
+    "qwen3": {**ROTARY_SHAPE, "head_dim": 8},  # heads narrower than hidden_size / num_heads
     "mup": {
         "vocab_size": 384,
         "hidden_size": 32,
@@ -116,6 +117,7 @@ CELLS = [
     Cell("muon", True, "constant", "mup", "data_parallel", compute_dtype="bfloat16"),
     Cell("muon", False, "linear", "mixtral", "fsdp", {"z_loss_weight": 0.001}),
     Cell("adamw", True, "linear", "llama", "fsdp_tensor", {"accumulation": 2}, compute_dtype="bfloat16"),
+    Cell("adamw", False, "cosine", "qwen3", "tensor_parallel"),
 ]
 
 

@@ -1,0 +1,158 @@
+"""Checks every decoder family passes, shared by the ``test_family_*.py`` files.
+
+- `assert_logits_match`: logits against a transformers model on a batch with rows of different lengths
+  (full, right-padded, left-padded), compared at the real positions only;
+- `assert_generation_matches_forward`: greedy decoding through the KV cache (`generate`, prompts of
+  different lengths) equals the full forward of prompt + generated tokens;
+- `assert_training_steps_agree`: a grad step scanned with remat, unrolled without, and in the FSDP and
+  tensor-parallel layouts on 8 simulated devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from halyard.models import LmBatch, ModelConfig, init_model
+from halyard.models.attention import AttentionMask
+from halyard.models.sampling import SamplingConfig, generate
+from halyard.named import named
+from halyard.shard import Layout, MeshSpec, init_sharded, use_layout
+
+
+def padded_batch(vocab: int, length: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, attention_mask)`` ``[3, length]``: a full row, a right-padded and a left-padded one."""
+    ids = np.random.default_rng(seed).integers(0, vocab, size=(3, length)).astype(np.int64)
+    attention_mask = np.ones((3, length), np.int64)
+    attention_mask[1, length - 4 :] = 0
+    attention_mask[2, :3] = 0
+    return ids, attention_mask
+
+
+def halyard_logits(model: Any, ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """``model``'s float32 logits ``[batch, pos, vocab]``; padded keys are masked, positions count from 0."""
+    tokens = named(jnp.asarray(ids, jnp.int32), ("batch", "pos"))
+    mask = AttentionMask(
+        causal=True, key_valid=named(jnp.asarray(attention_mask, bool), ("batch", "key_pos"))
+    )
+    return np.asarray(
+        jax.jit(lambda m, t, k: m(t, mask=k))(model, tokens, mask).unwrap("batch", "pos", "vocab")
+    )
+
+
+def assert_logits_match(model: Any, hf_model: Any, vocab: int, *, atol: float = 1e-4) -> np.ndarray:
+    """Assert ``model`` and the transformers ``hf_model`` agree at every real position of `padded_batch`.
+
+    Returns:
+        The transformers logits (for further comparisons).
+    """
+    ids, attention_mask = padded_batch(vocab)
+    with torch.no_grad():
+        expected = hf_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attention_mask)).logits
+    expected = expected.numpy()
+    valid = attention_mask.astype(bool)
+    assert np.abs(expected[valid]).max() > 0.05, "logits too small for a meaningful comparison"
+    np.testing.assert_allclose(
+        halyard_logits(model, ids, attention_mask)[valid], expected[valid], atol=atol, rtol=1e-4
+    )
+    return expected
+
+
+def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5) -> None:
+    """Greedy `generate` (prefill, then one cached step per token) of prompts of different lengths gives
+    the logits of the full forward over each prompt + its generated tokens."""
+    prompts = [[5, 9, 2, 7, 1, 3, 8], [3], [8, 8, 4]]
+    result = generate(
+        model, prompts, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0), return_logits=True
+    )
+    sequences = [prompt + result.tokens[row].tolist() for row, prompt in enumerate(prompts)]
+    # right padding changes no earlier position (causal), so one forward serves every sequence
+    padded = np.zeros((len(prompts), max(map(len, sequences))), np.int32)
+    for row, sequence in enumerate(sequences):
+        padded[row, : len(sequence)] = sequence
+    full = np.asarray(model(named(jnp.asarray(padded), ("batch", "pos"))).unwrap("batch", "pos", "vocab"))
+    for row, prompt in enumerate(prompts):
+        expected = full[row, len(prompt) - 1 : len(prompt) - 1 + new_tokens]
+        np.testing.assert_allclose(np.asarray(result.logits[row]), expected, atol=1e-5, rtol=1e-5)
+        assert result.tokens[row].tolist() == np.argmax(expected, axis=-1).tolist()
+
+
+def training_batch(vocab: int, *, rows: int = 8, length: int = 9) -> LmBatch:
+    """A batch of random windows (two documents per row, so segments matter)."""
+    windows = np.random.default_rng(1).integers(0, vocab, size=(rows, length))
+    segments = np.where(np.arange(length) < length // 2, 1, 2)[None].repeat(rows, 0)
+    return LmBatch.from_tokens(windows, segments)
+
+
+@eqx.filter_jit
+def _value_and_grad(model: Any, batch: LmBatch) -> Any:
+    return eqx.filter_value_and_grad(lambda m: m.loss(batch)[0])(model)
+
+
+def loss_and_grads(model: Any, batch: LmBatch) -> tuple[float, list[np.ndarray]]:
+    """The training loss of ``batch`` and every gradient leaf (one grad step's inputs)."""
+    loss, grads = _value_and_grad(model, batch)
+    return float(loss), [np.asarray(g) for g in jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))]
+
+
+def sharded_loss_and_grads(
+    config: ModelConfig, layout_name: str, batch: LmBatch, **mesh_sizes: int
+) -> tuple[float, list[np.ndarray]]:
+    """`loss_and_grads` of the model created directly in a layout preset over 8 simulated devices.
+
+    Raises:
+        AssertionError: fewer than 8 devices (run with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)
+            or a layout that leaves every parameter on one device.
+    """
+    assert jax.device_count() >= 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    layout = Layout.preset(layout_name, min_shard=0, tolerance=1.0)
+    mesh = MeshSpec(**mesh_sizes).build()
+    model = init_sharded(config.init, layout, mesh, jax.random.key(0))
+    assert any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree.leaves(model)), "nothing was sharded"
+    with use_layout(layout, mesh):
+        return loss_and_grads(model, batch)
+
+
+def single_device_loss_and_grads(config: ModelConfig, batch: LmBatch) -> tuple[float, list[np.ndarray]]:
+    """`loss_and_grads` of ``config.init(key(0))`` on one device (the reference for the layouts)."""
+    return loss_and_grads(init_model(config, jax.random.key(0)), batch)
+
+
+def assert_same_loss_and_grads(
+    got: tuple[float, list[np.ndarray]], want: tuple[float, list[np.ndarray]], *, rtol: float = 1e-5
+) -> None:
+    """Equal losses and gradients (to float32 reduction-order differences)."""
+    np.testing.assert_allclose(got[0], want[0], rtol=rtol)
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def randomize_norms(hf_model: Any, spread: float = 0.3) -> Any:
+    """``hf_model`` with every norm weight drawn around 1 (transformers initialises them all at 1, which
+    would hide a norm read into the wrong place); returns the model."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in hf_model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                parameter.copy_(1 + spread * torch.randn(parameter.shape, generator=generator))
+    return hf_model
+
+
+LAYOUTS = (("fsdp", dict(fsdp=8, data=1)), ("tensor_parallel", dict(tensor=2, data=4)))
+"""The layouts `assert_training_steps_agree` runs, with their meshes."""
+
+
+def assert_training_steps_agree(config: ModelConfig, batch: LmBatch) -> None:
+    """One grad step (`CausalLM.loss`) of ``config``, scanned with ``save_dots`` remat, equals the unrolled
+    step without remat and the steps of the model created in each of `LAYOUTS`."""
+    assert (config.scan_layers, config.remat) == (True, "save_dots"), "give the scanned save_dots config"
+    reference = single_device_loss_and_grads(config, batch)
+    unrolled = config.replace(scan_layers=False, remat="none")
+    assert_same_loss_and_grads(single_device_loss_and_grads(unrolled, batch), reference)
+    for layout, mesh in LAYOUTS:
+        assert_same_loss_and_grads(sharded_loss_and_grads(config, layout, batch, **mesh), reference)
