@@ -40,6 +40,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen2": ROTARY_SHAPE,
     "mixtral": {**ROTARY_SHAPE, "num_experts": 4, "num_experts_per_token": 2},
     "qwen3": {**ROTARY_SHAPE, "head_dim": 8},  # heads narrower than hidden_size / num_heads
+    "olmo2": ROTARY_SHAPE,
     "mup": {
         "vocab_size": 384,
         "hidden_size": 32,
@@ -118,6 +119,7 @@ CELLS = [
     Cell("muon", False, "linear", "mixtral", "fsdp", {"z_loss_weight": 0.001}),
     Cell("adamw", True, "linear", "llama", "fsdp_tensor", {"accumulation": 2}, compute_dtype="bfloat16"),
     Cell("adamw", False, "cosine", "qwen3", "tensor_parallel"),
+    Cell("lion", True, "constant", "olmo2", "fsdp"),
 ]
 
 
