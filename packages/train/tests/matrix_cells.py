@@ -41,6 +41,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "mixtral": {**ROTARY_SHAPE, "num_experts": 4, "num_experts_per_token": 2},
     "qwen3": {**ROTARY_SHAPE, "head_dim": 8},  # heads narrower than hidden_size / num_heads
     "olmo2": ROTARY_SHAPE,
+    "gemma": {**ROTARY_SHAPE, "num_kv_heads": 1, "head_dim": 16},  # one KV head (MQA)
+    "gemma2": {**ROTARY_SHAPE, "head_dim": 16, "sliding_window": 8},  # a local and a global layer
+    "gemma3": {**ROTARY_SHAPE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
     "mup": {
         "vocab_size": 384,
         "hidden_size": 32,
@@ -120,6 +123,9 @@ CELLS = [
     Cell("adamw", True, "linear", "llama", "fsdp_tensor", {"accumulation": 2}, compute_dtype="bfloat16"),
     Cell("adamw", False, "cosine", "qwen3", "tensor_parallel"),
     Cell("lion", True, "constant", "olmo2", "fsdp"),
+    Cell("sophia_h", False, "constant", "gemma", "data_parallel"),
+    Cell("muon", True, "wsd", "gemma2", "fsdp"),
+    Cell("adamw", True, "linear", "gemma3", "fsdp_tensor", compute_dtype="bfloat16"),
 ]
 
 
