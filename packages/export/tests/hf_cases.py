@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import transformers
 
+from halyard.export.sources import SafetensorsSource
 from halyard.models.attention import AttentionMask
 from halyard.named import named
 
@@ -182,3 +183,17 @@ def assert_logits_close(
     assert np.abs(expected[valid]).max() > 0.05, "logits too small for a meaningful comparison"
     difference = np.abs(expected[valid] - actual[valid][..., : expected.shape[-1]]).max()
     assert difference <= atol, f"max abs logits difference {difference} > {atol}"
+
+
+def count_reads(monkeypatch: Any) -> dict[str, int]:
+    """Elements read from each checkpoint tensor from now on (``monkeypatch``: pytest's fixture), by key."""
+    reads: dict[str, int] = {}
+    original_read = SafetensorsSource.read
+
+    def counting_read(self: SafetensorsSource, key: str, slices: tuple[slice, ...]) -> np.ndarray:
+        block = original_read(self, key, slices)
+        reads[key] = reads.get(key, 0) + block.size
+        return block
+
+    monkeypatch.setattr(SafetensorsSource, "read", counting_read)
+    return reads

@@ -3,9 +3,11 @@
 `shrink` keeps every key of a real config but makes the shapes tiny (2 layers, heads of 16 channels,
 vocabulary 512) while keeping what decides the computation: the query/KV head ratio, an explicit
 ``head_dim`` and its ratio to ``hidden_size / num_attention_heads``, the rope type and its scaling, biases,
-tied or untied embeddings, windows (made shorter than the test sequence so they matter), and
-``max_window_layers`` below, equal to or above the layer count. ``initializer_range`` becomes 0.2 so that
-random-init logits are large enough to compare (it only affects initialisation).
+tied or untied embeddings, windows (made shorter than the test sequence so they matter),
+``max_window_layers`` below, equal to or above the layer count, and longrope's factors (one per rotating
+channel pair of the small heads, with a pre-training length the test sequence passes, so that the long
+factors are the ones compared). ``initializer_range`` becomes 0.2 so that random-init logits are large
+enough to compare (it only affects initialisation).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ VOCAB = 512
 LAYERS = 2
 HEAD_SIZE = 16
 WINDOW = 4
+LONGROPE_ORIGINAL = 8  # below the test batch's 12 positions
+# auto_map entries that replace the model's code (an AutoTokenizer entry does not change the model)
+MODEL_CODE = ("AutoConfig", "AutoModel")
 
 
 def entries() -> list[dict[str, Any]]:
@@ -43,9 +48,27 @@ def is_quantized(hf: dict[str, Any]) -> bool:
     return bool(hf.get("quantization_config") or hf.get("quantization"))
 
 
+def has_model_code(hf: dict[str, Any]) -> bool:
+    """Whether ``auto_map`` names the checkpoint's own model code (which Halyard refuses)."""
+    return any(str(name).startswith(MODEL_CODE) for name in hf.get("auto_map") or {})
+
+
+def without_model_code(hf: dict[str, Any]) -> dict[str, Any]:
+    """``hf`` with the ``auto_map`` entries of model code removed (what transformers runs by default)."""
+    auto_map = {k: v for k, v in (hf.get("auto_map") or {}).items() if not str(k).startswith(MODEL_CODE)}
+    return {
+        **{k: v for k, v in hf.items() if k != "auto_map"},
+        **({"auto_map": auto_map} if auto_map else {}),
+    }
+
+
 def accepted_entries() -> list[dict[str, Any]]:
-    """The corpus files Halyard must import: a supported family, not quantized."""
-    return [e for e in entries() if e["family"] in SUPPORTED and not is_quantized(load(e))]
+    """The corpus files Halyard must import: a supported family, not quantized, without model code."""
+    return [
+        e
+        for e in entries()
+        if e["family"] in SUPPORTED and not is_quantized(load(e)) and not has_model_code(load(e))
+    ]
 
 
 def _token_id(value: Any) -> Any:
@@ -92,6 +115,21 @@ def _shrink_llama_like(hf: dict[str, Any]) -> None:
         hf["layer_types"] = [hf["layer_types"][0], hf["layer_types"][-1]]
     if "num_local_experts" in hf:
         hf["num_local_experts"] = 4
+    _shrink_longrope(hf)
+
+
+def _shrink_longrope(hf: dict[str, Any]) -> None:
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters")
+    if not isinstance(rope, dict) or not isinstance(rope.get("short_factor"), list):
+        return
+    fraction = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    pairs = int((hf.get("head_dim") or HEAD_SIZE) * fraction) // 2
+    for key in ("short_factor", "long_factor"):
+        factors = rope[key]  # every n-th, keeping the low-to-high frequency order
+        rope[key] = [factors[index * len(factors) // pairs] for index in range(pairs)]
+    for where in (hf, rope):
+        if "original_max_position_embeddings" in where:
+            where["original_max_position_embeddings"] = LONGROPE_ORIGINAL
 
 
 def shrink(hf: dict[str, Any], family: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 from hf_cases import assert_logits_close, halyard_logits, padded_batch, torch_logits
-from hf_corpus import CONFIG_CLASSES, VOCAB, accepted_entries, load, shrink
+from hf_corpus import CONFIG_CLASSES, VOCAB, accepted_entries, load, shrink, without_model_code
 
 from halyard.export import export_hf, import_hf, read_hf_config
 from halyard.export.config_reading import config_from_hf_dict
@@ -110,3 +110,14 @@ def test_the_distinct_cases_cover_every_accepted_config() -> None:
     covered = sorted(file for _, same in CASES for file in same)
     assert covered == sorted(e["file"] for e in accepted_entries())
     assert len(CASES) < len(covered)
+
+
+# Files refused only for naming model code in auto_map: the rest of their keys, as transformers reads them
+# without trust_remote_code (Phi-4-mini: longrope with legacy 'type', partial rotary, tied, GQA, a window).
+WITHOUT_MODEL_CODE = ["phi3/Phi-4-mini-instruct.json"]
+
+
+@pytest.mark.parametrize("name", WITHOUT_MODEL_CODE)
+def test_shrunk_real_config_without_its_model_code_matches_transformers(name: str, tmp_path: Path) -> None:
+    family = load({"file": name})["model_type"]
+    _check_both_ways(family, shrink(without_model_code(load({"file": name})), family), tmp_path)

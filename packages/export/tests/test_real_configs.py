@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hf_corpus import CORPUS, SUPPORTED, accepted_entries, entries, is_quantized, load
+from hf_corpus import CORPUS, SUPPORTED, accepted_entries, entries, has_model_code, is_quantized, load
 
 from halyard.export import UnsupportedModelError, read_hf_config
 from halyard.export.config_reading import config_from_hf_dict
@@ -58,6 +58,16 @@ def test_an_mlx_quantized_config_is_refused_naming_it() -> None:
         config_from_hf_dict(hf)
 
 
+# A supported family whose auto_map names model code (Phi-4-mini ships a copy of Phi3ForCausalLM's)
+MODEL_CODE = [e for e in entries() if e["family"] in SUPPORTED and has_model_code(load(e))]
+
+
+@pytest.mark.parametrize("entry", MODEL_CODE, ids=_id)
+def test_configs_naming_model_code_are_refused(entry: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedModelError, match="'auto_map' entries.*never runs code"):
+        config_from_hf_dict(load(entry), where=entry["file"])
+
+
 OTHER_FAMILIES = [e for e in entries() if e["family"] not in SUPPORTED]
 
 
@@ -71,7 +81,7 @@ def test_the_corpus_has_every_kind_of_refusal() -> None:
     # the families without a Hugging Face spec shrink as specs are added (falcon and qwen2_moe stay)
     assert {"falcon", "qwen2_moe"} <= {e["family"] for e in OTHER_FAMILIES}
     assert len(accepted_entries()) >= 49 and len(QUANTIZED) >= 4
-    assert len(accepted_entries()) + len(QUANTIZED) + len(OTHER_FAMILIES) == len(entries())
+    assert len(accepted_entries()) + len(QUANTIZED) + len(MODEL_CODE) + len(OTHER_FAMILIES) == len(entries())
 
 
 def _file(name: str) -> dict[str, Any]:

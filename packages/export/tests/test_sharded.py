@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from hf_cases import VOCAB, assert_logits_close, halyard_logits, padded_batch, save, torch_logits
+from hf_cases import VOCAB, assert_logits_close, count_reads, halyard_logits, padded_batch, save, torch_logits
 from safetensors.numpy import load_file
 
 from halyard.export import export_hf, import_hf
-from halyard.export.sources import SafetensorsSource
 from halyard.named import is_named
 from halyard.shard import Layout, MeshSpec
 
@@ -96,15 +95,7 @@ def test_fsdp_import_on_8_devices_equals_unsharded_and_reads_only_each_slice(
     save("llama_mha_untied", tmp_path / "hf")
     _, plain = import_hf(tmp_path / "hf")
 
-    reads: dict[str, int] = {}
-    original_read = SafetensorsSource.read
-
-    def counting_read(self: SafetensorsSource, key: str, slices: tuple[slice, ...]) -> np.ndarray:
-        block = original_read(self, key, slices)
-        reads[key] = reads.get(key, 0) + block.size
-        return block
-
-    monkeypatch.setattr(SafetensorsSource, "read", counting_read)
+    reads = count_reads(monkeypatch)
     mesh = MeshSpec(data=1, fsdp=8).build()
     layout = Layout.fsdp(min_shard=1)
     config, sharded = import_hf(tmp_path / "hf", layout=layout, mesh=mesh)

@@ -44,6 +44,17 @@ MODELS: dict[str, dict[str, Any]] = {
     "gemma": {**ROTARY_SHAPE, "num_kv_heads": 1, "head_dim": 16},  # one KV head (MQA)
     "gemma2": {**ROTARY_SHAPE, "head_dim": 16, "sliding_window": 8},  # a local and a global layer
     "gemma3": {**ROTARY_SHAPE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
+    "phi3": {  # longrope past position 8 (of 16), half of each head rotating, a window
+        **ROTARY_SHAPE,
+        "sliding_window": 8,
+        "rope": {
+            "scaling": "longrope",
+            "short_factor": [1.0, 1.2, 1.5, 2.0],
+            "long_factor": [1.5, 2.0, 4.0, 8.0],
+            "original_max_position": 8,
+            "partial_rotary_factor": 0.5,
+        },
+    },
     "mup": {
         "vocab_size": 384,
         "hidden_size": 32,
@@ -126,6 +137,7 @@ CELLS = [
     Cell("sophia_h", False, "constant", "gemma", "data_parallel"),
     Cell("muon", True, "wsd", "gemma2", "fsdp"),
     Cell("adamw", True, "linear", "gemma3", "fsdp_tensor", compute_dtype="bfloat16"),
+    Cell("lion", False, "cosine", "phi3", "tensor_parallel"),
 ]
 
 

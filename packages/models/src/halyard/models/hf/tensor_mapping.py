@@ -12,10 +12,11 @@ its stacked axes: each ``{name}`` placeholder in the key stands for one leading 
 name, and each index along it is a separate Hugging Face tensor (``layers``: one tensor per layer;
 Mixtral's ``experts``: one per expert). ``part`` names a dimension that appears only on the left, fixed
 at one index (GPT-2 stores q, k and v in one ``c_attn`` tensor: ``("qkv", 1, 3)`` is the key part).
-Parts of unequal sizes are concatenated along the dimension their name leads, each as long as the sizes
-say in entries of the axis after the name (Phi-3's ``qkv_proj`` with grouped-query heads: the key part of
-``(qkv kv_heads head_size) embed`` is ``("qkv", 1, (heads, kv_heads, kv_heads))``, so it starts
-``heads * head_size`` rows in).
+Given by their sizes instead of a count, parts are concatenated along the dimension their name leads, each
+as long as its size in entries of the axis after the name; they may differ (Phi-3's ``qkv_proj`` with
+grouped-query heads: the key part of ``(qkv kv_heads head_size) embed`` is
+``("qkv", 1, (heads, kv_heads, kv_heads))``, which starts ``heads * head_size`` rows in), and a block
+sliced along that axis is read exactly (a counted part is read whole, then trimmed).
 
 Because the mapping is only a split of dimensions and a permutation, any rectangular block of the
 Halyard array comes from one contiguous range per Hugging Face dimension (`TensorMapping.read`), which
@@ -39,9 +40,9 @@ Reader = Callable[[tuple[slice, ...]], np.ndarray]
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
-class _UnequalPart(NamedTuple):
-    """A part among parts of unequal sizes: ``name`` leads its dimension, and this parameter's entries of
-    axis ``counted`` start ``offset`` entries in, ``size`` of the dimension's ``total``."""
+class _SizedPart(NamedTuple):
+    """A part among parts given by their sizes: ``name`` leads its dimension, and this parameter's entries
+    of axis ``counted`` start ``offset`` entries in, ``size`` of the dimension's ``total``."""
 
     name: str
     counted: str
@@ -74,8 +75,8 @@ class TensorMapping:
             axis after ``name`` (so ``sizes[index]`` is that axis's size); None when there is none.
 
     Raises:
-        ValueError: a ``part`` index outside the parts, or unequal sizes whose name does not lead a group
-            of at least two axes.
+        ValueError: a ``part`` index outside the parts, or sizes whose name does not lead a group of at
+            least two axes.
     """
 
     path: str
@@ -92,7 +93,7 @@ class TensorMapping:
             raise ValueError(f"TensorMapping {self.path!r}: part index {index} is not one of {parts} parts")
         if isinstance(count, tuple) and not any(g[0] == name and len(g) > 1 for g in self.groups):
             raise ValueError(
-                f"TensorMapping {self.path!r}: parts of unequal sizes {count} need {name!r} to lead a "
+                f"TensorMapping {self.path!r}: parts of sizes {count} need {name!r} to lead a "
                 f"group followed by the axis they count, as in '({name} heads head_size)'; got {self.pattern!r}"
             )
 
@@ -112,26 +113,26 @@ class TensorMapping:
         return _PLACEHOLDER.findall(self.hf_key)
 
     @cached_property
-    def _unequal(self) -> _UnequalPart | None:
+    def _sized(self) -> _SizedPart | None:
         """Where this parameter's part lies when the parts differ in size, else None."""
         if self.part is None or not isinstance(self.part[2], tuple):
             return None
         name, index, sizes = self.part[0], self.part[1], self.part[2]
         counted = next(group[1] for group in self.groups if group[0] == name)
-        return _UnequalPart(name, counted, sum(sizes[:index]), sizes[index], sum(sizes))
+        return _SizedPart(name, counted, sum(sizes[:index]), sizes[index], sum(sizes))
 
     @cached_property
     def _view_groups(self) -> list[list[str]]:
-        """`groups` with unequal parts' counted axis folded into the part's dimension (of ``sum(sizes)``
+        """`groups` with a sized part's counted axis folded into the part's dimension (of ``sum(sizes)``
         entries), so that the Hugging Face tensor reshapes to the view whatever the part."""
-        unequal = self._unequal
-        if unequal is None:
+        sized = self._sized
+        if sized is None:
             return self.groups
-        return [group[:1] + group[2:] if group[0] == unequal.name else group for group in self.groups]
+        return [group[:1] + group[2:] if group[0] == sized.name else group for group in self.groups]
 
     @property
     def view_names(self) -> list[str]:
-        """Every left-side axis name in order (unequal parts: the counted axis folded into the part's)."""
+        """Every left-side axis name in order (sized parts: the counted axis folded into the part's)."""
         return [name for group in self._view_groups for name in group]
 
     def key(self, indices: Mapping[str, int]) -> str:
@@ -139,20 +140,20 @@ class TensorMapping:
         return self.hf_key.format(**indices)
 
     def sizes_with_part(self, sizes: Mapping[str, int]) -> dict[str, int]:
-        """``sizes`` plus the part dimension's size (for unequal parts: the sum of their sizes).
+        """``sizes`` plus the part dimension's size (sized parts: the sum of the sizes).
 
         Raises:
-            ValueError: unequal parts whose own size is not the counted axis's size in ``sizes``.
+            ValueError: a sized part whose own size is not the counted axis's size in ``sizes``.
         """
         result = dict(sizes)
-        unequal = self._unequal
-        if unequal is not None:
-            if sizes.get(unequal.counted, unequal.size) != unequal.size:
+        sized = self._sized
+        if sized is not None:
+            if sizes.get(sized.counted, sized.size) != sized.size:
                 raise ValueError(
-                    f"TensorMapping {self.path!r}: its part of {unequal.name!r} holds {unequal.size} entries of "
-                    f"{unequal.counted!r}, but the parameter's {unequal.counted!r} is {sizes[unequal.counted]}"
+                    f"TensorMapping {self.path!r}: its part of {sized.name!r} holds {sized.size} entries of "
+                    f"{sized.counted!r}, but the parameter's {sized.counted!r} is {sizes[sized.counted]}"
                 )
-            result[unequal.name] = unequal.total
+            result[sized.name] = sized.total
         elif self.part is not None and isinstance(self.part[2], int):
             result[self.part[0]] = self.part[2]
         return result
@@ -167,20 +168,20 @@ class TensorMapping:
         for name, part_slice in zip(self.target, target_slices):
             start, stop, _ = part_slice.indices(sizes[name])
             ranges[name] = (start, stop)
-        unequal = self._unequal
-        if unequal is not None:
-            start, stop = ranges.pop(unequal.counted)
-            ranges[unequal.name] = (unequal.offset + start, unequal.offset + stop)
+        sized = self._sized
+        if sized is not None:
+            start, stop = ranges.pop(sized.counted)
+            ranges[sized.name] = (sized.offset + start, sized.offset + stop)
         elif self.part is not None:
             ranges[self.part[0]] = (self.part[1], self.part[1] + 1)
         return ranges
 
     def _halyard_names(self) -> list[str]:
-        """`view_names` as Halyard axes: an equal part's dimension dropped, an unequal part's renamed to the
+        """`view_names` as Halyard axes: a counted part's dimension dropped, a sized part's renamed to the
         axis it counts (its range is this parameter's)."""
-        unequal = self._unequal
-        if unequal is not None:
-            return [unequal.counted if n == unequal.name else n for n in self.view_names]
+        sized = self._sized
+        if sized is not None:
+            return [sized.counted if n == sized.name else n for n in self.view_names]
         return [n for n in self.view_names if self.part is None or n != self.part[0]]
 
     def read(self, reader: Reader, sizes: Mapping[str, int], target_slices: Sequence[slice]) -> np.ndarray:
@@ -205,7 +206,7 @@ class TensorMapping:
             read_shape += [stop - start] + [full[name] for name in group[1:]]
             trims += [slice(None)] + [slice(*ranges[name]) for name in group[1:]]
         view = np.asarray(reader(tuple(hf_slices))).reshape(read_shape)[tuple(trims)]
-        if self.part is not None and self._unequal is None:
+        if self.part is not None and self._sized is None:
             view = view.squeeze(self.view_names.index(self.part[0]))
         names = self._halyard_names()
         return view.transpose([names.index(name) for name in self.target])
@@ -224,12 +225,12 @@ class TensorMapping:
         names = self._halyard_names()
         arranged = block.transpose([self.target.index(name) for name in names])
         where: dict[str, slice | int] = dict(zip(self.target, target_slices or ()))
-        unequal = self._unequal
-        if unequal is not None:
-            counted = where.get(unequal.counted, slice(None))
+        sized = self._sized
+        if sized is not None:
+            counted = where.get(sized.counted, slice(None))
             assert isinstance(counted, slice)
-            start, stop, _ = counted.indices(unequal.size)
-            where[unequal.name] = slice(unequal.offset + start, unequal.offset + stop)
+            start, stop, _ = counted.indices(sized.size)
+            where[sized.name] = slice(sized.offset + start, sized.offset + stop)
         elif self.part is not None:
             where[self.part[0]] = self.part[1]
         view[tuple(where.get(name, slice(None)) for name in self.view_names)] = arranged

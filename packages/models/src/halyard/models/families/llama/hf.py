@@ -72,15 +72,18 @@ LLAMA_LIKE_FIELDS = {
 }
 
 
-def read_common(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
-    """The `LlamaConfig` fields every Llama-like architecture reads the same way (no windows, no biases)."""
+def read_common(
+    hf: Mapping[str, Any], used: set[str], *, partial: bool = False, original_max_position: bool = False
+) -> dict[str, Any]:
+    """The `LlamaConfig` fields every Llama-like architecture reads the same way (no windows, no biases);
+    ``partial`` and ``original_max_position`` as in `halyard.models.hf.readers.rope` (Phi-3 sets both)."""
     fields = renamed(hf, used, LLAMA_LIKE_FIELDS)
     fields["activation"] = activation_from_hf(fields["activation"])
     used.update({"num_key_value_heads", "tie_word_embeddings"})
     fields["num_kv_heads"] = hf.get("num_key_value_heads") or hf["num_attention_heads"]
     fields["head_dim"] = head_dim(hf, used)
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
-    fields["rope"] = rope(hf, used)
+    fields["rope"] = rope(hf, used, partial=partial, original_max_position=original_max_position)
     return fields
 
 
@@ -155,15 +158,16 @@ def _read_qwen2(hf: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     return {**read_common(hf, used), **qwen2_windows(hf, used, architecture="Qwen2ForCausalLM")}
 
 
-def write_common(config: LlamaConfig, architecture: str) -> dict[str, Any]:
-    """The ``config.json`` keys every Llama-like architecture writes the same way."""
+def write_common(config: LlamaConfig, architecture: str, *, partial: bool = False) -> dict[str, Any]:
+    """The ``config.json`` keys every Llama-like architecture writes the same way (with ``partial``, also
+    ``partial_rotary_factor``)."""
     values = {theirs: getattr(config, ours) for theirs, ours in LLAMA_LIKE_FIELDS.items()}
     values.update(
         hidden_act=activation_to_hf(config.activation),
         num_key_value_heads=config.num_kv_heads,
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=0.0,
-        **rope_keys(config.rope, architecture, config),
+        **rope_keys(config.rope, architecture, config, partial=partial),
     )
     if config.head_dim is not None:
         values["head_dim"] = config.head_dim
