@@ -24,7 +24,9 @@ from halyard.models import (
 
 
 def test_every_family_is_registered_with_its_defaults() -> None:
-    assert registered_models() == ("gpt2", "llama", "mistral", "mixtral", "mup", "qwen2")
+    original = {"gpt2", "llama", "mistral", "mixtral", "mup", "qwen2"}
+    today = {"gemma", "gemma2", "gemma3", "olmo2", "phi3", "qwen3"}
+    assert list(registered_models()) == sorted(original | today)
     expected = {"gpt2": Gpt2Config, "llama": LlamaConfig, "mistral": MistralConfig, "mixtral": MixtralConfig,
                 "mup": MupConfig, "qwen2": Qwen2Config}  # fmt: skip
     for name, cls in expected.items():
@@ -100,7 +102,7 @@ def test_head_dim_is_independent_of_width() -> None:
     config = model_config("llama", vocab_size=11, hidden_size=16, intermediate_size=8, num_layers=1, num_heads=4,
                           num_kv_heads=1, head_dim=8)  # fmt: skip
     model = eqx.filter_eval_shape(init_model, config, jax.random.key(0))
-    attention = model.layers.layers.attention
+    attention = model.layers.stacked.attention
     assert attention.q_proj.weight.shape == {"layers": 1, "embed": 16, "heads": 4, "head_size": 8}
     assert attention.k_proj.weight.shape == {"layers": 1, "embed": 16, "kv_heads": 1, "head_size": 8}
 

@@ -33,10 +33,10 @@ def router_logits_per_layer(model, tokens) -> list[jax.Array]:
     logits = []
     for index in range(model.config.num_layers):
         block = model.layers.layer(index)
-        attended, _ = block.attention(block.input_norm(x), mask, positions, None, None)
-        routed_input = block.post_attention_norm(x + attended)
-        logits.append(block.moe.route(routed_input)[0])
-        x, _ = block(x, mask, positions)
+        attended, _ = block.attention(block.attention_norm(x), mask, positions, model.config.rope, None, None)
+        routed_input = block.mlp_norm(x + attended)
+        logits.append(block.mlp.route(routed_input)[0])
+        x, _ = block(x, mask, positions, kind=model.config.layer_kinds()[index])
     return logits
 
 
@@ -144,7 +144,7 @@ def test_an_all_masked_batch_has_zero_router_losses_and_a_wrong_mask_is_refused(
         model, LmBatch.from_tokens(windows, loss_mask=np.zeros_like(windows))
     )
     assert float(metrics["load_balancing_loss"]) == 0.0 and float(metrics["router_z_loss"]) == 0.0
-    layer = model.layers.layer(0).moe
+    layer = model.layers.layer(0).mlp
     x = named(jnp.ones((2, 5, config.hidden_size)), ("batch", "pos", "embed"))
     with pytest.raises(ValueError, match="token_mask has axes"):
         layer(x, named(jnp.ones((2, 4)), ("batch", "pos")))

@@ -56,7 +56,9 @@ def _refuse_remote_code(hf: Mapping[str, Any], where: str) -> None:
         raise UnsupportedModelError(
             f"{where} has 'auto_map' entries {code}: the model needs its own Python code "
             "(trust_remote_code). Halyard never runs code from a checkpoint; convert it to a supported "
-            f"architecture ({', '.join(spec.architecture for spec in hf_families().values())}) first"
+            f"architecture ({', '.join(spec.architecture for spec in hf_families().values())}) first, or, "
+            "where transformers' own class for this model_type computes the checkpoint (it loads it without "
+            "trust_remote_code), delete the auto_map entries from config.json"
         )
 
 

@@ -32,8 +32,10 @@ def _covered(kinds: Sequence[Hashable], start: int, period: int) -> int:
 def repeating_runs(kinds: Sequence[Hashable]) -> list[Run]:
     """Split the layers into runs, each repeating one pattern, covering as many layers per run as possible.
 
-    At each start the period that covers the most layers wins (ties: the shortest period), so identical
-    layers are one run of period 1 and ``[local, global] * 13`` one run of period 2.
+    At each start the period that covers the most layers in at least two repeats wins (ties: the shortest
+    period; a single layer when no pattern repeats), so identical layers are one run of period 1,
+    ``[local, global] * 13`` one run of period 2, and Gemma 3's 26 layers (five local, one global) a run of
+    period 6 over 24 layers and one of period 1 over the last two.
 
     Args:
         kinds: one hashable static setting per layer.
@@ -42,9 +44,9 @@ def repeating_runs(kinds: Sequence[Hashable]) -> list[Run]:
     start = 0
     while start < len(kinds):
         best_period, best_length = 1, _covered(kinds, start, 1)
-        for period in range(2, len(kinds) - start + 1):
+        for period in range(2, (len(kinds) - start) // 2 + 1):
             length = _covered(kinds, start, period)
-            if length > best_length:
+            if length >= 2 * period and length > best_length:
                 best_period, best_length = period, length
         runs.append(Run(start, start + best_length, best_period))
         start += best_length

@@ -196,7 +196,8 @@ class Stacked(LayerStack[M]):
         xs = (dynamic, keys, inputs.sliced)
         runs = repeating_runs(kinds) if kinds is not None else [Run(0, num_layers, 1)]
         if self.remat == "nested" and len(runs) == 1 and runs[0].period == 1:
-            carry, outputs = self._nested_scan(step, x, xs, unroll)
+            kind = None if kinds is None else kinds[0]
+            carry, outputs = self._nested_scan(lambda c, p: step(c, p, kind), x, xs, unroll)
         else:
             carry, pieces = x, []
             for run in runs:
