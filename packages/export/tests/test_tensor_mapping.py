@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halyard.export.tensor_mapping import TensorMapping
+from halyard.models.hf.tensor_mapping import TensorMapping
 
 SIZES = {"embed": 6, "heads": 3, "head_size": 4}
 MAPPINGS = [

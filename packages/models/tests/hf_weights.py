@@ -80,15 +80,6 @@ def _dotted(path: Any) -> str:
     return ".".join(str(part) for part in parts)
 
 
-def _choose(spec: HfFamily, config: ModelConfig, state: Mapping[str, Any]) -> list[TensorMapping]:
-    """The spec's first tensor layout whose (first-index) tensors are all in ``state``, else the main one."""
-    candidates = spec.all_mappings(config)
-    for mappings in candidates:
-        if all(m.key(dict.fromkeys(m.stacked, 0)) in state for m in mappings):
-            return mappings
-    return candidates[0]
-
-
 def _slicer(tensor: np.ndarray) -> Callable[[tuple[slice, ...]], np.ndarray]:
     return lambda slices: tensor[slices]
 
@@ -129,7 +120,8 @@ def halyard_from_state(state: Mapping[str, Any], config: ModelConfig) -> CausalL
         k: v if isinstance(v, np.ndarray) else v.detach().cpu().float().numpy() for k, v in state.items()
     }
     spec = hf_family(config)
-    by_path = {mapping.path: mapping for mapping in _choose(spec, config, arrays)}
+    mappings = spec.checkpoint_mappings(config, arrays)
+    by_path = {mapping.path: mapping for mapping in mappings}
     abstract = eqx.filter_eval_shape(config.init, jax.random.key(0))
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_named)
     used: set[str] = set()
@@ -142,7 +134,7 @@ def halyard_from_state(state: Mapping[str, Any], config: ModelConfig) -> CausalL
         leaves.append(NamedArray(jnp.asarray(array, leaf.array.dtype), leaf.axes))
     if by_path:
         raise ValueError(f"the {spec.family} spec maps parameters the model does not have: {sorted(by_path)}")
-    embedding = next(m for m in _choose(spec, config, arrays) if m.path == "embed.weight").hf_key
+    embedding = next(m for m in mappings if m.path == "embed.weight").hf_key
     tied_head = spec.head_key in arrays and spec.head_key not in used
     if tied_head and np.array_equal(arrays[spec.head_key], arrays[embedding]):
         used.add(spec.head_key)
