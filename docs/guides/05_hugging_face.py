@@ -122,6 +122,6 @@ with torch.no_grad():
 print(repr(hf_tokenizer.decode(generated[0])))
 
 # %% [markdown]
-# Supported families (GPT-2, Llama, Mistral, Qwen2, Mixtral), their options and every refusal are listed
+# Supported families (GPT-2, Llama, Mistral, Qwen2, Qwen3, Mixtral, Gemma 1-3, OLMo 2, Phi-3), their options and every refusal are listed
 # on the [halyard.export page](../packages/export.md); for a checkpoint from the Hub see
 # [Importing a checkpoint you downloaded](../concepts/importing-a-checkpoint.md). Next: [muP](06_mup.md).
