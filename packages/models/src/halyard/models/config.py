@@ -35,16 +35,16 @@ class ModelConfig(abc.ABC):
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
             matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints)
             or ``offload`` (matmul outputs to host). Default ``save_dots``: less activation memory, and
-            on CPU faster than ``none`` (GPT-2 benchmark step -4.8%, a Llama of the same size -3%: fewer
-            fresh pages to fill outweigh the recomputation). Mixtral defaults to ``none``.
+            on CPU also faster than ``none`` (fewer fresh pages to fill outweigh the recomputation; figures
+            in benchmarks/README.md). Mixtral defaults to ``none``.
         param_dtype: dtype the parameters are created in.
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
         loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once), used when
             the float32 logits of a batch would take more than ``loss_full_logits_max_mib``.
         loss_full_logits_max_mib: up to this many MiB of float32 ``[tokens, vocab]`` logits the loss is
-            computed on the full logits (faster: the blocked backward recomputes the logits; -23% CPU per
-            step for a 49k-vocabulary Llama with 384 MiB of logits); 0 always uses blocks.
+            computed on the full logits (faster: the blocked backward recomputes the logits; figures in
+            benchmarks/README.md); 0 always uses blocks.
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
             default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
             A sequence no longer than one block runs as a single block.

@@ -17,7 +17,7 @@ Two drivers walk the block pairs (`halyard.models.attention.block_pairs`):
 Either way causal attention does about half the work of the full matrix. Inside the kernel blocks are
 laid out head-major (``[blocks, B, h, g, q, d]``): every block product is a batched matmul over
 contiguous ``[q, d]`` tiles and each loop reads whole leading-axis slices, which keeps XLA from copying
-operands into other layouts inside the loops (3-5x faster on CPU than a ``[B, q, h, d]`` layout).
+operands into other layouts inside the loops (much faster on CPU than a ``[B, q, h, d]`` layout; benchmarks/README.md).
 
 Shapes inside this file: ``B`` batch, ``Q``/``K`` number of query/key blocks, ``q``/``k`` block sizes,
 ``h`` kv heads, ``g`` query heads per kv head, ``d`` head size.

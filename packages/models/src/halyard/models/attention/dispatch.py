@@ -4,9 +4,9 @@ The ``auto`` rule:
 
 1. on an NVIDIA GPU, when cuDNN supports the inputs (bfloat16/float16, head_size <= 128 and a multiple
    of 8): ``cudnn``;
-2. on CPU: ``blocked``. Measured with benchmarks-style training steps (GQA 4/2 heads, head_size 64),
-   blocked forward+backward was 1.3x to 8x faster than ``xla`` from 128 to 2048 tokens (it skips masked
-   blocks and stays in cache) and equal for one-token decoding, with memory linear in length;
+2. on CPU: ``blocked``: faster than ``xla`` for training-length sequences (it skips masked blocks and
+   stays in cache; figures in benchmarks/README.md), as fast for one-token decoding, with memory linear
+   in length;
 3. on other accelerators (GPU without cuDNN support, TPU), when ``num_queries * num_keys <=
    AUTO_XLA_MAX_SCORES`` (``2048 * 2048``): ``xla``, whose fused quadratic path is fast there at that size;
 4. otherwise: ``blocked``, whose memory is linear in sequence length.

@@ -3,11 +3,11 @@
 For ``y = x · W`` the backward pass needs ``dx = dy · Wᵀ`` and ``dW = xᵀ · dy``. JAX writes both as
 ``dot_general`` with the contracted dimension in the "wrong" place, and XLA's CPU backend handles that by
 copying the larger operand into a transposed layout and running the product on its slower generic
-kernel (``dW`` of a GPT-2 MLP ran at 64 GFLOP/s against 100 for the forward product on one core).
+kernel, well below the forward product's speed.
 Here every product is a row-major ``[n, k] x [k, o]`` matrix product, and the operand that must be
 transposed is transposed explicitly, choosing the smaller one (behind ``optimization_barrier``, so
-XLA does not fold the transpose back into the product). Measured on the GPT-2 benchmark step
-(``benchmarks/train_step.py``'s model): -6% CPU time per step on one core, -4.5% wall time on two.
+XLA does not fold the transpose back into the product). The effect on the benchmark step is in
+benchmarks/README.md.
 
 On GPUs and TPUs the matrix units read transposed operands for free, so `default_dot_general` uses this
 only when JAX's default backend is the CPU. The forward value is the same product; gradients agree with
