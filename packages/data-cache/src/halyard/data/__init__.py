@@ -1,14 +1,22 @@
 """halyard.data: raw text shards -> a parallel, resumable tokenization cache -> deterministic batches.
 
 Documents train on every token; chat and prompt/completion examples (``ExampleFormat``) store a per-token
-loss mask next to the tokens, and batches then carry ``loss_mask``.
+loss mask next to the tokens, and batches then carry ``loss_mask``; preference records (prompt, chosen,
+rejected) become pairs of masked sequences (``PreferenceDataset``).
 
 No JAX needed: batches are numpy arrays, usable from any framework.
 """
 
 from halyard.data.builders import BuildHandle, CacheMismatchError, build_cache
 from halyard.data.cache import TokenCache
-from halyard.data.datasets import DataManifest, FeistelPermutation, LMDataset, MixtureDataset, host_rows
+from halyard.data.datasets import (
+    DataManifest,
+    FeistelPermutation,
+    LMDataset,
+    MixtureDataset,
+    PreferenceDataset,
+    host_rows,
+)
 from halyard.data.errors import (
     DataInputError,
     SourceFormatError,
@@ -34,6 +42,7 @@ __all__ = [
     "Loader",
     "MissingFieldError",
     "MixtureDataset",
+    "PreferenceDataset",
     "Processor",
     "SourceFormatError",
     "SourceNotFoundError",

@@ -55,22 +55,29 @@ def make_parser() -> argparse.ArgumentParser:
         default="text",
         choices=EXAMPLE_KINDS,
         help="what each record holds: text (documents, every token trained on), chat (a message list; "
-        "only assistant turns are trained on) or prompt_completion (only the completion is); the last two "
-        "store a loss mask and read jsonl/json",
+        "only assistant turns are trained on), prompt_completion (only the completion is) or preference "
+        "(prompt, chosen, rejected: two examples, only the replies trained on); all but text store a loss "
+        "mask and read jsonl/json",
     )
     build.add_argument("--messages-field", default="messages", help="chat: key of the message list")
     build.add_argument("--role-field", default="role", help="chat: key of a message's role")
     build.add_argument("--content-field", default="content", help="chat: key of a message's text")
-    build.add_argument("--prompt-field", default="prompt", help="prompt_completion: key of the prompt")
+    build.add_argument(
+        "--prompt-field", default="prompt", help="prompt_completion, preference: key of the prompt"
+    )
     build.add_argument(
         "--completion-field", default="completion", help="prompt_completion: key of the completion"
+    )
+    build.add_argument("--chosen-field", default="chosen", help="preference: key of the preferred reply")
+    build.add_argument(
+        "--rejected-field", default="rejected", help="preference: key of the dispreferred reply"
     )
     build.add_argument(
         "--chat-template",
         default="simple",
         choices=CHAT_TEMPLATES,
-        help="chat: simple (plain-text role markers, see ExampleFormat) or tokenizer (the tokenizer's own "
-        "chat_template)",
+        help="chat, preference: simple (plain-text role markers, see ExampleFormat), tokenizer (the "
+        "tokenizer's own chat_template) or auto (the tokenizer's when it has one, else simple)",
     )
     build.add_argument(
         "--bos", default="auto", type=_special, help="auto | true | false | <token> (default: auto)"
@@ -136,6 +143,8 @@ def run_command(argv: list[str] | None = None) -> int:
                 content_field=args.content_field,
                 prompt_field=args.prompt_field,
                 completion_field=args.completion_field,
+                chosen_field=args.chosen_field,
+                rejected_field=args.rejected_field,
                 chat_template=args.chat_template,
             ),
             bos=args.bos,

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.shard import MeshSpec
 from halyard.train.model_section import ModelSection, model_section
+from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim import AdamWConfig, OptimizerConfig
 from halyard.train.trackers import JsonlTrackerConfig, TrackerConfig
 
@@ -53,7 +54,7 @@ class DataConfig:
     ray_address: str | None = None
     """builder=ray: the cluster (auto, or ray://host:10001); null starts a local Ray with num_workers CPUs."""
     format: str = "text"
-    """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on) or prompt_completion (only the completion is trained on). chat and prompt_completion read jsonl/json sources and store a loss mask in the cache."""
+    """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on), prompt_completion (only the completion is trained on) or preference (a prompt with a chosen and a rejected reply, for trainer.objective=dpo; only the replies count). All but text read jsonl/json sources and store a loss mask in the cache."""
     messages_field: str = "messages"
     """format=chat: the key of the message list."""
     role_field: str = "role"
@@ -61,11 +62,15 @@ class DataConfig:
     content_field: str = "content"
     """format=chat: the key of a message's text."""
     prompt_field: str = "prompt"
-    """format=prompt_completion: the key of the prompt."""
+    """format=prompt_completion or preference: the key of the prompt (for preference a string, one user message, or a list of messages)."""
     completion_field: str = "completion"
     """format=prompt_completion: the key of the completion (appended to the prompt as it is)."""
+    chosen_field: str = "chosen"
+    """format=preference: the key of the preferred reply (a string, one assistant message, or a list of assistant messages)."""
+    rejected_field: str = "rejected"
+    """format=preference: the key of the dispreferred reply (like chosen_field)."""
     chat_template: str = "simple"
-    """format=chat: simple (each message is <marker of its role><content><end_of_turn>; the assistant's content and end_of_turn are targets) or tokenizer (the chat_template of the tokenizer folder's tokenizer_config.json or chat_template.jinja)."""
+    """format=chat or preference: simple (each message is <marker of its role><content><end_of_turn>; the assistant's content and end_of_turn are targets), tokenizer (the chat_template of the tokenizer folder's tokenizer_config.json or chat_template.jinja) or auto (the tokenizer's when it has one, else simple)."""
     system_marker: str = "<|system|>\n"
     """chat_template=simple: text before a system message (default: <|system|> and a newline)."""
     user_marker: str = "<|user|>\n"
@@ -165,6 +170,8 @@ class TrainerConfig:
     """Sampling temperature for the sample (0: greedy); top-k 40 when above 0, seeded by trainer.seed."""
     progress: bool = True
     """Show a progress bar."""
+    objective: str = "lm"
+    """What the run minimises: lm (next-token cross-entropy on the target tokens) or dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section)."""
 
     REMOVED_KEYS: ClassVar[dict[str, str]] = {
         "precision": "set model.param_dtype (stored parameters, e.g. float32) and model.compute_dtype "
@@ -187,6 +194,8 @@ class TrainerConfig:
             )
         if self.nonfinite not in ("skip", "stop"):
             raise ValueError(f"trainer.nonfinite={self.nonfinite!r}: use skip or stop")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"trainer.objective={self.objective!r}: use one of {', '.join(OBJECTIVES)}")
 
 
 def _default_model() -> Any:
@@ -215,3 +224,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     trackers: list[TrackerConfig] = field(default_factory=lambda: [JsonlTrackerConfig()])
     """Where metrics go: a list of `type:` jsonl | tensorboard | wandb (wandb works offline)."""
+    dpo: DpoConfig = field(default_factory=DpoConfig)
+
+    def __post_init__(self) -> None:
+        check_objective_data(self.trainer.objective, self.data.format)

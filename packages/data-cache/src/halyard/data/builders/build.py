@@ -120,7 +120,9 @@ def build_cache(
         text_mode: ``"document"`` or ``"line"`` for text files given as strings.
         example_format: what the records of patterns given as strings hold: ``"text"`` (documents),
             ``"chat"`` or ``"prompt_completion"`` (supervised fine-tuning examples; the cache then stores
-            a per-token loss mask), or an ``ExampleFormat`` with field names and the chat template.
+            a per-token loss mask), ``"preference"`` (a prompt with a chosen and a rejected reply: two
+            masked documents per record, read by ``PreferenceDataset``), or an ``ExampleFormat`` with
+            field names and the chat template.
         bos: BOS policy: ``"auto"`` (what the tokenizer adds by itself), ``True``, ``False``, or a token.
         eos: EOS token: ``"auto"`` (detected) or a token; an EOS always ends each document.
         chunk_tokens: a chunk closes at the first document end at or after this many tokens.

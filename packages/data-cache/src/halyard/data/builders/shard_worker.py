@@ -87,7 +87,7 @@ def _batches(records: Iterator[Record], batch_chars: int) -> Iterator[list[Recor
         if record.text is not None:
             characters += len(record.text)
         elif record.segments is not None:
-            characters += sum(len(text) for text, _ in record.segments)
+            characters += sum(len(text) for text, _ in record.segments + (record.rejected or ()))
         if characters >= budget:
             yield batch
             batch, characters = [], 0
@@ -130,15 +130,21 @@ class _ChunkWriter:
         mask: np.ndarray | None = None
         if self.processor.loss_mask:
             # A plain document in a cache with masks is one target piece: every token is trained on.
-            examples = [
-                record.segments if record.segments is not None else ((record.text or "", True),)
-                for record in documents
-            ]
+            examples = []
+            for record in documents:
+                examples.append(
+                    record.segments if record.segments is not None else ((record.text or "", True),)
+                )
+                if record.rejected is not None:
+                    examples.append(record.rejected)
             tokens, lengths, mask = self.processor.encode_examples(examples)
         else:
             tokens, lengths = self.processor.encode([record.text for record in documents])  # type: ignore[misc]
         rows = np.fromiter((record.row for record in documents), dtype=np.int64, count=len(documents))
-        ends = np.cumsum(lengths)
+        # A record is one cache document, or two for a preference pair (chosen, rejected). Chunks end only
+        # between records, so a pair is never split by a commit (a resumed shard restarts at a record).
+        record_documents = np.cumsum([1 if record.rejected is None else 2 for record in documents])
+        ends = np.cumsum(lengths)[record_documents - 1]
         first = 0
         while first < len(documents):
             consumed_before = int(ends[first - 1]) if first else 0
@@ -148,7 +154,8 @@ class _ChunkWriter:
             self.token_parts.append(tokens[consumed_before : int(ends[stop - 1])])
             if mask is not None:
                 self.mask_parts.append(mask[consumed_before : int(ends[stop - 1])])
-            self.length_parts.append(lengths[first:stop])
+            first_document = int(record_documents[first - 1]) if first else 0
+            self.length_parts.append(lengths[first_document : int(record_documents[stop - 1])])
             self.buffered_tokens += int(ends[stop - 1]) - consumed_before
             if last < len(documents):
                 self._commit(rows_end=int(rows[last]) + 1, finished=False)

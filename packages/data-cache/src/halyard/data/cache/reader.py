@@ -286,7 +286,7 @@ class TokenCache:
         if not self.has_loss_mask:
             raise ValueError(
                 f"the cache at {self.root} has no loss mask: it was built from text documents (every token "
-                "is a target); build it with example_format='chat' or 'prompt_completion' for one"
+                "is a target); build it with example_format='chat', 'prompt_completion' or 'preference' for one"
             )
         return self._read_column(
             start, stop, np.dtype(np.uint8), lambda s, c: chunk_mask_path(self._fs_root, s, c)
@@ -340,6 +340,14 @@ class TokenCache:
         Raises:
             IndexError: past the last document of a finished cache.
         """
+        return self.read(*self.document_span(index))
+
+    def document_span(self, index: int) -> tuple[int, int]:
+        """``(start, stop)``: the stream positions of document ``index`` (waits for it while the build runs).
+
+        Raises:
+            IndexError: past the last document of a finished cache.
+        """
         self.wait_until(lambda: self.num_documents > index, f"document {index}")
         if index >= self.num_documents or index < 0:
             raise IndexError(
@@ -349,7 +357,7 @@ class TokenCache:
         ends = self._chunk_ends(chunk)
         local = index - chunk.document_start
         begin = 0 if local == 0 else int(ends[local - 1])
-        return self.read(chunk.token_start + begin, chunk.token_start + int(ends[local]))
+        return chunk.token_start + begin, chunk.token_start + int(ends[local])
 
     def _chunk_ends(self, chunk: _Chunk) -> np.ndarray:
         key = (chunk.shard_index, chunk.chunk_index)

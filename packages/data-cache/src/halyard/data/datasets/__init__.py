@@ -1,8 +1,10 @@
-"""Datasets: LM windows with segment ids, keyed shuffles, validation split, mixtures, pure batches by step."""
+"""Datasets: LM windows with segment ids, preference pairs, keyed shuffles, validation split, mixtures, pure
+batches by step."""
 
 from halyard.data.datasets.manifest import DataManifest
 from halyard.data.datasets.mixture import MixtureDataset, block_counts
 from halyard.data.datasets.permutation import FeistelPermutation
+from halyard.data.datasets.preferences import PreferenceDataset
 from halyard.data.datasets.split import WindowSplit
 from halyard.data.datasets.windows import LMDataset, host_rows
 
@@ -11,6 +13,7 @@ __all__ = [
     "FeistelPermutation",
     "LMDataset",
     "MixtureDataset",
+    "PreferenceDataset",
     "WindowSplit",
     "block_counts",
     "host_rows",

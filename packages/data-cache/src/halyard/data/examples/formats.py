@@ -1,4 +1,5 @@
-"""How a JSON record becomes a training example: plain text, a chat, or a prompt with its completion.
+"""How a JSON record becomes a training example: plain text, a chat, a prompt with its completion, or a
+preference pair (a prompt with a chosen and a rejected reply: two examples).
 
 A chat or prompt/completion record is rendered into *segments*: pieces of text, each marked as a training
 target (the assistant's turns, the completion) or not (system and user turns, role markers, the prompt).
@@ -13,14 +14,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from halyard.data.examples.hf_template import render_with_template
+from halyard.data.examples.messages import Segments, checked_messages, marker_segments, required_field
+from halyard.data.examples.preference import preference_segments
 from halyard.data.sources.records import ExampleError, MissingFieldError
 
-EXAMPLE_KINDS = ("text", "chat", "prompt_completion")
-ROLES = ("system", "user", "assistant")
-CHAT_TEMPLATES = ("simple", "tokenizer")
-
-# ``(text, is_target)`` pieces of one example, in order.
-Segments = tuple[tuple[str, bool], ...]
+EXAMPLE_KINDS = ("text", "chat", "prompt_completion", "preference")
+CHAT_TEMPLATES = ("simple", "tokenizer", "auto")
 
 
 @dataclass(frozen=True)
@@ -31,22 +30,30 @@ class ExampleFormat:
     ``kind="chat"``: ``messages_field`` holds a list of ``{role_field: ..., content_field: ...}`` with
     roles ``system``, ``user``, ``assistant``; only the assistant turns are targets, and a chat needs at
     least one. ``kind="prompt_completion"``: ``prompt_field`` then ``completion_field``, concatenated as
-    they are (put any separator in the data); only the completion is a target.
+    they are (put any separator in the data); only the completion is a target. ``kind="preference"``:
+    ``prompt_field``, ``chosen_field`` and ``rejected_field`` make two chats, the prompt as a user message
+    and each reply as the assistant's (see `halyard.data.examples.preference`); only the replies are
+    targets, and the cache stores the chosen example right before the rejected one.
 
     The ``simple`` chat template renders each message as ``<marker of its role><content><end_of_turn>``;
     for an assistant turn the content and ``end_of_turn`` are targets (so the model learns to end its
     turn), the marker is not. ``chat_template="tokenizer"`` renders with the Jinja ``chat_template`` of
     the tokenizer's ``tokenizer_config.json`` instead; the target of an assistant turn is then what the
     template adds for that message after the generation prompt (its content and end-of-turn tokens).
+    ``chat_template="auto"`` is the tokenizer's template when it has one, else the simple one
+    (``build_cache`` decides, and the cache's identity records the choice).
 
     Attributes:
         kind: one of ``EXAMPLE_KINDS``.
         messages_field: the key of the message list (chat).
         role_field: the key of a message's role (chat).
         content_field: the key of a message's text (chat).
-        prompt_field: the key of the prompt (prompt_completion).
+        prompt_field: the key of the prompt (prompt_completion, preference).
         completion_field: the key of the completion (prompt_completion).
-        chat_template: ``"simple"`` (the markers below) or ``"tokenizer"`` (the tokenizer's own template).
+        chosen_field: the key of the preferred reply (preference).
+        rejected_field: the key of the dispreferred reply (preference).
+        chat_template: ``"simple"`` (the markers below), ``"tokenizer"`` (the tokenizer's own template) or
+            ``"auto"`` (the tokenizer's when it has one).
         system_marker: text before a system message (simple template).
         user_marker: text before a user message (simple template).
         assistant_marker: text before an assistant message (simple template).
@@ -63,6 +70,8 @@ class ExampleFormat:
     content_field: str = "content"
     prompt_field: str = "prompt"
     completion_field: str = "completion"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     chat_template: str = "simple"
     system_marker: str = "<|system|>\n"
     user_marker: str = "<|user|>\n"
@@ -82,8 +91,13 @@ class ExampleFormat:
 
     @property
     def has_targets(self) -> bool:
-        """True for formats that train on part of each example only (chat, prompt_completion)."""
+        """True for formats that train on part of each example only (chat, prompt_completion, preference)."""
         return self.kind != "text"
+
+    @property
+    def markers(self) -> dict[str, str]:
+        """The simple template's text before a message, by role."""
+        return {"system": self.system_marker, "user": self.user_marker, "assistant": self.assistant_marker}
 
     def with_tokenizer_template(
         self, template: str | None, bos_token: str | None, eos_token: str | None, tokenizer_source: str
@@ -99,8 +113,10 @@ class ExampleFormat:
         Raises:
             ValueError: ``chat_template="tokenizer"`` but the tokenizer has no chat template.
         """
-        if self.kind != "chat" or self.chat_template != "tokenizer":
+        if self.kind not in ("chat", "preference") or self.chat_template == "simple":
             return self
+        if not template and self.chat_template == "auto":
+            return replace(self, chat_template="simple")
         if not template:
             raise ValueError(
                 f"chat_template='tokenizer' but the tokenizer {tokenizer_source!r} has no chat_template (it "
@@ -109,6 +125,7 @@ class ExampleFormat:
             )
         return replace(
             self,
+            chat_template="tokenizer",
             tokenizer_template=template,
             template_bos_token=bos_token or "",
             template_eos_token=eos_token or "",
@@ -119,14 +136,21 @@ class ExampleFormat:
         described: dict[str, Any] = {"kind": self.kind}
         if self.kind == "prompt_completion":
             described.update(prompt_field=self.prompt_field, completion_field=self.completion_field)
-        elif self.kind == "chat":
+        elif self.kind in ("chat", "preference"):
+            if self.kind == "chat":
+                described["messages_field"] = self.messages_field
+            else:
+                described.update(
+                    prompt_field=self.prompt_field,
+                    chosen_field=self.chosen_field,
+                    rejected_field=self.rejected_field,
+                )
             described.update(
-                messages_field=self.messages_field,
                 role_field=self.role_field,
                 content_field=self.content_field,
                 chat_template=self.chat_template,
             )
-            if self.chat_template == "simple":
+            if self.chat_template != "tokenizer":
                 described.update(
                     system_marker=self.system_marker,
                     user_marker=self.user_marker,
@@ -148,8 +172,11 @@ class ExampleFormat:
 
         Raises:
             MissingFieldError: a configured field is absent (names it and the keys found).
-            ExampleError: anything else wrong with the record (names ``where`` and the fix).
+            ExampleError: anything else wrong with the record (names ``where`` and the fix); a preference
+                record, which is two examples (see `pair_segments`).
         """
+        if self.kind == "preference":
+            raise ExampleError(f"{where}: a preference record is two examples; read it with pair_segments")
         if not isinstance(value, dict):
             raise ExampleError(f"{where}: expected a JSON object, found {type(value).__name__}")
         if self.kind == "prompt_completion":
@@ -168,52 +195,31 @@ class ExampleFormat:
             return render_with_template(
                 self.tokenizer_template, messages, where, self.template_bos_token, self.template_eos_token
             )
-        markers = {"system": self.system_marker, "user": self.user_marker, "assistant": self.assistant_marker}
-        pieces: list[tuple[str, bool]] = []
-        for message in messages:
-            target = message["role"] == "assistant"
-            pieces.append((markers[message["role"]], False))
-            pieces.append((message["content"] + self.end_of_turn, target))
-        return tuple(pieces)
+        targets = [message["role"] == "assistant" for message in messages]
+        return marker_segments(messages, targets, self.markers, self.end_of_turn)
+
+    def pair_segments(self, value: Any, where: str) -> tuple[Segments, Segments]:
+        """Render one preference record into its chosen and its rejected example (see
+        `halyard.data.examples.preference.preference_segments`, which says what it raises)."""
+        return preference_segments(self, value, where)
 
     def _messages(self, value: dict[str, Any], where: str) -> list[dict[str, str]]:
         if self.messages_field not in value:
             raise MissingFieldError(
                 f"{where}: messages field {self.messages_field!r} not found; keys found: {sorted(value)}. "
-                "Set messages_field to the key of the message list."
+                "Set messages_field to the key of the message list.",
+                "messages_field",
             )
-        raw = value[self.messages_field]
-        if not isinstance(raw, list) or not raw:
-            raise ExampleError(f"{where}: {self.messages_field!r} must be a non-empty list of messages")
-        messages = []
-        for index, message in enumerate(raw):
-            here = f"{where}: message {index}"
-            if not isinstance(message, dict):
-                raise ExampleError(f"{here} is a {type(message).__name__}, not an object")
-            for key, option in ((self.role_field, "role_field"), (self.content_field, "content_field")):
-                if key not in message:
-                    raise MissingFieldError(
-                        f"{here} has no {key!r}; keys found: {sorted(message)}. Set {option} to the right key."
-                    )
-            role, content = message[self.role_field], message[self.content_field]
-            if role not in ROLES:
-                raise ExampleError(f"{here} has the unknown role {role!r}; roles are {ROLES}")
-            if not isinstance(content, str):
-                raise ExampleError(
-                    f"{here}: {self.content_field!r} holds {type(content).__name__}, not a string"
-                )
-            messages.append({"role": role, "content": content})
+        messages = checked_messages(
+            value[self.messages_field], where, self.messages_field, self.role_field, self.content_field
+        )
         if not any(message["role"] == "assistant" for message in messages):
             raise ExampleError(f"{where}: the chat has no assistant turn: nothing to train on")
         return messages
 
 
 def _string_field(value: dict[str, Any], key: str, where: str, option: str) -> str:
-    if key not in value:
-        raise MissingFieldError(
-            f"{where}: field {key!r} not found; keys found: {sorted(value)}. Set {option} to the right key."
-        )
-    text = value[key]
+    text = required_field(value, key, where, option)
     if not isinstance(text, str):
         raise ExampleError(f"{where}: field {key!r} holds {type(text).__name__}, not a string")
     return text

@@ -5,7 +5,8 @@ The template is run the way ``transformers`` runs it (a sandboxed Jinja environm
 ``add_generation_prompt``, ``bos_token``, ``eos_token``). Templates render the whole conversation, so the
 assistant turns are found by rendering prefixes: for the assistant message ``i``, the text of
 ``messages[:i]`` with the generation prompt is what comes before the turn, and the text of
-``messages[:i + 1]`` ends right after it. What lies between is the turn's target text.
+``messages[:i + 1]`` ends right after it. What lies between is the turn's target text. A preference
+pair's reply is found the same way: what ``prompt + reply`` adds to the prompt's generation prompt.
 """
 
 from __future__ import annotations
@@ -59,17 +60,7 @@ def render_with_template(
     compiled = _compiled(template)
 
     def render(prefix: list[dict[str, str]], generation_prompt: bool) -> str:
-        try:
-            return str(
-                compiled.render(
-                    messages=prefix,
-                    add_generation_prompt=generation_prompt,
-                    bos_token=bos_token,
-                    eos_token=eos_token,
-                )
-            )
-        except ExampleError as error:
-            raise ExampleError(f"{where}: the tokenizer's chat template refused the chat: {error}") from None
+        return _render(compiled, prefix, generation_prompt, where, bos_token, eos_token)
 
     full = render(messages, False)
     segments: list[tuple[str, bool]] = []
@@ -90,3 +81,60 @@ def render_with_template(
         done = len(through)
     segments.append((full[done:], False))
     return tuple((text, target) for text, target in segments if text)
+
+
+def render_reply_with_template(
+    template: str,
+    prompt: list[dict[str, str]],
+    reply: list[dict[str, str]],
+    where: str,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> tuple[tuple[str, bool], ...]:
+    """Render ``prompt + reply`` with a Jinja chat template; only the reply's text is a target.
+
+    The prompt is rendered with the generation prompt (what a model sees before it answers); the reply is
+    what the whole conversation adds after it (as TRL's preference tokenization does).
+
+    Args:
+        template: the ``chat_template`` text.
+        prompt: the conversation before the reply (checked ``{"role", "content"}`` dicts).
+        reply: the assistant message(s) answering it.
+        where: ``file:line`` for messages.
+        bos_token: the value of the template's ``bos_token`` variable.
+        eos_token: the value of the template's ``eos_token`` variable.
+
+    Raises:
+        ExampleError: the template raised, or the whole conversation does not start with the prompt's
+            rendering (the reply cannot be located); use the simple template then.
+    """
+    compiled = _compiled(template)
+    before = _render(compiled, prompt, True, where, bos_token, eos_token)
+    full = _render(compiled, prompt + reply, False, where, bos_token, eos_token)
+    if not full.startswith(before):
+        raise ExampleError(
+            f"{where}: the tokenizer's chat template does not render the reply as an extension of the prompt "
+            "with its generation prompt, so the reply's tokens cannot be located; use chat_template='simple'"
+        )
+    return tuple((text, target) for text, target in ((before, False), (full[len(before) :], True)) if text)
+
+
+def _render(
+    compiled: Any,
+    messages: list[dict[str, str]],
+    generation_prompt: bool,
+    where: str,
+    bos_token: str,
+    eos_token: str,
+) -> str:
+    try:
+        return str(
+            compiled.render(
+                messages=messages,
+                add_generation_prompt=generation_prompt,
+                bos_token=bos_token,
+                eos_token=eos_token,
+            )
+        )
+    except ExampleError as error:
+        raise ExampleError(f"{where}: the tokenizer's chat template refused the chat: {error}") from None

@@ -32,7 +32,8 @@ def read_parquet(url: str, start_row: int, *, text_field: str, strict: bool) -> 
         names = parquet.schema_arrow.names
         if text_field not in names:
             raise MissingFieldError(
-                f"{url}: column {text_field!r} not found; columns found: {names}. Pass text_field=<column>."
+                f"{url}: column {text_field!r} not found; columns found: {names}. Pass text_field=<column>.",
+                "text_field",
             )
         first_row = 0
         for group in range(parquet.num_row_groups):
@@ -71,7 +72,8 @@ def read_arrow(url: str, start_row: int, *, text_field: str, strict: bool) -> It
         names = reader.schema.names
         if text_field not in names:
             raise MissingFieldError(
-                f"{url}: column {text_field!r} not found; columns found: {names}. Pass text_field=<column>."
+                f"{url}: column {text_field!r} not found; columns found: {names}. Pass text_field=<column>.",
+                "text_field",
             )
         column_index = names.index(text_field)
         first_row = 0

@@ -129,7 +129,8 @@ def _record_from_object(
     if text_field not in value:
         raise MissingFieldError(
             f"{where}: text field {text_field!r} not found; keys found: {sorted(value)}. "
-            "Pass text_field=<one of these keys>."
+            "Pass text_field=<one of these keys>.",
+            "text_field",
         )
     text = value[text_field]
     if text is None:
@@ -152,7 +153,10 @@ def _example_record(
 ) -> Record:
     # Like a missing text field, a missing example field is a configuration error: always raised.
     try:
-        segments = example.segments(value, where)
+        if example.kind == "preference":
+            segments, rejected = example.pair_segments(value, where)
+        else:
+            segments, rejected = example.segments(value, where), None
     except ExampleError as error:
         if strict:
             raise BadRecordError(
@@ -162,4 +166,4 @@ def _example_record(
         return Record(row, None, BAD_EXAMPLE)
     if replaced:
         issues.report(row + 1, "invalid UTF-8 replaced with U+FFFD")
-    return Record(row, None, INVALID_UTF8 if replaced else None, segments)
+    return Record(row, None, INVALID_UTF8 if replaced else None, segments, rejected)

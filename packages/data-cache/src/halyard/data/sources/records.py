@@ -27,13 +27,16 @@ class Record(NamedTuple):
     ``row`` is the 0-based row index inside the shard (a line for jsonl and line-mode text, a row for
     parquet and arrow, an element for a json array, 0 for a whole-file text document). ``text`` is None
     when the row is skipped; ``issue`` names the counter the row increments (or None). A chat or
-    prompt/completion example has ``text=None`` and its ``(text, is_target)`` pieces in ``segments``.
+    prompt/completion example has ``text=None`` and its ``(text, is_target)`` pieces in ``segments``; a
+    preference pair has its chosen example in ``segments`` and its rejected one in ``rejected`` (two
+    documents of the cache, always in the same chunk).
     """
 
     row: int
     text: str | None
     issue: str | None
     segments: tuple[tuple[str, bool], ...] | None = None
+    rejected: tuple[tuple[str, bool], ...] | None = None
 
 
 class BadRecordError(DataInputError, ValueError):
@@ -53,7 +56,18 @@ class ExampleError(DataInputError, ValueError):
 
 
 class MissingFieldError(DataInputError, KeyError):
-    """A record without the configured text field; the message names the field and the keys found."""
+    """A record without a configured field; the message names the field and the keys found.
+
+    ``option`` is the setting that names the key (``text_field``, ``chosen_field``, ...), when known.
+    """
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message, option)
+
+    @property
+    def option(self) -> str | None:
+        """The setting to change (the argument of ``build_cache``/``ExampleFormat``), or None."""
+        return self.args[1] if len(self.args) > 1 else None
 
     def __str__(self) -> str:
         return str(self.args[0])

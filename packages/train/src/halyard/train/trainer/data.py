@@ -17,6 +17,7 @@ from halyard.data import (
     ExampleFormat,
     LMDataset,
     MissingFieldError,
+    PreferenceDataset,
     SourceFormatError,
     SourceNotFoundError,
     TokenCache,
@@ -121,6 +122,8 @@ _CONFIG_KEYS = (
 
 def _in_config_terms(error: DataInputError) -> ConfigError:
     key = next(key for kind, key in _CONFIG_KEYS if isinstance(error, kind))
+    if isinstance(error, MissingFieldError) and error.option:  # the data: section's key has the same name
+        key = f"data.{error.option}"
     return ConfigError(f"{one_line(str(error))} [run config: {key}]")
 
 
@@ -133,6 +136,8 @@ def example_format_of(config: DataConfig) -> ExampleFormat:
         content_field=config.content_field,
         prompt_field=config.prompt_field,
         completion_field=config.completion_field,
+        chosen_field=config.chosen_field,
+        rejected_field=config.rejected_field,
         chat_template=config.chat_template,
         system_marker=config.system_marker,
         user_marker=config.user_marker,
@@ -149,7 +154,8 @@ def prepare_data(
     Process 0 writes the corpus, tokenizer and cache; the others wait at a barrier and then read. A cache
     built with another tokenizer or BOS/EOS policy is refused by the builder, naming the difference. With
     ``data.format`` chat or prompt_completion the cache stores a loss mask and every batch carries
-    ``loss_mask[B, S+1]`` (1 on the assistant/completion tokens), which the loss weights tokens by.
+    ``loss_mask[B, S+1]`` (1 on the assistant/completion tokens), which the loss weights tokens by; with
+    preference the datasets are `PreferenceDataset` pairs (chosen and rejected sequences with masks).
 
     Args:
         config: the ``data:`` section.
@@ -222,7 +228,8 @@ def agreeing(action: Callable[[], Any]) -> Any:
 
 
 def open_datasets(config: DataConfig, cache: TokenCache, tokenizer_path: str) -> PreparedData:
-    """The train and validation splits of ``cache`` (finished or still being built) as ``data:`` says."""
+    """The train and validation splits of ``cache`` (finished or still being built) as ``data:`` says:
+    windows (`LMDataset`), or pairs (`PreferenceDataset`) for ``data.format: preference``."""
     split = "train" if config.validation_fraction > 0 else "all"
     common: dict[str, Any] = {
         "seed": config.seed,
@@ -230,6 +237,7 @@ def open_datasets(config: DataConfig, cache: TokenCache, tokenizer_path: str) ->
         "era_windows": config.era_windows,
         "validation_fraction": config.validation_fraction,
     }
-    train = LMDataset(cache, config.seq_len, split=split, **common)
-    validation = LMDataset(cache, config.seq_len, split="validation", **common) if split == "train" else None
+    dataset = PreferenceDataset if config.format == "preference" else LMDataset
+    train = dataset(cache, config.seq_len, split=split, **common)
+    validation = dataset(cache, config.seq_len, split="validation", **common) if split == "train" else None
     return PreparedData(train, validation, tokenizer_path, cache)

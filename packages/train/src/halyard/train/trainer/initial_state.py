@@ -71,15 +71,7 @@ def initial_state(
         ).state
     key = jax.random.PRNGKey(config.trainer.seed)
     if init.startswith("hf:"):
-        from halyard.export import import_hf
-
-        _, model = import_hf(
-            init.removeprefix("hf:"),
-            layout=layout,
-            mesh=mesh,
-            config_overrides=performance_settings(config),
-            strict=config.trainer.hf_strict_config,
-        )
+        model = hf_initial_model(config, layout, mesh)
         return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
     state = jax.jit(make_state, out_shardings=shardings)(key)
     if init.startswith("weights:"):
@@ -87,6 +79,21 @@ def initial_state(
         params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
         return _replace_params(state, params)
     return state
+
+
+def hf_initial_model(config: TrainConfig, layout: Layout, mesh: Any) -> Any:
+    """The model of ``trainer.init: hf:FOLDER``, read straight into ``layout`` on ``mesh``, with the
+    ``model:`` section's performance settings."""
+    from halyard.export import import_hf
+
+    _, model = import_hf(
+        config.trainer.init.removeprefix("hf:"),
+        layout=layout,
+        mesh=mesh,
+        config_overrides=performance_settings(config),
+        strict=config.trainer.hf_strict_config,
+    )
+    return model
 
 
 def _replace_params(state: TrainState, params: Any) -> TrainState:

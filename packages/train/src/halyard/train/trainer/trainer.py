@@ -38,14 +38,18 @@ from halyard.train.checkpoint import (
     install_preemption_handler,
 )
 from halyard.train.config import save_resolved_config
+from halyard.train.objectives.reference import initial_params, reference_hook
+from halyard.train.objectives.run_objective import (
+    objective_evaluator,
+    objective_loss_fn,
+    sequences_per_example,
+)
 from halyard.train.perf import Goodput
 from halyard.train.plot import write_run_plot
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.background_build import start_background_build
 from halyard.train.trainer.data import PreparedData
-from halyard.train.trainer.evaluate import Evaluator
 from halyard.train.trainer.initial_state import initial_state, performance_settings
-from halyard.train.trainer.loss import lm_loss_fn
 from halyard.train.trainer.metrics_log import MetricsLog
 from halyard.train.trainer.out_of_memory import out_of_memory_advice
 from halyard.train.trainer.preflight import as_config_error, check_before_data, check_init_source
@@ -139,7 +143,7 @@ class Trainer:
         cfg = self.config.trainer
         return jax.jit(
             make_train_step(
-                lm_loss_fn(cfg.z_loss_weight),
+                objective_loss_fn(self.config),
                 optimizer,
                 accumulation=cfg.accumulation,
                 learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
@@ -224,6 +228,14 @@ class Trainer:
                 data_position,
             )
         start_step = int(state.step)
+        # trainer.objective=dpo: a frozen copy of the weights the run started from scores every batch first.
+        with out_of_memory_advice(self.config, "creating the DPO reference model"):
+            add_reference = reference_hook(
+                self.config,
+                lambda: initial_params(
+                    self.config, self.layout, self.mesh, manager, make_state, abstract, shardings
+                ),
+            )
         if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
             save_resolved_config(self.config, self.run_dir)
         step_fn = self.step_function(optimizer, shardings)
@@ -237,11 +249,7 @@ class Trainer:
             clock=self.clock,
         )
         log.extra_metrics = build.metrics  # the build's progress in every logged record
-        evaluator = (
-            Evaluator(data.validation, self.config, self.mesh, self.layout, data.tokenizer_path)
-            if data.validation is not None
-            else None
-        )
+        evaluator = objective_evaluator(self.config, data, self.mesh, self.layout, add_reference)
         metadata = {"data": data_position}
         loader = Loader(
             data.train,
@@ -252,22 +260,21 @@ class Trainer:
             host_count=process_count(),
         )
         profile = ProfileWindow(self.run_dir, cfg.profile_start, cfg.profile_steps)
+        tokens_per_step = cfg.batch_size * self.config.data.seq_len * sequences_per_example(self.config)
         # Activation sharding constraints in model code (halyard.shard.constrain) follow this run's layout
         # (part of jit's cache key, so the step compiles with them); without it FSDP runs ~2x slower.
         try:
             with use_layout(self.layout, self.mesh), loader:
                 for step in range(start_step, cfg.steps):
                     local = build.next_batch(loader, log)
-                    batch = global_batch_from_local(local, self.mesh, layout=self.layout)
+                    batch = add_reference(global_batch_from_local(local, self.mesh, layout=self.layout))
                     log.before_step()
                     profile.before_step(step)
                     # Compile-time exhaustion raises here; a run-time one where the metrics are fetched.
                     with out_of_memory_advice(self.config, f"compiling or running train step {step + 1}"):
                         state, metrics = step_fn(state, batch)
                         profile.after_step(step, metrics)
-                        fetched = log.after_step(
-                            step + 1, metrics, tokens=cfg.batch_size * self.config.data.seq_len
-                        )
+                        fetched = log.after_step(step + 1, metrics, tokens=tokens_per_step)
                     self._apply_nonfinite_policy(metrics, state, fetched=fetched)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                         log.record_eval(step + 1, *evaluator.evaluate(state.params))

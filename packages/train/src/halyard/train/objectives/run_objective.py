@@ -1,0 +1,49 @@
+"""What ``trainer.objective`` changes in a run: the step's loss, the validation, the sequences per example."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from halyard.data import PreferenceDataset
+from halyard.shard import Layout
+from halyard.train.objectives.dpo import dpo_loss_fn
+from halyard.train.objectives.dpo_evaluate import DpoEvaluator
+from halyard.train.trainer.evaluate import Evaluator
+from halyard.train.trainer.loss import lm_loss_fn
+
+if TYPE_CHECKING:
+    from halyard.train.run_config import TrainConfig
+    from halyard.train.trainer.data import PreparedData
+
+
+def objective_loss_fn(
+    config: TrainConfig,
+) -> Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
+    """The train step's ``loss_fn``: next-token cross-entropy (lm) or the DPO loss (dpo)."""
+    if config.trainer.objective == "dpo":
+        return dpo_loss_fn(config.dpo.beta, config.dpo.label_smoothing)
+    return lm_loss_fn(config.trainer.z_loss_weight)
+
+
+def sequences_per_example(config: TrainConfig) -> int:
+    """Sequences of ``data.seq_len`` tokens in one example of the batch: 2 for a DPO pair, else 1."""
+    return 2 if config.trainer.objective == "dpo" else 1
+
+
+def objective_evaluator(
+    config: TrainConfig,
+    data: PreparedData,
+    mesh: Any,
+    layout: Layout,
+    add_reference: Callable[[dict[str, jax.Array]], dict[str, jax.Array]],
+) -> Evaluator | DpoEvaluator | None:
+    """The run's periodic validation (None without a validation split): loss, perplexity and bits per
+    byte for lm; the DPO loss and rewards for dpo."""
+    if data.validation is None:
+        return None
+    if isinstance(data.validation, PreferenceDataset):
+        return DpoEvaluator(data.validation, config, mesh, layout, add_reference)
+    return Evaluator(data.validation, config, mesh, layout, data.tokenizer_path)
