@@ -10,6 +10,7 @@ from halyard.models.lora.adapter import RANK, LoraAdapter
 from halyard.models.lora.attach import (
     Adapters,
     add_lora,
+    check_targets,
     init_lora,
     lora_params,
     lora_targets,
@@ -30,6 +31,7 @@ __all__ = [
     "LoraConfig",
     "LoraLinear",
     "add_lora",
+    "check_targets",
     "init_lora",
     "lora_params",
     "lora_targets",
