@@ -31,6 +31,7 @@ from halyard.train.objectives import dpo_loss_fn, reference_logprobs  # noqa: E4
 VOCAB = 48
 EOS = 1
 WIDTH = 12  # seq_len + 1
+BETA = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,9 @@ def halyard_loss_and_grads(models: dict[str, Any], batch: dict[str, np.ndarray],
     return float(loss_sum) / pairs, {k: float(v) / pairs for k, v in stats.items()}, grads
 
 
-def trl_trainer(models: dict[str, Any], beta: float) -> Any:
-    """A `trl.DPOTrainer` over the exported policy and reference (float32, CPU)."""
+@pytest.fixture(scope="module")
+def trl_trainer(models: dict[str, Any]) -> Any:
+    """A `trl.DPOTrainer` over the exported policy and reference (float32, CPU), beta `BETA`."""
     folder = models["folder"]
     policy = transformers.AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32)
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=torch.float32)
@@ -94,7 +96,7 @@ def trl_trainer(models: dict[str, Any], beta: float) -> Any:
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )
     arguments = trl.DPOConfig(
-        output_dir=str(folder / "trl"), beta=beta, report_to="none", use_cpu=True, bf16=False, fp16=False
+        output_dir=str(folder / "trl"), beta=BETA, report_to="none", use_cpu=True, bf16=False, fp16=False
     )
     dataset = datasets.Dataset.from_list([{"prompt": "w2", "chosen": " w3", "rejected": " w4"}])
     trainer = trl.DPOTrainer(
@@ -133,15 +135,17 @@ def exported_grads(grads: Any, folder: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("loss_type", "pairs", "label_smoothing"), [("sigmoid", 3, 0.0), ("aot", 1, 0.2)])
-def test_loss_and_gradients_equal_trl(models, loss_type: str, pairs: int, label_smoothing: float) -> None:
-    beta = 0.3
+def test_loss_and_gradients_equal_trl(
+    models, trl_trainer, loss_type: str, pairs: int, label_smoothing: float
+) -> None:
     batch = pair_batch(pairs, seed=pairs)
-    trainer = trl_trainer(models, beta)
     # TRL's sigmoid loss has no label smoothing; its "aot" loss is the smoothed (conservative) DPO loss
-    # once the sort over the batch is the identity, i.e. for a single pair.
-    trainer.loss_types, trainer.loss_weights, trainer.label_smoothing = [loss_type], [1.0], label_smoothing
-    expected_loss, expected_metrics, expected_grads = trl_loss_and_grads(trainer, batch)
-    loss, metrics, grads = halyard_loss_and_grads(models, batch, beta=beta, label_smoothing=label_smoothing)
+    # once the sort over the batch is the identity, i.e. for a single pair. Its loss reads these three
+    # attributes (set from DPOConfig at construction), so one trainer serves both losses.
+    trl_trainer.loss_types, trl_trainer.loss_weights = [loss_type], [1.0]
+    trl_trainer.label_smoothing = label_smoothing
+    expected_loss, expected_metrics, expected_grads = trl_loss_and_grads(trl_trainer, batch)
+    loss, metrics, grads = halyard_loss_and_grads(models, batch, beta=BETA, label_smoothing=label_smoothing)
     assert abs(loss - np.log(2)) > 1e-3  # the policy is not the reference: a real margin is compared
     np.testing.assert_allclose(loss, expected_loss, atol=1e-5, rtol=1e-5)
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
