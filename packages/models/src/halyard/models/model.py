@@ -12,7 +12,6 @@ updated KV cache) and `CausalLM.unembedding` (the ``(vocab, embed)`` output matr
 from __future__ import annotations
 
 import abc
-import dataclasses
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
@@ -35,12 +34,15 @@ class DecoderOutput(NamedTuple):
         aux_loss: scalar added to the training loss (0.0 for dense families).
         metrics: scalars to report (e.g. ``load_balancing_loss``).
         cache: the updated KV cache, or None when none was given.
+        layer_stats: what each layer reported, stacked on ``layers`` (MoE router statistics, muP
+            coordinates), or None.
     """
 
     hidden: NamedArray
     aux_loss: jax.Array
     metrics: dict[str, jax.Array]
     cache: KVCache | None
+    layer_stats: Any = None
 
 
 def default_positions(tokens: NamedArray) -> NamedArray:
@@ -97,7 +99,7 @@ class CausalLM(eqx.Module):
 
         Args:
             tokens: int token ids ``(batch..., pos)``.
-            mask: the attention mask, already completed with the family's sliding window.
+            mask: the attention mask, as `complete_mask` completes it.
             positions: position of each token ``(batch..., pos)`` (rotary / learned positions).
             cache: KV cache to read and extend (decoding), or None.
             cache_index: slot of ``tokens``' first position in the cache (scalar int).
@@ -114,23 +116,14 @@ class CausalLM(eqx.Module):
         return None
 
     @property
-    def logit_scale(self) -> float:
-        """Multiplier on the logits (1.0 except where a family's parametrisation says otherwise)."""
-        return 1.0
-
-    @property
     def logit_softcap(self) -> float | None:
         """``cap * tanh(logits / cap)`` on the output logits (Gemma 2), or None."""
         return None
 
     # -- shared behaviour ---------------------------------------------------------------------------
     def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
-        """``mask`` (causal by default) with the config's sliding window filled in when it has one."""
-        mask = AttentionMask(causal=True) if mask is None else mask
-        window = getattr(self.model_config, "sliding_window", None)
-        if window is not None and mask.sliding_window is None:
-            mask = dataclasses.replace(mask, sliding_window=window)
-        return mask
+        """``mask``, causal by default (each layer adds its own window unless the mask has one)."""
+        return AttentionMask(causal=True) if mask is None else mask
 
     def in_compute_dtype(self) -> CausalLM:
         """This model with floating parameters cast to the config's compute dtype (for mixed precision)."""
@@ -151,7 +144,7 @@ class CausalLM(eqx.Module):
 
         Args:
             tokens: int token ids ``(batch..., pos)``.
-            mask: attention mask (default: causal); the config's sliding window is added.
+            mask: attention mask (default: causal); each layer adds its own window.
             positions: ``(batch..., pos)`` positions, default ``arange`` per row.
             key: randomness for stochastic layers; the current families have none (no dropout), so it
                 is accepted for interface stability and unused.
@@ -168,7 +161,7 @@ class CausalLM(eqx.Module):
         """float32 logits ``(batch..., pos, vocab)`` from final hidden states."""
         unembedding = self.unembedding
         logits = hn.dot(hidden, unembedding.astype(hidden.dtype), axis="embed")
-        logits = (logits * self.logit_scale).astype(jnp.float32)
+        logits = logits.astype(jnp.float32)
         cap = self.logit_softcap
         return logits if cap is None else hn.tanh(logits / cap) * cap
 
@@ -205,7 +198,6 @@ class CausalLM(eqx.Module):
             block_size=self.model_config.loss_block_size,
             full_logits_max_bytes=self.model_config.loss_full_logits_max_mib * 2**20,
             z_loss_weight=z_loss_weight,
-            logit_scale=self.logit_scale,
             reduction=reduction,
             **softcap,
         )
@@ -216,17 +208,9 @@ class CausalLM(eqx.Module):
         aux = output.aux_loss * metrics["num_tokens"] if reduction == "sum" else output.aux_loss
         return _plain(cross_entropy) + aux, metrics
 
+    @abc.abstractmethod
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
-        config = self.model_config
-        return KVCache.zeros(
-            num_layers=config.num_layers,
-            batch_size=batch_size,
-            max_length=max_length,
-            num_kv_heads=config.kv_heads,
-            head_size=config.head_size,
-            dtype=config.compute,
-        )
 
     def decode_step(
         self,

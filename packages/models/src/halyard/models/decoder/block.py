@@ -69,26 +69,14 @@ class DecoderBlock(eqx.Module):
         out_std = std if layout.out_init_std is None else layout.out_init_std
         mlp_out_std = std if layout.mlp_out_init_std is None else layout.mlp_out_init_std
         attention = SelfAttention.init(
-            Embed,
-            num_heads=shape.heads,
-            num_kv_heads=shape.kv_heads,
-            head_size=shape.head_size,
-            key=attention_key,
-            qkv_bias=layout.qkv_bias,
-            out_bias=layout.out_bias,
-            init_std=std,
-            out_init_std=out_std,
-            query_init_std=layout.query_init_std,
-            max_position=shape.max_position,
-            scale=layout.attention_scale,
-            softcap=layout.attention_softcap,
-            qk_norm=layout.qk_norm,
-            norm_eps=layout.norm_eps,
-            norm_offset=layout.norm_offset,
-            implementation=config.attention_implementation,
+            Embed, num_heads=shape.heads, num_kv_heads=shape.kv_heads, head_size=shape.head_size,
+            max_position=shape.max_position, key=attention_key, dtype=dtype,
+            qkv_bias=layout.qkv_bias, out_bias=layout.out_bias, scale=layout.attention_scale,
+            softcap=layout.attention_softcap, qk_norm=layout.qk_norm, norm_eps=layout.norm_eps,
+            norm_offset=layout.norm_offset, init_std=std, out_init_std=out_std,
+            query_init_std=layout.query_init_std, implementation=config.attention_implementation,
             block_size=config.attention_block_size,
-            dtype=dtype,
-        )
+        )  # fmt: skip
         mlp: MLP | GatedMLP | MoeMLP
         if layout.mlp == "moe":
             mlp = MoeMLP.init(
@@ -106,9 +94,14 @@ class DecoderBlock(eqx.Module):
             return make_norm(layout, Embed, dtype) if present else None
 
         return cls(
-            norm(layout.pre_attention_norm), attention, norm(layout.post_attention_norm),
-            norm(layout.pre_mlp_norm), mlp, norm(layout.post_mlp_norm), layout.report_coordinates,
-        )  # fmt: skip
+            attention_norm=norm(layout.pre_attention_norm),
+            attention=attention,
+            post_attention_norm=norm(layout.post_attention_norm),
+            mlp_norm=norm(layout.pre_mlp_norm),
+            mlp=mlp,
+            post_mlp_norm=norm(layout.post_mlp_norm),
+            report_coordinates=layout.report_coordinates,
+        )
 
     def __call__(
         self,

@@ -160,12 +160,14 @@ class DecoderConfig(ModelConfig):
         return total
 
 
-def check_positive(config: object, *fields: str) -> None:
-    """ValueError naming ``Config.field`` for the first of ``fields`` below 1."""
+def check_positive(config: object, *fields: str, optional: bool = False) -> None:
+    """ValueError naming ``Config.field`` for the first of ``fields`` that is not above 0 (with
+    ``optional``, None passes: an option that is off)."""
     for field in fields:
         value = getattr(config, field)
-        if value < 1:
-            raise ValueError(f"{type(config).__name__}.{field} must be positive, got {value}")
+        if not (optional and value is None) and not value > 0:
+            what = "positive or None" if optional else "positive"
+            raise ValueError(f"{type(config).__name__}.{field} must be {what}, got {value}")
 
 
 def check_activation(name: str, owner: str) -> None:

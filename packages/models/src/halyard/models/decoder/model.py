@@ -89,10 +89,6 @@ class Decoder(CausalLM):
     def logit_softcap(self) -> float | None:
         return self.config.final_logit_softcap
 
-    def complete_mask(self, mask: AttentionMask | None) -> AttentionMask:
-        """``mask`` (causal by default); each layer adds its own window (`LayerKind`) unless it has one."""
-        return AttentionMask(causal=True) if mask is None else mask
-
     def init_cache(self, batch_size: int, max_length: int) -> KVCache:
         """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
         shape = self.config.shape
@@ -104,45 +100,6 @@ class Decoder(CausalLM):
             head_size=shape.head_size,
             dtype=self.config.compute,
         )
-
-    def run_layers(
-        self,
-        tokens: NamedArray,
-        *,
-        mask: AttentionMask,
-        positions: NamedArray,
-        cache: KVCache | None = None,
-        cache_index: Any = None,
-        token_mask: NamedArray | None = None,
-    ) -> tuple[NamedArray, Any, KVCache | None]:
-        """``(final hidden states, per-layer extras stacked on layers, updated cache)``; see `decoder`."""
-        if self.position_embedding is not None:
-            length = tokens.axis_size("pos") if cache is None else cache.max_length
-            limit = self.config.shape.max_position
-            if length > limit:
-                raise ValueError(
-                    f"{type(self.config).__name__} has {limit} learned positions but got a sequence of "
-                    f"{length}; use shorter windows or a config with a larger max_position"
-                )
-        x = self.embed(tokens)
-        scale = self.config.embedding_scale
-        if scale != 1.0:
-            x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
-        if self.position_embedding is not None:
-            x = x + self.position_embedding(positions)
-        cache_args = () if cache is None else (cache.key, cache.value)
-        x, (new_cache, extras) = self.layers.scan(
-            constrain(x),
-            mask,
-            positions,
-            *cache_args,
-            kinds=self.config.layer_kinds(),
-            unroll=not self.config.scan_layers,
-            cache_index=cache_index,
-            token_mask=token_mask,
-        )
-        updated = None if cache is None else KVCache(*new_cache)
-        return self.final_norm(x), extras, updated
 
     def decoder(
         self,
@@ -163,21 +120,39 @@ class Decoder(CausalLM):
         Raises:
             ValueError: a sequence longer than a learned position table.
         """
-        hidden, extras, new_cache = self.run_layers(
-            tokens,
-            mask=mask,
-            positions=positions,
-            cache=cache,
+        if self.position_embedding is not None:
+            length = tokens.axis_size("pos") if cache is None else cache.max_length
+            limit = self.config.shape.max_position
+            if length > limit:
+                raise ValueError(
+                    f"{type(self.config).__name__} has {limit} learned positions but got a sequence of "
+                    f"{length}; use shorter windows or a config with a larger max_position"
+                )
+        x = self.embed(tokens)
+        scale = self.config.embedding_scale
+        if scale != 1.0:
+            x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(positions)
+        cache_args = () if cache is None else (cache.key, cache.value)
+        x, (new_cache, layer_stats) = self.layers.scan(
+            constrain(x),
+            mask,
+            positions,
+            *cache_args,
+            kinds=self.config.layer_kinds(),
+            unroll=not self.config.scan_layers,
             cache_index=cache_index,
             token_mask=token_mask,
         )
         aux, metrics = jnp.zeros((), jnp.float32), {}
         if self.config.layout().mlp == "moe":
-            balance, z_loss = load_balancing_loss(extras), router_z_loss(extras)
+            balance, z_loss = load_balancing_loss(layer_stats), router_z_loss(layer_stats)
             coefficients = self.config.router_loss_weights()
             aux = coefficients[0] * balance + coefficients[1] * z_loss
             metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
-        return DecoderOutput(hidden, aux, metrics, new_cache)
+        updated = None if cache is None else KVCache(*new_cache)
+        return DecoderOutput(self.final_norm(x), aux, metrics, updated, layer_stats)
 
     def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:
         """Mean |activation| for a coordinate check (families whose layout reports coordinates: muP).
@@ -193,9 +168,7 @@ class Decoder(CausalLM):
             raise ValueError(f"{type(self.config).__name__} does not report coordinates (a muP family does)")
         model = self.in_compute_dtype()
         assert isinstance(model, Decoder)
-        hidden, coordinates, _ = model.run_layers(
-            tokens, mask=self.complete_mask(mask), positions=default_positions(tokens)
-        )
-        coordinates = dict(coordinates, embedding=jnp.mean(jnp.abs(model.embed(tokens).array)))
-        coordinates["logits"] = jnp.mean(jnp.abs(model.logits(hidden).array))
+        output = model.decoder(tokens, mask=self.complete_mask(mask), positions=default_positions(tokens))
+        coordinates = dict(output.layer_stats, embedding=jnp.mean(jnp.abs(model.embed(tokens).array)))
+        coordinates["logits"] = jnp.mean(jnp.abs(model.logits(output.hidden).array))
         return coordinates

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import equinox as eqx
 import jax
@@ -12,16 +12,11 @@ from halyard.named.nn import Linear, activation
 from halyard.shard import constrain
 
 
-class MLP(eqx.Module):
-    """``down(act(up(x)))`` over ``embed -> mlp -> embed``, with biases (GPT-2's block MLP).
+class _FeedForward(eqx.Module):
+    """What `MLP` and `GatedMLP` share: ``embed -> mlp`` input projections (`inputs`, in field order), then
+    ``down: mlp -> embed``, and the activation name."""
 
-    Attributes:
-        up: ``embed -> mlp``; down: ``mlp -> embed``; act: activation name (static).
-    """
-
-    up: Linear
-    down: Linear
-    act: str = eqx.field(static=True)
+    inputs: ClassVar[int]
 
     @classmethod
     def init(
@@ -35,22 +30,38 @@ class MLP(eqx.Module):
         init_std: float,
         down_init_std: float,
         dtype: Any,
-    ) -> MLP:
-        """Create the two projections with N(0, std**2) weights and zero biases.
+    ) -> Self:
+        """Create the projections with N(0, std**2) weights and zero biases.
 
         Args:
             Embed, Mlp: model and hidden axes.
-            key: PRNG key.
-            act: activation name (see `halyard.models.layers.activations`).
-            use_bias: biases on both projections.
-            init_std, down_init_std: weight std of ``up`` and of ``down`` (residual projection).
+            key: PRNG key (split in field order: one key per projection).
+            act: activation name (`halyard.named.nn.ACTIVATIONS`).
+            use_bias: biases on every projection.
+            init_std, down_init_std: weight std of the input projections and of ``down`` (residual projection).
             dtype: parameter dtype.
         """
         activation(act)  # an unknown name is a ValueError listing the known ones
-        up_key, down_key = jax.random.split(key)
-        up = Linear.init(Embed, Mlp, key=up_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
+        *input_keys, down_key = jax.random.split(key, cls.inputs + 1)
+        inputs = [
+            Linear.init(Embed, Mlp, key=k, use_bias=use_bias, init_std=init_std, dtype=dtype)
+            for k in input_keys
+        ]
         down = Linear.init(Mlp, Embed, key=down_key, use_bias=use_bias, init_std=down_init_std, dtype=dtype)
-        return cls(up, down, act)
+        return cls(*inputs, down, act)
+
+
+class MLP(_FeedForward):
+    """``down(act(up(x)))`` over ``embed -> mlp -> embed``, with biases (GPT-2's block MLP).
+
+    Attributes:
+        up: ``embed -> mlp``; down: ``mlp -> embed``; act: activation name (static).
+    """
+
+    inputs: ClassVar[int] = 1
+    up: Linear
+    down: Linear
+    act: str = eqx.field(static=True)
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """``x[..., embed] -> [..., embed]``."""
@@ -58,38 +69,18 @@ class MLP(eqx.Module):
         return self.down(hidden)
 
 
-class GatedMLP(eqx.Module):
+class GatedMLP(_FeedForward):
     """``down(act(gate(x)) * up(x))`` (SwiGLU with ``act="silu"``), Llama's MLP.
 
     Attributes:
         gate, up: ``embed -> mlp``; down: ``mlp -> embed``; act: activation name (static).
     """
 
+    inputs: ClassVar[int] = 2
     gate: Linear
     up: Linear
     down: Linear
     act: str = eqx.field(static=True)
-
-    @classmethod
-    def init(
-        cls,
-        Embed: Axis,
-        Mlp: Axis,
-        *,
-        key: jax.Array,
-        act: str,
-        use_bias: bool,
-        init_std: float,
-        down_init_std: float,
-        dtype: Any,
-    ) -> GatedMLP:
-        """Create the three projections (arguments as in `MLP.init`)."""
-        activation(act)
-        gate_key, up_key, down_key = jax.random.split(key, 3)
-        gate = Linear.init(Embed, Mlp, key=gate_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
-        up = Linear.init(Embed, Mlp, key=up_key, use_bias=use_bias, init_std=init_std, dtype=dtype)
-        down = Linear.init(Mlp, Embed, key=down_key, use_bias=use_bias, init_std=down_init_std, dtype=dtype)
-        return cls(gate, up, down, act)
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """``x[..., embed] -> [..., embed]``."""

@@ -17,32 +17,28 @@ from __future__ import annotations
 import dataclasses
 
 from halyard.models.config import register_model
-from halyard.models.decoder import BlockLayout, DecoderConfig, DecoderShape, LayerKind
+from halyard.models.decoder import BlockLayout, LayerKind
 from halyard.models.decoder.config import check_activation, check_positive
+from halyard.models.families.llama.config import LlamaLikeConfig
 from halyard.models.rotary import RotaryConfig
 
 
 @register_model("gemma")
 @dataclasses.dataclass(frozen=True)
-class GemmaConfig(DecoderConfig):
-    """Gemma (defaults: Gemma 7B shapes).
+class GemmaConfig(LlamaLikeConfig):
+    """Gemma (defaults: Gemma 7B shapes). Every `LlamaLikeConfig` field applies; for Gemma:
 
     Attributes:
-        vocab_size: number of token ids.
         hidden_size: model width (``embed``); the embeddings are multiplied by its square root.
-        intermediate_size: MLP width (``mlp``).
-        num_layers: decoder layers.
-        num_heads: query heads; num_kv_heads: key/value heads (7B: MHA; 2B: one, MQA).
+        num_kv_heads: key/value heads (as many as num_heads in 7B, MHA; one in 2B, MQA).
         head_dim: size of one head, independent of the width (256 in every Gemma).
-        max_position: longest sequence the positions are configured for (rotary scaling uses it).
-        rope: rotary embedding configuration.
         rms_norm_eps: RMSNorm epsilon (every norm multiplies by ``1 + weight``, computed in float32).
-        tie_embeddings: share the input embedding with the output projection.
         attention_bias: biases on the q/k/v and output projections.
         activation: MLP gate activation (``gelu_pytorch_tanh``: GeGLU with the tanh GELU).
         initializer_range: std of every weight at init (Hugging Face's convention).
     """
 
+    # rope (theta 10000) and attention_bias (False) keep LlamaLikeConfig's defaults
     vocab_size: int = 256000
     hidden_size: int = 3072
     intermediate_size: int = 24576
@@ -51,40 +47,14 @@ class GemmaConfig(DecoderConfig):
     num_kv_heads: int = 16
     head_dim: int = 256
     max_position: int = 8192
-    rope: RotaryConfig = dataclasses.field(default_factory=lambda: RotaryConfig(theta=10000.0))
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
-    attention_bias: bool = False
     activation: str = "gelu_pytorch_tanh"
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
-        check_positive(
-            self, "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-            "head_dim", "max_position",
-        )  # fmt: skip
-        if self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(
-                f"{name}.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        self.rope.check_head_size(self.head_dim, f"{name}.head_dim={self.head_dim}")
-        check_activation(self.activation, f"{name}.activation")
-
-    @property
-    def shape(self) -> DecoderShape:
-        return DecoderShape(
-            vocab=self.vocab_size,
-            embed=self.hidden_size,
-            mlp=self.intermediate_size,
-            layers=self.num_layers,
-            heads=self.num_heads,
-            kv_heads=self.num_kv_heads,
-            head_size=self.head_dim,
-            max_position=self.max_position,
-            tie_embeddings=self.tie_embeddings,
-        )
+        check_activation(self.activation, f"{type(self).__name__}.activation")
 
     def layout(self) -> BlockLayout:
         return BlockLayout(
@@ -95,9 +65,6 @@ class GemmaConfig(DecoderConfig):
             activation=self.activation,
             init_std=self.initializer_range,
         )
-
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        return (LayerKind(None, self.rope),) * self.num_layers
 
     @property
     def embedding_scale(self) -> float:
@@ -133,18 +100,10 @@ class Gemma2Config(GemmaConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
-        if not self.query_pre_attn_scalar > 0:
-            raise ValueError(
-                f"{name}.query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}"
-            )
-        for field in ("attn_logit_softcapping", "final_logit_softcapping"):
-            value = getattr(self, field)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name}.{field} must be positive or None, got {value}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"{name}.sliding_window must be positive or None, got {self.sliding_window}")
-        check_positive(self, "sliding_window_pattern")
+        check_positive(self, "query_pre_attn_scalar", "sliding_window_pattern")
+        check_positive(
+            self, "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", optional=True
+        )
 
     def layout(self) -> BlockLayout:
         return dataclasses.replace(
@@ -164,9 +123,6 @@ class Gemma2Config(GemmaConfig):
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's attention window (None: every earlier position), in layer order."""
         return tuple(None if self.is_global(i) else self.sliding_window for i in range(self.num_layers))
-
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        return tuple(LayerKind(window, self.rope) for window in self.layer_windows)
 
     @property
     def final_logit_softcap(self) -> float | None:

@@ -1,8 +1,10 @@
 """Gemma, Gemma 2 and Gemma 3 (text) as Hugging Face checkpoints: ``GemmaForCausalLM``,
 ``Gemma2ForCausalLM`` and ``Gemma3ForCausalLM`` (model_type ``gemma3_text``).
 
-The norms' weights are stored as Hugging Face stores them (``scale - 1``: both apply ``1 + weight``), so
-they copy as they are; projections transpose (``nn.Linear`` keeps ``[out, in]``).
+The tensors are laid out as Llama's (`llama_hf.mappings`, from each variant's layout: Gemma 2's four norms,
+Gemma 3's per-head q/k norms). The norms' weights are stored as Hugging Face stores them (``scale - 1``:
+both apply ``1 + weight``), so they copy as they are; projections transpose (``nn.Linear`` keeps
+``[out, in]``).
 """
 
 from __future__ import annotations
@@ -11,15 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from halyard.models.families.gemma.config import Gemma2Config, Gemma3Config, GemmaConfig
-from halyard.models.hf import (
-    COMMON_RULE,
-    HfFamily,
-    KeyRule,
-    TensorMapping,
-    UnsupportedModelError,
-    names,
-    register_hf,
-)
+from halyard.models.families.llama import hf as llama_hf
+from halyard.models.hf import COMMON_RULE, HfFamily, KeyRule, UnsupportedModelError, names, register_hf
 from halyard.models.hf.readers import FULL, SLIDING, renamed, rope
 from halyard.models.hf.spec import Reader
 from halyard.models.hf.writers import refusal, rope_keys
@@ -238,55 +233,6 @@ def _write_gemma(config: GemmaConfig) -> dict[str, Any]:
     return values
 
 
-def mappings(config: GemmaConfig) -> list[TensorMapping]:
-    """Every parameter of a Gemma, Gemma 2 or Gemma 3 model and its Hugging Face tensor."""
-    M = TensorMapping
-    layer, stack = "model.layers.{layers}.", "layers.stacked."
-    norms = [("attention_norm", "input_layernorm")]
-    if isinstance(config, Gemma2Config):
-        norms += [
-            ("post_attention_norm", "post_attention_layernorm"),
-            ("mlp_norm", "pre_feedforward_layernorm"),
-            ("post_mlp_norm", "post_feedforward_layernorm"),
-        ]
-    else:
-        norms.append(("mlp_norm", "post_attention_layernorm"))
-    result = [
-        M("embed.weight", "model.embed_tokens.weight", "vocab embed -> vocab embed"),
-        M("final_norm.weight", "model.norm.weight", "embed -> embed"),
-        *(M(f"{stack}{ours}.weight", f"{layer}{theirs}.weight", "embed -> embed") for ours, theirs in norms),
-        M(stack + "attention.o_proj.weight", layer + "self_attn.o_proj.weight",
-          "embed (heads head_size) -> heads head_size embed"),
-        M(stack + "mlp.gate.weight", layer + "mlp.gate_proj.weight", "mlp embed -> embed mlp"),
-        M(stack + "mlp.up.weight", layer + "mlp.up_proj.weight", "mlp embed -> embed mlp"),
-        M(stack + "mlp.down.weight", layer + "mlp.down_proj.weight", "embed mlp -> mlp embed"),
-    ]  # fmt: skip
-    for name, heads in (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads")):
-        result.append(
-            M(f"{stack}attention.{name}.weight", f"{layer}self_attn.{name}.weight",
-              f"({heads} head_size) embed -> embed {heads} head_size")
-        )  # fmt: skip
-        if config.attention_bias:
-            result.append(
-                M(f"{stack}attention.{name}.bias", f"{layer}self_attn.{name}.bias",
-                  f"({heads} head_size) -> {heads} head_size")
-            )  # fmt: skip
-    if config.attention_bias:
-        result.append(M(stack + "attention.o_proj.bias", layer + "self_attn.o_proj.bias", "embed -> embed"))
-    if isinstance(config, Gemma3Config):
-        for name in ("q_norm", "k_norm"):
-            result.append(
-                M(
-                    f"{stack}attention.{name}.weight",
-                    f"{layer}self_attn.{name}.weight",
-                    "head_size -> head_size",
-                )
-            )
-    if not config.tie_embeddings:
-        result.append(M("lm_head.weight", "lm_head.weight", "vocab embed -> embed vocab"))
-    return result
-
-
 def _spec(family: str, model_type: str, rule: KeyRule, defaults: Mapping[str, Any], read: Reader) -> HfFamily:
     return register_hf(
         HfFamily(
@@ -298,7 +244,7 @@ def _spec(family: str, model_type: str, rule: KeyRule, defaults: Mapping[str, An
             defaults=defaults,
             read=read,
             write=_write_gemma,
-            mappings=mappings,
+            mappings=llama_hf.mappings,  # the tensors are Llama's, named by each variant's layout
         )
     )
 

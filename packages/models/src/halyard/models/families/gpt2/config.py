@@ -53,16 +53,11 @@ class Gpt2Config(DecoderConfig):
         check_activation(self.activation, "Gpt2Config.activation")
 
     @property
-    def mlp_size(self) -> int:
-        """MLP width."""
-        return self.intermediate_size if self.intermediate_size is not None else 4 * self.hidden_size
-
-    @property
     def shape(self) -> DecoderShape:
         return DecoderShape(
             vocab=self.vocab_size,
             embed=self.hidden_size,
-            mlp=self.mlp_size,
+            mlp=self.intermediate_size if self.intermediate_size is not None else 4 * self.hidden_size,
             layers=self.num_layers,
             heads=self.num_heads,
             kv_heads=self.num_heads,

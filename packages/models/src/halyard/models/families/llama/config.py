@@ -1,4 +1,4 @@
-"""Llama, Mistral and Qwen2 configs.
+"""Llama, Mistral and Qwen2 configs, and `LlamaLikeConfig`: the sizes they share with Gemma.
 
 h = x + Attention(RMSNorm(x))          # RoPE, grouped-query heads
 y = h + SwiGLU(RMSNorm(h))
@@ -19,10 +19,10 @@ from halyard.models.decoder.config import check_activation, check_positive
 from halyard.models.rotary import RotaryConfig
 
 
-@register_model("llama")
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig(DecoderConfig):
-    """A Llama-style decoder (defaults: Llama-2 7B shapes).
+class LlamaLikeConfig(DecoderConfig):
+    """The sizes every family named as Llama's config names them shares (Llama's and Gemma's lines; defaults:
+    Llama-2 7B): the model's `shape`, one rotary setting for every layer and the checks of those sizes.
 
     Attributes:
         vocab_size: number of token ids.
@@ -32,18 +32,11 @@ class LlamaConfig(DecoderConfig):
         num_heads: query heads; num_kv_heads: key/value heads (== num_heads: MHA, 1: MQA, else GQA).
         head_dim: size of one head, independent of the width; None means ``hidden_size // num_heads``.
         max_position: longest sequence the positions are configured for (rotary scaling uses it).
-        rope: rotary embedding configuration (theta and scaling: default, linear, dynamic, llama3, yarn).
+        rope: rotary embedding configuration (theta and scaling: default, linear, dynamic, llama3, yarn,
+            longrope).
         rms_norm_eps: RMSNorm epsilon.
         tie_embeddings: share the input embedding with the output projection.
-        attention_bias: biases on q/k/v (and on the output projection unless ``qkv_bias_only``).
-        qkv_bias_only: with ``attention_bias``, no bias on the output projection (Qwen2).
-        mlp_bias: biases in the MLP.
-        sliding_window: attend only to the last ``sliding_window`` positions (Mistral), or None.
-        full_attention_layers: with ``sliding_window``, the first this-many layers attend to every earlier
-            position and only the later layers use the window (Hugging Face Qwen2's ``max_window_layers``
-            when ``use_sliding_window``); 0: every layer uses the window. See `layer_windows`.
-        activation: MLP gate activation (``silu`` for SwiGLU).
-        initializer_range: std of every weight at init (Hugging Face's convention).
+        attention_bias: biases on the attention projections (which ones: the family's `layout`).
     """
 
     vocab_size: int = 32000
@@ -58,48 +51,29 @@ class LlamaConfig(DecoderConfig):
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     attention_bias: bool = False
-    qkv_bias_only: bool = False
-    mlp_bias: bool = False
-    sliding_window: int | None = None
-    full_attention_layers: int = 0
-    activation: str = "silu"
-    initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
         check_positive(
-            self, "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"
-        )
+            self, "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+            "max_position",
+        )  # fmt: skip
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"{name}.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        if self.head_dim is None and self.hidden_size % self.num_heads != 0:
+        if self.head_dim is not None:
+            check_positive(self, "head_dim")
+            sizes = f"head_dim={self.head_dim}"
+        elif self.hidden_size % self.num_heads != 0:
             raise ValueError(
                 f"{name}.hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
                 "set head_dim explicitly"
             )
-        sizes = (
-            f"head_dim={self.head_dim}"
-            if self.head_dim
-            else f"hidden_size={self.hidden_size} / num_heads={self.num_heads}"
-        )
-        self.rope.check_head_size(self.head_size, f"{name}.{sizes}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"{name}.sliding_window must be positive or None, got {self.sliding_window}")
-        if self.full_attention_layers:
-            if not 0 <= self.full_attention_layers <= self.num_layers:
-                raise ValueError(
-                    f"{name}.full_attention_layers={self.full_attention_layers} must lie between 0 and "
-                    f"num_layers={self.num_layers}"
-                )
-            if self.sliding_window is None:
-                raise ValueError(
-                    f"{name}.full_attention_layers={self.full_attention_layers} only applies with a "
-                    "sliding_window; set sliding_window or leave full_attention_layers 0"
-                )
-        check_activation(self.activation, f"{name}.activation")
+        else:
+            sizes = f"hidden_size={self.hidden_size} / num_heads={self.num_heads}"
+        self.rope.check_head_size(self.shape.head_size, f"{name}.{sizes}")
 
     @property
     def shape(self) -> DecoderShape:
@@ -115,6 +89,56 @@ class LlamaConfig(DecoderConfig):
             max_position=self.max_position,
             tie_embeddings=self.tie_embeddings,
         )
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's attention window (None: every earlier position), in layer order."""
+        return (None,) * self.num_layers
+
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        return tuple(LayerKind(window, self.rope) for window in self.layer_windows)
+
+
+@register_model("llama")
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig(LlamaLikeConfig):
+    """A Llama-style decoder (defaults: Llama-2 7B shapes). Every `LlamaLikeConfig` field applies; in addition:
+
+    Attributes:
+        attention_bias: biases on q/k/v (and on the output projection unless ``qkv_bias_only``).
+        qkv_bias_only: with ``attention_bias``, no bias on the output projection (Qwen2).
+        mlp_bias: biases in the MLP.
+        sliding_window: attend only to the last ``sliding_window`` positions (Mistral), or None.
+        full_attention_layers: with ``sliding_window``, the first this-many layers attend to every earlier
+            position and only the later layers use the window (Hugging Face Qwen2's ``max_window_layers``
+            when ``use_sliding_window``); 0: every layer uses the window. See `layer_windows`.
+        activation: MLP gate activation (``silu`` for SwiGLU).
+        initializer_range: std of every weight at init (Hugging Face's convention).
+    """
+
+    qkv_bias_only: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    full_attention_layers: int = 0
+    activation: str = "silu"
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        check_positive(self, "sliding_window", optional=True)
+        if self.full_attention_layers:
+            if not 0 <= self.full_attention_layers <= self.num_layers:
+                raise ValueError(
+                    f"{name}.full_attention_layers={self.full_attention_layers} must lie between 0 and "
+                    f"num_layers={self.num_layers}"
+                )
+            if self.sliding_window is None:
+                raise ValueError(
+                    f"{name}.full_attention_layers={self.full_attention_layers} only applies with a "
+                    "sliding_window; set sliding_window or leave full_attention_layers 0"
+                )
+        check_activation(self.activation, f"{name}.activation")
 
     def layout(self) -> BlockLayout:
         return BlockLayout(
@@ -134,20 +158,19 @@ class LlamaConfig(DecoderConfig):
             for index in range(self.num_layers)
         )
 
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        return tuple(LayerKind(window, self.rope) for window in self.layer_windows)
-
 
 @register_model("mistral")
 @dataclasses.dataclass(frozen=True)
 class MistralConfig(LlamaConfig):
-    """Mistral: the Llama decoder with sliding-window attention (defaults: Mistral 7B v0.1 shapes)."""
+    """Mistral: the Llama decoder with sliding-window attention (defaults: Mistral 7B v0.1 shapes).
+
+    Every layer attends to the last ``sliding_window`` positions; every `LlamaConfig` field applies.
+    """
 
     intermediate_size: int = 14336
     num_kv_heads: int = 8
     max_position: int = 32768
     sliding_window: int | None = 4096
-    rms_norm_eps: float = 1e-5
 
 
 @register_model("qwen2")

@@ -7,9 +7,10 @@ tensor layout and most keys; they differ in biases and in which layers use a sli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from halyard.models.decoder import BlockLayout, DecoderConfig
 from halyard.models.families.llama.config import LlamaConfig
 from halyard.models.hf import (
     COMMON_RULE,
@@ -30,6 +31,7 @@ from halyard.models.hf.readers import (
     renamed,
     rope,
 )
+from halyard.models.hf.spec import Reader
 from halyard.models.hf.writers import activation_to_hf, layer_types, refusal, rope_keys
 
 # The keys transformers' LlamaConfig / MistralConfig / Qwen2Config (and MixtralConfig, which adds its
@@ -212,52 +214,83 @@ def _write_qwen2(config: LlamaConfig) -> dict[str, Any]:
     return {**write_common(config, architecture), **qwen2_window_keys(config)}
 
 
-def mappings(config: LlamaConfig, *, mlp: bool = True) -> list[TensorMapping]:
-    """Every parameter's tensor; without ``mlp`` all but the MLP's (Mixtral adds its experts)."""
+def _norms(layout: BlockLayout) -> dict[str, str]:
+    """The layout's norms and their Hugging Face names: ``post_attention_layernorm`` is the norm after
+    attention where the layer has one (Gemma 2, OLMo 2), else the norm before the MLP (Llama, Gemma)."""
+    names = {
+        "attention_norm": (layout.pre_attention_norm, "input_layernorm"),
+        "post_attention_norm": (layout.post_attention_norm, "post_attention_layernorm"),
+        "mlp_norm": (
+            layout.pre_mlp_norm,
+            "pre_feedforward_layernorm" if layout.post_attention_norm else "post_attention_layernorm",
+        ),
+        "post_mlp_norm": (layout.post_mlp_norm, "post_feedforward_layernorm"),
+    }
+    return {ours: theirs for ours, (present, theirs) in names.items() if present}
+
+
+def mappings(config: DecoderConfig) -> list[TensorMapping]:
+    """Every parameter's tensor as the Llama-like architectures store it, from the config's `layout`: the
+    embeddings, the layer's norms, q/k/v/o with their biases, the head unless tied, the gated MLP (a
+    ``moe`` layout's experts are the family's to add) and the q/k norms."""
     M = TensorMapping
+    layout = config.layout()
     layer, stack = "model.layers.{layers}.", "layers.stacked."
+    attention = layer + "self_attn."
+    projections = (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads"))
     result = [
         M("embed.weight", "model.embed_tokens.weight", "vocab embed -> vocab embed"),
         M("final_norm.weight", "model.norm.weight", "embed -> embed"),
-        M(stack + "attention_norm.weight", layer + "input_layernorm.weight", "embed -> embed"),
-        M(stack + "mlp_norm.weight", layer + "post_attention_layernorm.weight", "embed -> embed"),
-        M(stack + "attention.q_proj.weight", layer + "self_attn.q_proj.weight",
-          "(heads head_size) embed -> embed heads head_size"),
-        M(stack + "attention.k_proj.weight", layer + "self_attn.k_proj.weight",
-          "(kv_heads head_size) embed -> embed kv_heads head_size"),
-        M(stack + "attention.v_proj.weight", layer + "self_attn.v_proj.weight",
-          "(kv_heads head_size) embed -> embed kv_heads head_size"),
-        M(stack + "attention.o_proj.weight", layer + "self_attn.o_proj.weight",
+        *(M(f"{stack}{ours}.weight", f"{layer}{theirs}.weight", "embed -> embed")
+          for ours, theirs in _norms(layout).items()),
+        *(M(f"{stack}attention.{name}.weight", f"{attention}{name}.weight",
+            f"({heads} head_size) embed -> embed {heads} head_size") for name, heads in projections),
+        M(stack + "attention.o_proj.weight", attention + "o_proj.weight",
           "embed (heads head_size) -> heads head_size embed"),
     ]  # fmt: skip
-    if not config.tie_embeddings:
+    if not config.shape.tie_embeddings:
         result.append(M("lm_head.weight", "lm_head.weight", "vocab embed -> embed vocab"))
-    if config.attention_bias:
-        for name, heads in (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads")):
+    if layout.qkv_bias:
+        for name, heads in projections:
             result.append(
-                M(f"{stack}attention.{name}.bias", f"{layer}self_attn.{name}.bias",
+                M(f"{stack}attention.{name}.bias", f"{attention}{name}.bias",
                   f"({heads} head_size) -> {heads} head_size")
             )  # fmt: skip
-        if not config.qkv_bias_only:
+    if layout.out_bias:
+        result.append(M(stack + "attention.o_proj.bias", attention + "o_proj.bias", "embed -> embed"))
+    if layout.mlp != "moe":
+        for ours, theirs, into, out in (
+            ("gate", "gate_proj", "embed", "mlp"),
+            ("up", "up_proj", "embed", "mlp"),
+            ("down", "down_proj", "mlp", "embed"),
+        ):
             result.append(
-                M(stack + "attention.o_proj.bias", layer + "self_attn.o_proj.bias", "embed -> embed")
+                M(f"{stack}mlp.{ours}.weight", f"{layer}mlp.{theirs}.weight", f"{out} {into} -> {into} {out}")
             )
-    if not mlp:
-        return result
-    for ours, theirs, into, out in (
-        ("gate", "gate_proj", "embed", "mlp"),
-        ("up", "up_proj", "embed", "mlp"),
-        ("down", "down_proj", "mlp", "embed"),
-    ):
-        result.append(
-            M(f"{stack}mlp.{ours}.weight", f"{layer}mlp.{theirs}.weight", f"{out} {into} -> {into} {out}")
-        )
-        if config.mlp_bias:
-            result.append(M(f"{stack}mlp.{ours}.bias", f"{layer}mlp.{theirs}.bias", f"{out} -> {out}"))
+            if layout.mlp_bias:
+                result.append(M(f"{stack}mlp.{ours}.bias", f"{layer}mlp.{theirs}.bias", f"{out} -> {out}"))
+    if layout.qk_norm is not None:
+        for name, heads in (("q_norm", "heads"), ("k_norm", "kv_heads")):
+            axes = "head_size" if layout.qk_norm == "head" else f"{heads} head_size"
+            hf_axes = "head_size" if layout.qk_norm == "head" else f"({heads} head_size)"
+            result.append(
+                M(f"{stack}attention.{name}.weight", f"{attention}{name}.weight", f"{hf_axes} -> {axes}")
+            )
     return result
 
 
-def _spec(family: str, architecture: str, read: Any, write: Any, rule: KeyRule, **defaults: Any) -> HfFamily:
+def register_llama_like(
+    family: str,
+    architecture: str,
+    *,
+    read: Reader,
+    write: Callable[[Any], dict[str, Any]],
+    rule: KeyRule,
+    mappings: Callable[[Any], list[TensorMapping]] = mappings,
+    **defaults: Any,
+) -> HfFamily:
+    """Register the spec of a Llama-like architecture: model_type ``family``, the `REQUIRED` keys and
+    transformers' `LLAMA_LIKE_DEFAULTS` with ``defaults`` (config.json key -> value) on top."""
     return register_hf(
         HfFamily(
             family=family,
@@ -273,17 +306,17 @@ def _spec(family: str, architecture: str, read: Any, write: Any, rule: KeyRule, 
     )
 
 
-LLAMA = _spec(
-    "llama", "LlamaForCausalLM", _read_llama, _write_llama,
-    LLAMA_LIKE_RULE + KeyRule(implemented=names("attention_bias mlp_bias")),
-    max_position_embeddings=2048,
+LLAMA = register_llama_like(
+    "llama", "LlamaForCausalLM", read=_read_llama, write=_write_llama,
+    rule=LLAMA_LIKE_RULE + KeyRule(implemented=names("attention_bias mlp_bias")), max_position_embeddings=2048,
 )  # fmt: skip
-MISTRAL = _spec(
-    "mistral", "MistralForCausalLM", _read_mistral, lambda config: write_uniform_window(config, "MistralForCausalLM"),
-    LLAMA_LIKE_RULE, max_position_embeddings=131072, num_key_value_heads=8, sliding_window=4096,
+MISTRAL = register_llama_like(
+    "mistral", "MistralForCausalLM", read=_read_mistral,
+    write=lambda config: write_uniform_window(config, "MistralForCausalLM"),
+    rule=LLAMA_LIKE_RULE, max_position_embeddings=131072, num_key_value_heads=8, sliding_window=4096,
 )  # fmt: skip
-QWEN2 = _spec(
-    "qwen2", "Qwen2ForCausalLM", _read_qwen2, _write_qwen2,
-    LLAMA_LIKE_RULE + KeyRule(implemented=names("use_sliding_window max_window_layers")),
+QWEN2 = register_llama_like(
+    "qwen2", "Qwen2ForCausalLM", read=_read_qwen2, write=_write_qwen2,
+    rule=LLAMA_LIKE_RULE + KeyRule(implemented=names("use_sliding_window max_window_layers")),
     max_position_embeddings=32768, use_sliding_window=False, max_window_layers=28,
 )  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from halyard.models.families.llama import hf as llama_hf
 from halyard.models.families.mixtral.config import MixtralConfig
-from halyard.models.hf import HfFamily, KeyRule, TensorMapping, names, register_hf
+from halyard.models.hf import KeyRule, TensorMapping, names
 from halyard.models.hf.readers import renamed
 
 ARCHITECTURE = "MixtralForCausalLM"
@@ -51,7 +51,7 @@ def mappings(config: MixtralConfig) -> list[TensorMapping]:
     moe, layer = "layers.stacked.mlp.", "model.layers.{layers}.block_sparse_moe."
     expert = layer + "experts.{experts}."
     return [
-        *llama_hf.mappings(config, mlp=False),
+        *llama_hf.mappings(config),
         M(moe + "router.weight", layer + "gate.weight", "experts embed -> embed experts"),
         M(moe + "gate", expert + "w1.weight", "mlp embed -> embed mlp"),
         M(moe + "up", expert + "w3.weight", "mlp embed -> embed mlp"),
@@ -59,25 +59,8 @@ def mappings(config: MixtralConfig) -> list[TensorMapping]:
     ]
 
 
-SPEC = register_hf(
-    HfFamily(
-        family="mixtral",
-        model_type="mixtral",
-        architecture=ARCHITECTURE,
-        rule=RULE,
-        required=llama_hf.REQUIRED,
-        defaults={
-            **llama_hf.LLAMA_LIKE_DEFAULTS,
-            "rms_norm_eps": 1e-5,
-            "max_position_embeddings": 131072,
-            "num_key_value_heads": 8,
-            "rope_theta": 1e6,
-            "num_local_experts": 8,
-            "num_experts_per_tok": 2,
-            "router_aux_loss_coef": 0.001,
-        },
-        read=read,
-        write=write,
-        mappings=mappings,
-    )
-)
+SPEC = llama_hf.register_llama_like(
+    "mixtral", ARCHITECTURE, read=read, write=write, rule=RULE, mappings=mappings,
+    rms_norm_eps=1e-5, max_position_embeddings=131072, num_key_value_heads=8, rope_theta=1e6,
+    num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
+)  # fmt: skip

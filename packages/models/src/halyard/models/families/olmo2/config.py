@@ -25,9 +25,7 @@ class Olmo2Config(LlamaConfig):
     after attention and after the MLP instead of before, and the queries and keys are RMS-normalised over
     all heads at once (weights ``(heads, head_size)`` and ``(kv_heads, head_size)``) before rotary."""
 
-    vocab_size: int = 100352
-    intermediate_size: int = 11008
-    max_position: int = 4096
+    vocab_size: int = 100352  # the other sizes are Llama's (Llama-2 7B's)
     rope: RotaryConfig = dataclasses.field(default_factory=lambda: RotaryConfig(theta=500000.0))
     rms_norm_eps: float = 1e-6
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from halyard.models.families.llama import hf as llama_hf
 from halyard.models.families.olmo2.config import Olmo2Config
-from halyard.models.hf import HfFamily, KeyRule, TensorMapping, UnsupportedModelError, names, register_hf
+from halyard.models.hf import KeyRule, UnsupportedModelError, names
 from halyard.models.hf.readers import layer_windows
 from halyard.models.hf.writers import refusal
 
@@ -59,32 +59,6 @@ def write(config: Olmo2Config) -> dict[str, Any]:
     return {**llama_hf.write_common(config, ARCHITECTURE), "attention_bias": config.attention_bias}
 
 
-def mappings(config: Olmo2Config) -> list[TensorMapping]:
-    """Every parameter's tensor: Llama's projections, the two post norms and the projection-wide q/k norms."""
-    M = TensorMapping
-    layer, stack = "model.layers.{layers}.", "layers.stacked."
-    pre_norms = {stack + "attention_norm.weight", stack + "mlp_norm.weight"}  # OLMo 2 has none
-    return [
-        *(mapping for mapping in llama_hf.mappings(config) if mapping.path not in pre_norms),
-        M(stack + "post_attention_norm.weight", layer + "post_attention_layernorm.weight", "embed -> embed"),
-        M(stack + "post_mlp_norm.weight", layer + "post_feedforward_layernorm.weight", "embed -> embed"),
-        M(stack + "attention.q_norm.weight", layer + "self_attn.q_norm.weight",
-          "(heads head_size) -> heads head_size"),
-        M(stack + "attention.k_norm.weight", layer + "self_attn.k_norm.weight",
-          "(kv_heads head_size) -> kv_heads head_size"),
-    ]  # fmt: skip
-
-
-SPEC = register_hf(
-    HfFamily(
-        family="olmo2",
-        model_type="olmo2",
-        architecture=ARCHITECTURE,
-        rule=RULE,
-        required=llama_hf.REQUIRED,
-        defaults={**llama_hf.LLAMA_LIKE_DEFAULTS, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
-        read=read,
-        write=write,
-        mappings=mappings,
-    )
+SPEC = llama_hf.register_llama_like(
+    "olmo2", ARCHITECTURE, read=read, write=write, rule=RULE, rms_norm_eps=1e-5, max_position_embeddings=2048
 )

@@ -16,7 +16,6 @@ import dataclasses
 
 from halyard.models.config import register_model
 from halyard.models.families.llama import LlamaConfig
-from halyard.models.rotary import RotaryConfig
 
 
 @register_model("phi3")
@@ -30,13 +29,8 @@ class Phi3Config(LlamaConfig):
     (Phi-4-mini: 131072).
     """
 
+    # num_layers, num_heads and num_kv_heads (32), max_position (4096), rope and rms_norm_eps are Llama's
     vocab_size: int = 32064
     hidden_size: int = 3072
     intermediate_size: int = 8192
-    num_layers: int = 32
-    num_heads: int = 32
-    num_kv_heads: int = 32
-    max_position: int = 4096
-    rope: RotaryConfig = dataclasses.field(default_factory=lambda: RotaryConfig(theta=10000.0))
-    rms_norm_eps: float = 1e-5
     sliding_window: int | None = 2047

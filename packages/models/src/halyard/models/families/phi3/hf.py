@@ -15,13 +15,14 @@ from typing import Any
 
 from halyard.models.families.llama.hf import (
     LLAMA_LIKE_RULE,
-    REQUIRED,
     read_common,
+    register_llama_like,
     uniform_window,
     write_common,
 )
+from halyard.models.families.llama.hf import mappings as llama_like_mappings
 from halyard.models.families.phi3.config import Phi3Config
-from halyard.models.hf import HfFamily, KeyRule, TensorMapping, UnsupportedModelError, names, register_hf
+from halyard.models.hf import KeyRule, TensorMapping, UnsupportedModelError, names
 from halyard.models.hf.writers import refusal
 
 ARCHITECTURE = "Phi3ForCausalLM"
@@ -40,16 +41,6 @@ RULE = LLAMA_LIKE_RULE + KeyRule(
     },
     no_effect=names("resid_pdrop embd_pdrop"),  # dropout: Halyard trains without it
 )
-# transformers' Phi3Config defaults for keys a config.json may omit.
-DEFAULTS = {
-    "hidden_act": "silu",
-    "max_position_embeddings": 4096,
-    "original_max_position_embeddings": 4096,
-    "initializer_range": 0.02,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-}
 ROPE_TYPES = ("default", "longrope")
 # Phi3Config reads these rope types of older checkpoints as longrope.
 LEGACY_LONGROPE = ("su", "yarn")
@@ -115,45 +106,31 @@ def write(config: Phi3Config) -> dict[str, Any]:
 
 
 def mappings(config: Phi3Config) -> list[TensorMapping]:
-    """Every parameter's tensor; q/k/v and gate/up are parts of the fused projections."""
+    """Every parameter's tensor: Llama's, with q/k/v parts of ``qkv_proj`` and gate/up parts of
+    ``gate_up_proj``."""
     M = TensorMapping
     layer, stack = "model.layers.{layers}.", "layers.stacked."
     qkv_rows = (config.num_heads, config.num_kv_heads, config.num_kv_heads)  # heads of head_size rows
-    result = [
-        M("embed.weight", "model.embed_tokens.weight", "vocab embed -> vocab embed"),
-        M("final_norm.weight", "model.norm.weight", "embed -> embed"),
-        M(stack + "attention_norm.weight", layer + "input_layernorm.weight", "embed -> embed"),
-        M(stack + "mlp_norm.weight", layer + "post_attention_layernorm.weight", "embed -> embed"),
-        M(stack + "attention.o_proj.weight", layer + "self_attn.o_proj.weight",
-          "embed (heads head_size) -> heads head_size embed"),
-        M(stack + "mlp.down.weight", layer + "mlp.down_proj.weight", "embed mlp -> mlp embed"),
-    ]  # fmt: skip
-    projections = (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads"))
-    for index, (name, heads) in enumerate(projections):
-        result.append(
-            M(f"{stack}attention.{name}.weight", layer + "self_attn.qkv_proj.weight",
-              f"(qkv {heads} head_size) embed -> embed {heads} head_size", ("qkv", index, qkv_rows))
+    fused = {}
+    for index, (name, heads) in enumerate(
+        (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads"))
+    ):
+        path = f"{stack}attention.{name}.weight"
+        fused[path] = M(
+            path, layer + "self_attn.qkv_proj.weight",
+            f"(qkv {heads} head_size) embed -> embed {heads} head_size", ("qkv", index, qkv_rows),
         )  # fmt: skip
     for index, name in enumerate(("gate", "up")):  # sized parts: a slice of mlp reads only its rows
-        result.append(
-            M(f"{stack}mlp.{name}.weight", layer + "mlp.gate_up_proj.weight",
-              "(gate_up mlp) embed -> embed mlp", ("gate_up", index, (config.intermediate_size,) * 2))
+        path = f"{stack}mlp.{name}.weight"
+        fused[path] = M(
+            path, layer + "mlp.gate_up_proj.weight",
+            "(gate_up mlp) embed -> embed mlp", ("gate_up", index, (config.intermediate_size,) * 2),
         )  # fmt: skip
-    if not config.tie_embeddings:
-        result.append(M("lm_head.weight", "lm_head.weight", "vocab embed -> embed vocab"))
-    return result
+    return [fused.get(mapping.path, mapping) for mapping in llama_like_mappings(config)]
 
 
-SPEC = register_hf(
-    HfFamily(
-        family="phi3",
-        model_type="phi3",
-        architecture=ARCHITECTURE,
-        rule=RULE,
-        required=REQUIRED,
-        defaults=DEFAULTS,
-        read=read,
-        write=write,
-        mappings=mappings,
-    )
-)
+# transformers' Phi3Config defaults for keys a config.json may omit, where they are not Llama's.
+SPEC = register_llama_like(
+    "phi3", ARCHITECTURE, read=read, write=write, rule=RULE, mappings=mappings,
+    max_position_embeddings=4096, original_max_position_embeddings=4096, initializer_range=0.02, rms_norm_eps=1e-5,
+)  # fmt: skip

@@ -26,11 +26,9 @@ class Qwen3Config(LlamaConfig):
     """Qwen3 (defaults: Qwen3-8B shapes). Every `LlamaConfig` field applies; the queries and keys are
     RMS-normalised per head (weights ``(head_size,)``, epsilon ``rms_norm_eps``) before rotary."""
 
-    vocab_size: int = 151936
-    hidden_size: int = 4096
+    vocab_size: int = 151936  # hidden_size (4096) and num_heads (32) are Llama's
     intermediate_size: int = 12288
     num_layers: int = 36
-    num_heads: int = 32
     num_kv_heads: int = 8
     head_dim: int | None = 128
     max_position: int = 40960

@@ -1,5 +1,6 @@
-"""Qwen3's Hugging Face counterpart, ``Qwen3ForCausalLM``: Qwen2's keys and Llama's tensors, plus the
-per-head ``q_norm`` / ``k_norm`` weights (``[head_dim]`` each layer).
+"""Qwen3's Hugging Face counterpart, ``Qwen3ForCausalLM``: Qwen2's keys and Llama's tensors, with the
+per-head ``q_norm`` / ``k_norm`` weights (``[head_dim]`` each layer) that `llama_hf.mappings` adds for its
+``qk_norm="head"`` layout.
 
 Two differences from Qwen2: ``attention_bias`` puts biases on all four projections (Qwen2 has q/k/v
 biases only, always), and ``head_dim`` defaults to 128 rather than ``hidden_size // num_attention_heads``.
@@ -12,7 +13,7 @@ from typing import Any
 
 from halyard.models.families.llama import hf as llama_hf
 from halyard.models.families.qwen3.config import Qwen3Config
-from halyard.models.hf import HfFamily, KeyRule, TensorMapping, names, register_hf
+from halyard.models.hf import KeyRule, names
 from halyard.models.hf.writers import refusal
 
 ARCHITECTURE = "Qwen3ForCausalLM"
@@ -53,33 +54,7 @@ def write(config: Qwen3Config) -> dict[str, Any]:
     }
 
 
-def mappings(config: Qwen3Config) -> list[TensorMapping]:
-    """Every parameter's tensor: Llama's, then the q/k norms (one ``head_size`` weight each per layer)."""
-    M = TensorMapping
-    layer, stack = "model.layers.{layers}.self_attn.", "layers.stacked.attention."
-    return [
-        *llama_hf.mappings(config),
-        M(stack + "q_norm.weight", layer + "q_norm.weight", "head_size -> head_size"),
-        M(stack + "k_norm.weight", layer + "k_norm.weight", "head_size -> head_size"),
-    ]
-
-
-SPEC = register_hf(
-    HfFamily(
-        family="qwen3",
-        model_type="qwen3",
-        architecture=ARCHITECTURE,
-        rule=RULE,
-        required=llama_hf.REQUIRED,
-        defaults={
-            **llama_hf.LLAMA_LIKE_DEFAULTS,
-            "head_dim": 128,
-            "max_position_embeddings": 32768,
-            "use_sliding_window": False,
-            "max_window_layers": 28,
-        },
-        read=read,
-        write=write,
-        mappings=mappings,
-    )
-)
+SPEC = llama_hf.register_llama_like(
+    "qwen3", ARCHITECTURE, read=read, write=write, rule=RULE,
+    head_dim=128, max_position_embeddings=32768, use_sliding_window=False, max_window_layers=28,
+)  # fmt: skip
