@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.shard import MeshSpec
+from halyard.train.eval_config import EvalConfig
 from halyard.train.model_section import ModelSection, model_section
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim import AdamWConfig, OptimizerConfig
@@ -222,6 +223,8 @@ class TrainConfig:
     """The optimizer (`type:` adamw | lion | sophia_h | muon) with its schedule."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """lm-evaluation-harness tasks during training (see README, Evaluating with lm-evaluation-harness)."""
     trackers: list[TrackerConfig] = field(default_factory=lambda: [JsonlTrackerConfig()])
     """Where metrics go: a list of `type:` jsonl | tensorboard | wandb (wandb works offline)."""
     dpo: DpoConfig = field(default_factory=DpoConfig)

@@ -122,6 +122,27 @@ class HalyardLM(TemplateLM):  # type: ignore[misc]
         self._score = WindowScorer(model, vocab_size, self.max_length, batch_size, mesh, layout)
         self._continue = PromptContinuer(model, batch_size, self._prefix, mesh, layout)
 
+    def set_model(self, model: CausalLM, *, step: int | None = None) -> None:
+        """Evaluate ``model`` from now on: weights of the current model's structure and shapes, placed as it
+        was (the trainer's weights after another step), so nothing is placed or compiled again.
+
+        Args:
+            model: the new weights.
+            step: the training step they are from, for the results' ``config``.
+
+        Raises:
+            ValueError: ``model``'s pytree structure is not the current model's.
+        """
+        current: Any = jax.tree.structure(self.model)
+        if jax.tree.structure(model) != current:
+            raise ValueError(
+                "set_model takes weights of the current model's structure (another model: a new HalyardLM)"
+            )
+        self.model = model
+        self._score.model = model
+        self._continue.model = model
+        self.step = step
+
     # -- construction from lm-eval's model_args ------------------------------------------------
     @classmethod
     def from_run(cls, run_dir: str | Path, step: int | None = None, **options: Any) -> HalyardLM:

@@ -20,7 +20,9 @@ def _known(name: str, names: Sequence[str]) -> bool:
     return name in names or Path(name).is_file()
 
 
-def task_manager(tasks: Sequence[str], include_path: str | Path | None = None) -> Any:
+def task_manager(
+    tasks: Sequence[str], include_path: str | Path | None = None, *, include_option: str = "--include-path"
+) -> Any:
     """An lm-eval ``TaskManager`` that knows every task of ``tasks``.
 
     Indexing lm-eval's thousands of built-in task files takes seconds, so when every name is defined under
@@ -29,6 +31,7 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None = None) -
     Args:
         tasks: task, group or tag names, glob patterns, or paths of task YAML files.
         include_path: a folder of task YAML files, searched before lm-eval's own.
+        include_option: what the errors call ``include_path`` (the option or config key that sets it).
 
     Raises:
         ConfigError: no tasks, ``include_path`` is not a folder, or a name no task has (the close names
@@ -40,7 +43,7 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None = None) -
         raise ConfigError("--tasks is empty: name lm-eval tasks, e.g. --tasks hellaswag,arc_easy")
     if include_path is not None:
         if not Path(include_path).is_dir():
-            raise ConfigError(f"--include-path {include_path} is not a folder of task YAML files")
+            raise ConfigError(f"{include_option} {include_path} is not a folder of task YAML files")
         local = TaskManager(include_path=str(include_path), include_defaults=False)
         if all(_known(name, local.all_tasks) for name in tasks):
             return local
@@ -50,8 +53,8 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None = None) -
             close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.6)
             hint = f"; close names: {', '.join(close)}" if close else ""
             raise ConfigError(
-                f"unknown lm-eval task {name!r}{hint} (`lm-eval ls tasks` lists them; --include-path DIR adds "
-                "task YAML files)"
+                f"unknown lm-eval task {name!r}{hint} (`lm-eval ls tasks` lists them; {include_option} DIR "
+                "adds task YAML files)"
             )
     return manager
 
@@ -65,6 +68,7 @@ def evaluate_tasks(
     num_fewshot: int | None = None,
     log_samples: bool = False,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+    manager: Any | None = None,
 ) -> dict[str, Any]:
     """Run lm-eval ``tasks`` on ``lm`` and return lm-eval's results dict (``results``, ``n-shot``, ...).
 
@@ -76,13 +80,14 @@ def evaluate_tasks(
         num_fewshot: few-shot examples per prompt (None: each task's own setting).
         log_samples: keep each example's requests and responses under ``samples``.
         bootstrap_iters: resamples for standard errors (0 skips them).
+        manager: a `task_manager` for ``tasks`` built earlier (None: built now; indexing takes seconds).
 
     Raises:
         ConfigError: see `task_manager`.
     """
     import lm_eval
 
-    manager = task_manager(tasks, include_path)
+    manager = task_manager(tasks, include_path) if manager is None else manager
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=list(tasks),

@@ -3,8 +3,8 @@
 A run that cannot start should say so in a second, not after an hour of building its token cache: the
 schedule against the steps, the batch against the hosts and the batch mesh axes (the accumulation is
 checked by the config itself), the tokenizer (it exists, loads, and fits the model's vocabulary), the
-model's shapes and their layout on the mesh (traced with shapes only), the checkpoint policies, and the
-checkpoint that ``trainer.init`` names.
+model's shapes and their layout on the mesh (traced with shapes only), the checkpoint policies, the
+harness tasks (lm-eval installed, the names known), and the checkpoint that ``trainer.init`` names.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from halyard.train.checkpoint import KeepPolicy, SavePolicy, latest_complete, re
 from halyard.train.config import ConfigError
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.data import check_data_section, load_run_tokenizer
+from halyard.train.trainer.harness_eval import check_harness
 from halyard.train.user_errors import one_line
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def check_before_data(trainer: Trainer) -> None:
     checkpoint = config.checkpoint
     as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
     as_config_error("checkpoint", lambda: KeepPolicy(checkpoint.keep_last, checkpoint.keep_every_steps))
+    check_harness(config)
     optimizer = as_config_error("optimizer", trainer.build_optimizer)
     sizes = {axis: size for axis, size in mesh_axis_sizes(trainer.mesh).items() if size > 1}
     as_config_error(

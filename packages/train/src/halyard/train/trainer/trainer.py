@@ -49,6 +49,7 @@ from halyard.train.plot import write_run_plot
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.background_build import start_background_build
 from halyard.train.trainer.data import PreparedData
+from halyard.train.trainer.harness_eval import periodic_harness
 from halyard.train.trainer.initial_state import initial_state, performance_settings
 from halyard.train.trainer.metrics_log import MetricsLog
 from halyard.train.trainer.out_of_memory import out_of_memory_advice
@@ -250,6 +251,9 @@ class Trainer:
         )
         log.extra_metrics = build.metrics  # the build's progress in every logged record
         evaluator = objective_evaluator(self.config, data, self.mesh, self.layout, add_reference)
+        harness = periodic_harness(  # eval.harness_tasks: lm-eval on the weights in memory
+            self.config, self.run_dir, data.tokenizer_path, state.params, self.mesh, self.layout
+        )
         metadata = {"data": data_position}
         loader = Loader(
             data.train,
@@ -278,6 +282,8 @@ class Trainer:
                     self._apply_nonfinite_policy(metrics, state, fetched=fetched)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                         log.record_eval(step + 1, *evaluator.evaluate(state.params))
+                    if harness is not None and harness.due(step + 1):
+                        log.record_eval(step + 1, *harness.evaluate(state.params, step + 1))
                     if preemption.requested_on_any_process():
                         with log.checkpoint_timer():
                             self._save(manager, step + 1, state, metadata, wait=True)
@@ -295,6 +301,8 @@ class Trainer:
             )
             if evaluator is not None and not evaluated_in_loop:
                 log.record_eval(final_step, *evaluator.evaluate(state.params))
+            if harness is not None and harness.last_step != final_step:
+                log.record_eval(final_step, *harness.evaluate(state.params, final_step))
             sample = sample_text(state, data.tokenizer_path, cfg) if cfg.sample_prompt else None
             if sample is not None and is_main_process():
                 print(
