@@ -6,7 +6,8 @@
 # guide writes a small corpus as jsonl and parquet files (with some bad records on purpose), builds caches
 # with the local builder and with Ray, and reads batches: shuffled, split for validation and mixed.
 #
-# `halyard.data` needs no JAX: a PyTorch loop can use it as well.
+# `halyard.data` needs no JAX: a PyTorch loop can use it as well (the run config, at the end, is
+# halyard.train's).
 
 # %%
 import filecmp
@@ -25,6 +26,9 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from halyard.data import BadRecordError, LMDataset, MissingFieldError, MixtureDataset, TokenCache, build_cache
+from halyard.train.config import ConfigError, parse_config
+from halyard.train.mixture.config import mixture_sources
+from halyard.train.run_config import TrainConfig
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "your-data"
@@ -311,5 +315,28 @@ figure.savefig(FIGURES / "03_mixture.png", dpi=100)
 # finished one has the bits of a run started on the finished cache. A run that ends before the build
 # stops it; the next run (or `halyard cache build`) resumes it.
 #
+# ### A mixture in the run config
+#
+# `data.mixture` names the sources, each a `data:` section of its own (the keys it leaves out come from
+# `data:`; the tokenizer and `seq_len` are shared), with `weights` and a `schedule` of weights by step.
+# Each source gets its own cache, built beside training; the metrics add `train/<source>/loss` and each
+# source's validation, `eval/<source>/loss`. A resume with other weights is refused unless
+# `data.allow_mixture_change: true`. Bad weights are refused at once, naming the key:
+
+# %%
+mixed = [
+    f"--data.tokenizer={WORK / 'tokenizer.json'}",
+    "--data.mixture.sources={web: {sources: [web/*.jsonl]}, code: {sources: [code/*.parquet]}}",
+    "--data.mixture.weights={web: 0.8, code: 0.2}",
+    "--data.mixture.schedule={8: {web: 0.4, code: 0.6}}",
+]
+run = parse_config(TrainConfig, mixed)
+print({name: source.sources for name, source in mixture_sources(run.data).items()})
+try:
+    parse_config(TrainConfig, [*mixed, "--data.mixture.schedule={8: {web: 0.4, cod: 0.6}}"])
+except ConfigError as error:
+    print("ConfigError:", error)
+
+# %% [markdown]
 # The cache format and every guarantee are described on the [halyard.data page](../packages/data-cache.md).
 # Next: [scale one run across many devices](04_scaling.md).

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.shard import MeshSpec
 from halyard.train.eval_config import EvalConfig
+from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
 from halyard.train.model_section import ModelSection, model_section
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim import AdamWConfig, OptimizerConfig
@@ -82,6 +83,10 @@ class DataConfig:
     """chat_template=simple: text after every message (default: a newline)."""
     strict: bool = False
     """Stop the cache build at the first bad record (malformed JSON, unknown role, chat without an assistant turn), naming file:line; false skips it and counts it in the cache ledger."""
+    mixture: MixtureConfig = field(default_factory=MixtureConfig)
+    """Train on several named sources at once, each with its own cache, in set proportions that may change by step (see data.mixture.*); no sources: data.sources is the one source."""
+    allow_mixture_change: bool = False
+    """Resume a run although data.mixture.weights or schedule changed since its checkpoint: from the resumed step on, the batches are the new mixture's at those steps (a source whose share grew skips ahead in its order, one whose share shrank sees some rows again); false refuses, naming what changed."""
 
     def __post_init__(self) -> None:
         if self.builder not in ("local", "ray"):
@@ -99,6 +104,7 @@ class DataConfig:
                 f"data.format={self.format!r} needs data.sources of jsonl/json examples; "
                 "data.builtin_corpus is plain text (use data.format=text)"
             )
+        check_mixture(self)
 
 
 @dataclass(frozen=True)
@@ -231,3 +237,5 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_objective_data(self.trainer.objective, self.data.format)
+        if self.data.mixture.sources:
+            block_rows(self.data.mixture, self.trainer.batch_size)  # a block size that splits a schedule step

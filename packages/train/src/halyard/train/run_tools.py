@@ -65,12 +65,14 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     args = parser.parse_args(argv)
 
+    from halyard.train.mixture.config import mixture_sources
     from halyard.train.trainer.data import prepare_data
     from halyard.train.trainer.evaluate import Evaluator
     from halyard.train.trainer.trainer import Trainer
 
     config = load_run_config(args.run)
-    if config.data.validation_fraction <= 0:
+    sources = mixture_sources(config.data).values() or [config.data]  # a mixture: any source's split
+    if max(source.validation_fraction for source in sources) <= 0:
         raise ConfigError("the run has no validation split (data.validation_fraction is 0)")
     trainer = Trainer(config)
     data = prepare_data(config.data, Path(args.run), progress=False, init=config.trainer.init)

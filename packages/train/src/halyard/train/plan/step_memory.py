@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config import ConfigError
+from halyard.train.mixture.config import mixture_sources
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer
 
@@ -118,7 +119,7 @@ def _with_some_data(config: TrainConfig) -> TrainConfig:
     """The config with the built-in corpus as its data when it names none: a plan reads no tokens, so a
     config for real hardware plans before its `data.sources` are set."""
     data = config.data
-    if data.sources or data.builtin_corpus is not None or data.format != "text":
+    if data.sources or data.mixture.sources or data.builtin_corpus is not None or data.format != "text":
         return config
     return dataclasses.replace(config, data=dataclasses.replace(data, builtin_corpus="python-stdlib"))
 
@@ -138,9 +139,14 @@ def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.Shap
         )
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
     sharding = NamedSharding(trainer.mesh, PartitionSpec(entry, None))
-    names = ("tokens", "segment_ids") + (("loss_mask",) if config.data.format != "text" else ())
+    sources = mixture_sources(config.data)
+    formats = {source.format for source in sources.values()} or {config.data.format}
+    names = ("tokens", "segment_ids") + (("loss_mask",) if formats != {"text"} else ())
     shape = (rows, config.data.seq_len + 1)
-    return {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
+    if sources:  # a mixture's rows say their source (the per-source loss sums)
+        batch["source_one_hot"] = jax.ShapeDtypeStruct((rows, len(sources)), jnp.int32, sharding=sharding)
+    return batch
 
 
 def _bytes_per_device(tree: Any) -> int:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from halyard.train.trainer.data import (
     build_options,
     open_datasets,
 )
+
+if TYPE_CHECKING:
+    from halyard.train.mixture.build import MixtureBuild
 
 # Tokenizer processes yield the CPU to the training process (compilation, steps, batches) on its host.
 _BUILD_NICENESS = 10
@@ -90,13 +93,17 @@ class BackgroundBuild:
         Raises:
             ConfigError: the build failed on a bad source or record (names the run config's key).
         """
-        if self.handle is not None and self.handle.errors:
-            self._raise(self.handle.errors[0])
+        self.raise_build_error()
         try:
             with log.data_wait_timer():
                 return next(batches)
         except DataInputError as error:
             raise self.in_config_terms(error) from error
+
+    def raise_build_error(self) -> None:
+        """Raise the first error of this process's build, if it failed (a data error in config terms)."""
+        if self.handle is not None and self.handle.errors:
+            self._raise(self.handle.errors[0])
 
     def _raise(self, error: BaseException) -> None:
         if isinstance(error, DataInputError):
@@ -118,7 +125,7 @@ class BackgroundBuild:
 
 def start_background_build(
     config: DataConfig, run_dir: Path, *, init: str = "auto"
-) -> tuple[PreparedData, BackgroundBuild]:
+) -> tuple[PreparedData, BackgroundBuild | MixtureBuild]:
     """Start building the token cache beside training and open its train and validation splits at once.
 
     With ``data.builder=local`` every process tokenizes its share of the shards (shard ``i`` on process
@@ -132,10 +139,16 @@ def start_background_build(
         run_dir: the run directory (the cache goes to ``<run_dir>/cache`` unless ``data.cache_dir`` is set).
         init: ``trainer.init`` (an ``hf:FOLDER`` holding tokenizer.json is the default tokenizer).
 
+    With ``data.mixture`` every source's cache is built so (`start_mixture_build`), and the batches mix them.
+
     Raises:
         ConfigError: bad sources, records or tokenizer, named with the run config's key.
         RunFailure: another process failed to start its build (its own error names the cause).
     """
+    if config.mixture.sources:  # each source is built by this function
+        from halyard.train.mixture.build import start_mixture_build
+
+        return start_mixture_build(config, run_dir, init=init)
     work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
     cache_path = str(work_dir / "tokens")
     process, processes = process_index(), process_count()

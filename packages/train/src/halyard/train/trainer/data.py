@@ -31,16 +31,19 @@ from halyard.shard import process_index
 from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
 from halyard.train.config import ConfigError
 from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
+from halyard.train.mixture.batches import SourceMixture
+from halyard.train.mixture.config import in_source_terms, mixture_sources
 from halyard.train.run_config import DataConfig
 from halyard.train.user_errors import RunFailure, one_line
 
 
 @dataclass
 class PreparedData:
-    """The datasets of a run and what produced them."""
+    """The datasets of a run and what produced them (for ``data.mixture``: the mixed rows, each source's
+    validation split by name, and the first source's cache)."""
 
-    train: LMDataset
-    validation: LMDataset | None
+    train: LMDataset | SourceMixture
+    validation: LMDataset | dict[str, LMDataset] | None
     tokenizer_path: str
     cache: TokenCache
 
@@ -75,8 +78,11 @@ def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
     now (None when one is trained for a ``builtin_corpus``).
 
     Raises:
-        ConfigError: sources and builtin_corpus both or neither set, an unknown corpus, no tokenizer.
+        ConfigError: sources and builtin_corpus both or neither set, an unknown corpus, no tokenizer; a
+            source of ``data.mixture`` whose tokenizer would be trained on it (give data.tokenizer).
     """
+    if config.mixture.sources:
+        return _check_mixture_sources(config, init)
     if config.builtin_corpus is not None:
         if config.sources:
             raise ConfigError("data.sources and data.builtin_corpus are exclusive: set one of them")
@@ -94,6 +100,23 @@ def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
             "trainer.init: hf:FOLDER with FOLDER holding tokenizer.json)"
         )
     return tokenizer
+
+
+def _check_mixture_sources(config: DataConfig, init: str) -> str:
+    """Check each source as its own ``data:`` section; they share one tokenizer, which must be given."""
+    tokenizers = []
+    for name, source in mixture_sources(config).items():
+        try:
+            tokenizer = check_data_section(source, init=init)
+        except ConfigError as error:
+            raise ConfigError(in_source_terms(str(error), name)) from error
+        if tokenizer is None:
+            raise ConfigError(
+                f"data.mixture.sources.{name}.builtin_corpus: every source of a mixture is read with one "
+                "tokenizer; give it in data.tokenizer"
+            )
+        tokenizers.append(tokenizer)
+    return tokenizers[0]
 
 
 def _sources_and_tokenizer(config: DataConfig, work_dir: Path, init: str) -> tuple[list[Any], str]:
@@ -168,6 +191,10 @@ def prepare_data(
         ConfigError: bad sources, records or tokenizer, named with the run config's key; also for
             errors raised inside the builder's worker processes.
     """
+    if config.mixture.sources:  # every source's cache, then the mixture of them
+        from halyard.train.mixture.build import prepare_mixture
+
+        return prepare_mixture(config, run_dir, is_main=is_main, progress=progress, init=init)
     work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
     cache_path = str(work_dir / "tokens")
 

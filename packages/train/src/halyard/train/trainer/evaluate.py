@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -53,37 +54,44 @@ class Evaluator:
 
     Bits per byte divide the summed loss (in bits) by the UTF-8 bytes of the evaluated target tokens,
     decoded with the run's tokenizer (a tokenizer.json or a folder), so runs with different tokenizers
-    compare.
+    compare. A mixture's validation splits (a mapping by source name) are evaluated each on its own
+    batches: ``eval/<source>/loss`` (and ``perplexity``, ``bits_per_byte``), with ``eval_loss`` and the
+    others over all of them together.
     """
 
     def __init__(
-        self, dataset: LMDataset, config: TrainConfig, mesh: Any, layout: Layout, tokenizer_path: str
+        self,
+        dataset: LMDataset | Mapping[str, LMDataset],
+        config: TrainConfig,
+        mesh: Any,
+        layout: Layout,
+        tokenizer_path: str,
     ):
-        self.dataset = dataset
+        self.datasets = dict(dataset) if isinstance(dataset, Mapping) else {"": dataset}
+        self.by_source = isinstance(dataset, Mapping)
         self.config = config
         self.mesh = mesh
         self.layout = layout
         self.tokenizer = load_run_tokenizer(tokenizer_path)
         loss_fn = lm_loss_fn()
         self._loss = jax.jit(lambda model, batch: loss_fn(model, batch, jax.random.PRNGKey(0)))
-        self._bytes: float | None = None
+        self._bytes: dict[str, float] = {}
 
-    def _batches(self) -> list[dict[str, np.ndarray]]:
+    def _batches(self, dataset: LMDataset) -> list[dict[str, np.ndarray]]:
         size = self.config.trainer.batch_size
         return [
-            self.dataset.batch(i, size, host_index=process_index(), host_count=process_count())
+            dataset.batch(i, size, host_index=process_index(), host_count=process_count())
             for i in range(self.config.trainer.eval_batches)
         ]
 
-    def evaluate(self, model: Any) -> tuple[dict[str, float], float]:
-        """``({eval_loss, eval_perplexity, eval_bits_per_byte}, seconds taken)``."""
-        started = time.monotonic()
-        batches = self._batches()
-        if self._bytes is None:
+    def _sums(self, name: str, dataset: LMDataset, model: Any) -> tuple[float, float, float]:
+        """``(summed loss, target tokens, target bytes)`` of one split's evaluation batches."""
+        batches = self._batches(dataset)
+        if name not in self._bytes:
             # Bytes of the whole global batch: the loss below is summed over every host's rows.
             size = self.config.trainer.batch_size
-            self._bytes = target_bytes(
-                self.tokenizer, [self.dataset.batch(i, size) for i in range(len(batches))]
+            self._bytes[name] = target_bytes(
+                self.tokenizer, [dataset.batch(i, size) for i in range(len(batches))]
             )
         loss_sum = 0.0
         tokens = 0.0
@@ -92,10 +100,27 @@ class Evaluator:
             loss, stats = self._loss(model, batch)
             loss_sum += float(loss)
             tokens += float(stats["num_tokens"])
-        mean = loss_sum / max(tokens, 1.0)
-        metrics = {
-            "eval_loss": mean,
-            "eval_perplexity": math.exp(min(mean, 50.0)),
-            "eval_bits_per_byte": loss_sum / math.log(2) / max(self._bytes, 1.0),
-        }
-        return metrics, time.monotonic() - started
+        return loss_sum, tokens, self._bytes[name]
+
+    def evaluate(self, model: Any) -> tuple[dict[str, float], float]:
+        """``({eval_loss, eval_perplexity, eval_bits_per_byte}, seconds taken)``; by source too for a mixture."""
+        started = time.monotonic()
+        metrics: dict[str, float] = {}
+        totals = np.zeros(3)
+        for name, dataset in self.datasets.items():
+            sums = self._sums(name, dataset, model)
+            totals += sums
+            if self.by_source:
+                own = _figures(*sums)
+                metrics.update({f"eval/{name}/{key}": value for key, value in own.items()})
+        together = _figures(*(float(total) for total in totals))
+        return {f"eval_{key}": value for key, value in together.items()} | metrics, time.monotonic() - started
+
+
+def _figures(loss_sum: float, tokens: float, num_bytes: float) -> dict[str, float]:
+    mean = loss_sum / max(tokens, 1.0)
+    return {
+        "loss": mean,
+        "perplexity": math.exp(min(mean, 50.0)),
+        "bits_per_byte": loss_sum / math.log(2) / max(num_bytes, 1.0),
+    }

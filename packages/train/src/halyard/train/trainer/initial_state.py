@@ -10,6 +10,7 @@ import jax
 from halyard.shard import Layout
 from halyard.train.checkpoint import CheckpointManager, DataMismatchError, resolve_checkpoint
 from halyard.train.config import ConfigError
+from halyard.train.mixture.resume import resume_data_position
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.preflight import check_init_source
 from halyard.train.trainer.step import TrainState, init_state
@@ -56,7 +57,8 @@ def initial_state(
     check_init_source(config, manager.directory)
     if manager.latest_step() is not None:
         try:
-            return manager.restore(None, abstract, shardings, expected_data=data_position).state
+            expected = resume_data_position(config, manager, data_position)  # a mixture's weights changed?
+            return manager.restore(None, abstract, shardings, expected_data=expected).state
         except DataMismatchError as error:
             raise ConfigError(
                 f"{one_line(error.differences)} In the run config: give the original data, trainer.batch_size and "

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from halyard.shard import is_main_process
 from halyard.train.config.flatten import flatten_config
+from halyard.train.mixture.config import source_order
+from halyard.train.mixture.metrics import host_metrics
 from halyard.train.perf import Goodput, device_peak_flops, mfu
 from halyard.train.perf.across_processes import from_process_zero, slowest_process
 from halyard.train.run_config import TrainConfig
@@ -66,6 +67,7 @@ class MetricsLog:
         self.last: dict[str, float] = {}
         self.num_devices = int(mesh.devices.size)
         self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
+        self.source_names = source_order(config.data.mixture)  # a mixture's per-source losses are named so
         # Every process reports the run's figures (global tokens, the slowest process's time, process 0's
         # peak), so all processes print the same tokens/s and MFU.
         peak = device_peak_flops(jax.local_devices()[0], model_config.compute)
@@ -116,7 +118,7 @@ class MetricsLog:
 
     def _flush(self) -> None:
         for step, metrics in self._pending:
-            host = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
+            host = host_metrics(jax.device_get(metrics), self.source_names)
             host["step"] = step
             self.history.append(host)
         self._pending = []
