@@ -25,7 +25,7 @@ BAD_STEP = 5  # the 5th step (state.step == 4 when it starts) gets a NaN loss
 def poison_loss_at(monkeypatch: pytest.MonkeyPatch, bad_step: int) -> None:
     """Make the loss NaN during training step ``bad_step`` (1-based) of every Trainer in this test."""
     current: dict[str, Any] = {}
-    real_loss_fn, real_make_train_step = trainer_module.lm_loss_fn, trainer_module.make_train_step
+    real_loss_fn, real_make_train_step = trainer_module.objective_loss_fn, trainer_module.make_train_step
 
     def poisoned_loss_fn(*args: Any, **kwargs: Any) -> Any:
         loss_fn = real_loss_fn(*args, **kwargs)
@@ -39,13 +39,13 @@ def poison_loss_at(monkeypatch: pytest.MonkeyPatch, bad_step: int) -> None:
     def make_train_step(*args: Any, **kwargs: Any) -> Any:
         step_fn = real_make_train_step(*args, **kwargs)
 
-        def train_step(state: Any, batch: Any) -> Any:
+        def train_step(state: Any, batch: Any, frozen: Any = None) -> Any:
             current["step"] = state.step  # a tracer of this step's trace, read by the loss above
-            return step_fn(state, batch)
+            return step_fn(state, batch, frozen)
 
         return train_step
 
-    monkeypatch.setattr(trainer_module, "lm_loss_fn", poisoned_loss_fn)
+    monkeypatch.setattr(trainer_module, "objective_loss_fn", poisoned_loss_fn)
     monkeypatch.setattr(trainer_module, "make_train_step", make_train_step)
 
 

@@ -167,7 +167,7 @@ def test_out_of_memory_names_the_knobs(
 ) -> None:
     # XLA's own error, as the compiler raises it for a step that does not fit (no CPU run can).
     def exhausted(*args: object, **kwargs: object) -> object:
-        def step(state: object, batch: object) -> object:
+        def step(state: object, batch: object, frozen: object = None) -> object:
             raise jax.errors.JaxRuntimeError(
                 "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 81.50GiB.\nBufferAssignment..."
             )

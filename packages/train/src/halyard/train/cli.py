@@ -29,6 +29,7 @@ commands:
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo;
             lm-evaluation-harness tasks: halyard eval --run runs/demo --tasks hellaswag [--limit 100]
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
+            a LoRA run: --lora merge (default) | adapter (a PEFT adapter folder) | base
   configs   list the built-in configs
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
   config    print a resolved config with every key's meaning: halyard config show demo [--trainer.steps 10]

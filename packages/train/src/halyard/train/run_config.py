@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
+from halyard.models.lora import LoraConfig
 from halyard.shard import MeshSpec
 from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
@@ -234,6 +235,8 @@ class TrainConfig:
     trackers: list[TrackerConfig] = field(default_factory=lambda: [JsonlTrackerConfig()])
     """Where metrics go: a list of `type:` jsonl | tensorboard | wandb (wandb works offline)."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters: with lora.rank > 0 only adapters on lora.target_modules train and the weights trainer.init names stay frozen (see README, LoRA fine-tuning)."""
 
     def __post_init__(self) -> None:
         check_objective_data(self.trainer.objective, self.data.format)

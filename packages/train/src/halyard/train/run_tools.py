@@ -10,6 +10,9 @@ from pathlib import Path
 from halyard.train.config import ConfigError, parse_config
 from halyard.train.run_config import TrainConfig
 
+LORA_EXPORTS = ("merge", "adapter", "base")
+"""What ``halyard export --lora`` writes of a LoRA run."""
+
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
     """The resolved config a run saved in ``run_dir/config.yaml``.
@@ -94,17 +97,37 @@ def export_main(argv: Sequence[str]) -> int:
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--max-shard-bytes", type=int, default=None, help="split safetensors above this size")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument(
+        "--lora",
+        choices=LORA_EXPORTS,
+        default="merge",
+        help="a LoRA run: merge (the model with the adapters merged into its weights, the default), "
+        "adapter (a PEFT adapter folder for the base) or base (the frozen base alone)",
+    )
     args = parser.parse_args(argv)
 
-    from halyard.export import DEFAULT_MAX_SHARD_BYTES, export_hf
+    from halyard.export import DEFAULT_MAX_SHARD_BYTES, export_hf, export_peft_adapter
+    from halyard.models.lora import merge_lora, without_lora
     from halyard.train.trainer.data import tokenizer_path_of
     from halyard.train.trainer.trainer import Trainer
 
     config = load_run_config(args.run)
+    if args.lora != "merge" and not config.lora.enabled:
+        raise ConfigError(
+            f"--lora {args.lora}: {args.run} trained no adapters (lora.rank is 0); leave --lora out"
+        )
     state = Trainer(config).restore_state(args.step)
+    if args.lora == "adapter":
+        init = config.trainer.init
+        base = str(Path(init.removeprefix("hf:")).resolve()) if init.startswith("hf:") else None
+        folder = export_peft_adapter(
+            state.params, args.out, base_model=base, dtype=args.dtype, overwrite=args.overwrite
+        )
+        print(f"wrote the adapters of step {int(state.step)} of {args.run} to {folder} (PEFT)")
+        return 0
     tokenizer = tokenizer_path_of(config.data, Path(args.run), init=config.trainer.init)
     folder = export_hf(
-        state.params,
+        merge_lora(state.params) if args.lora == "merge" else without_lora(state.params),
         args.out,
         tokenizer=tokenizer if Path(tokenizer).exists() else None,
         dtype=args.dtype,

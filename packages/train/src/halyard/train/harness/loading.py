@@ -12,6 +12,7 @@ from halyard.models import CausalLM
 from halyard.shard import Layout
 from halyard.train.checkpoint import CheckpointManager
 from halyard.train.config import ConfigError
+from halyard.train.lora import join, load_lora_base
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> LoadedModel:
         trainer = Trainer(config)
         _, abstract, shardings = trainer.abstract_state(trainer.build_optimizer())
         params = manager.restore_weights(step, abstract.params, shardings.params, params_path="params")
+        base = load_lora_base(config, trainer.model_config, trainer.layout, trainer.mesh, manager)
+        if base is not None:  # a LoRA run's weights are its adapters: join them to the base
+            params = join(base.params, params)
     tokenizer = tokenizer_path_of(config.data, run, init=config.trainer.init)
     return LoadedModel(params, tokenizer, step=step, mesh=trainer.mesh, layout=trainer.layout)
 

@@ -86,14 +86,28 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
     mesh = " ".join(f"{axis}={size}" for axis, size in memory.mesh.items()) or "one device"
     fits = memory.total <= chip.usable_bytes
     lines = [
-        f"model     {memory.model_family} {_count(memory.num_params)} parameters, remat={memory.remat}",
+        f"model     {memory.model_family} {_count(memory.num_params)} parameters, remat={memory.remat}"
+        + (
+            f", {_count(memory.trained_params)} trained (LoRA adapters)"
+            if memory.trained_params is not None
+            else ""
+        ),
         f"run       {memory.num_devices} devices (mesh {mesh}), layout {trainer.layout}, "
         f"precision params={model.params.name} compute={model.compute.name}",
         f"batch     {trainer.batch_size} x {seq_len} = {tokens:,} tokens a step, "
         f"accumulation {trainer.accumulation}",
         "",
         "memory per device (XLA's memory analysis of the compiled step)",
-        _row("parameters", memory.params, "the layout's shards"),
+        *(
+            [_row("frozen base", memory.frozen_params, "LoRA: no gradients, no optimizer state")]
+            if memory.trained_params is not None
+            else []
+        ),
+        _row(
+            "parameters",
+            memory.params,
+            "the layout's shards" if memory.trained_params is None else "the adapters",
+        ),
         _row("optimizer state", memory.optimizer_state, type(config.optimizer).__name__),
         _row("gradients", memory.gradients, "one per parameter, in its shard (of the temporaries)"),
         _row("activations", memory.activations, "saved for the backward pass, and workspace"),

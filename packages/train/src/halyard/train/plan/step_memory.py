@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config import ConfigError
+from halyard.train.lora import abstract_base
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer
@@ -42,7 +43,7 @@ class StepMemory:
     flops_per_token: float
     """Model FLOPs (forward + backward) per token at `data.seq_len`."""
     params: int
-    """The parameters' shards on one device."""
+    """The trained parameters' shards on one device (with LoRA: the adapters)."""
     optimizer_state: int
     """The optimizer state's shards on one device."""
     batch: int
@@ -57,6 +58,10 @@ class StepMemory:
     """Output buffers that do not reuse a donated argument (metrics; the new state reuses the old)."""
     compile_seconds: float
     """Time to lower and compile the step."""
+    frozen_params: int = 0
+    """A LoRA run's frozen base: its shards on one device (an argument of the step, without gradients or optimizer state)."""
+    trained_params: int | None = None
+    """Parameters that train (None: all of `num_params`; with LoRA the adapters')."""
 
     @property
     def activations(self) -> int:
@@ -86,14 +91,13 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         _, abstract, shardings = trainer.abstract_state(optimizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    state = jax.tree_util.tree_map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        abstract,
-        shardings,
-    )
+    state = _with_shardings(abstract, shardings)
     batch = _abstract_batch(config, trainer)
+    frozen = None
+    if config.lora.enabled:
+        frozen = _with_shardings(*abstract_base(trainer.model_config, trainer.layout, trainer.mesh))
     with use_layout(trainer.layout, trainer.mesh):
-        compiled = trainer.step_function(optimizer, shardings).lower(state, batch).compile()
+        compiled = trainer.step_function(optimizer, shardings).lower(state, batch, frozen).compile()
     analysis = compiled.memory_analysis()
     model: Any = trainer.model_config
     params = _bytes_per_device(state.params)
@@ -112,6 +116,19 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         arguments=int(analysis.argument_size_in_bytes),
         outputs_not_aliased=max(int(analysis.output_size_in_bytes - analysis.alias_size_in_bytes), 0),
         compile_seconds=time.perf_counter() - started,
+        frozen_params=_bytes_per_device(frozen) if frozen is not None else 0,
+        trained_params=sum(leaf.size for leaf in jax.tree_util.tree_leaves(state.params))
+        if frozen is not None
+        else None,
+    )
+
+
+def _with_shardings(abstract: Any, shardings: Any) -> Any:
+    """``abstract``'s leaves as `jax.ShapeDtypeStruct` carrying their shardings (what `lower` takes)."""
+    return jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract,
+        shardings,
     )
 
 

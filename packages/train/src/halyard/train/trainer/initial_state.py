@@ -72,6 +72,8 @@ def initial_state(
             path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
         ).state
     key = jax.random.PRNGKey(config.trainer.seed)
+    if config.lora.enabled:  # fresh adapters; trainer.init names the frozen base (halyard.train.lora)
+        return jax.jit(make_state, out_shardings=shardings)(key)
     if init.startswith("hf:"):
         model = hf_initial_model(config, layout, mesh)
         return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)

@@ -18,6 +18,7 @@ from halyard.data import DataInputError
 from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
 from halyard.train.checkpoint import KeepPolicy, SavePolicy, latest_complete, resolve_checkpoint
 from halyard.train.config import ConfigError
+from halyard.train.lora.base import check_lora
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.data import check_data_section, load_run_tokenizer
 from halyard.train.trainer.harness_eval import check_harness
@@ -48,6 +49,7 @@ def check_before_data(trainer: Trainer) -> None:
     _check_schedule(config)
     _check_batch(config, trainer.mesh, trainer.layout)
     _check_tokenizer(config, trainer.model_config)
+    check_lora(config, trainer.model_config)
     checkpoint = config.checkpoint
     as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
     as_config_error("checkpoint", lambda: KeepPolicy(checkpoint.keep_last, checkpoint.keep_every_steps))

@@ -70,8 +70,9 @@ def make_train_step(
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
     skip_nonfinite: bool = True,
     microbatch_sharding: Any = None,
-) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-    """Build ``train_step(state, batch) -> (state, metrics)``; jit it with the state donated.
+    join: Callable[[Any, Any], Any] | None = None,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """Build ``train_step(state, batch, frozen=None) -> (state, metrics)``; jit it with the state donated.
 
     Args:
         loss_fn: see `LossFn`; called with the parameters as stored.
@@ -82,6 +83,10 @@ def make_train_step(
             state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
             order stays a function of the step).
         microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
+        join: ``(frozen, params) -> model`` when only part of the model trains (LoRA adapters): ``loss_fn``
+            gets ``join(frozen, state.params)`` with ``frozen`` the step's third argument, which is
+            neither differentiated nor updated, so gradients and optimizer state exist for
+            ``state.params`` alone (and ``param_norm`` and ``update_norm`` are theirs).
 
     Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
     model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
@@ -96,8 +101,10 @@ def make_train_step(
     means of the other stats of ``loss_fn``; floating metrics are float32 whatever the parameter dtype.
     """
 
-    def compute_loss(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, Any]:
-        loss_sum, stats = loss_fn(params, batch, key)
+    def compute_loss(
+        params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None
+    ) -> tuple[jax.Array, Any]:
+        loss_sum, stats = loss_fn(params if join is None else join(frozen, params), batch, key)
         return loss_sum.astype(jnp.float32), stats
 
     grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
@@ -110,21 +117,23 @@ def make_train_step(
             first = jax.lax.with_sharding_constraint(first, microbatch_sharding)
         return first
 
-    def mean_loss_of(batch: dict[str, jax.Array], key: jax.Array) -> Callable[[Any], jax.Array]:
+    def mean_loss_of(batch: dict[str, jax.Array], key: jax.Array, frozen: Any) -> Callable[[Any], jax.Array]:
         def mean_loss(params: Any) -> jax.Array:
-            loss_sum, stats = compute_loss(params, batch, key)
+            loss_sum, stats = compute_loss(params, batch, key, frozen)
             return loss_sum / jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
 
         return mean_loss
 
-    def accumulate(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[Any, jax.Array, Any]:
+    def accumulate(
+        params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any
+    ) -> tuple[Any, jax.Array, Any]:
         if accumulation == 1:
-            (loss_sum, stats), grads = grad_fn(params, batch, key)
+            (loss_sum, stats), grads = grad_fn(params, batch, key, frozen)
             return grads, loss_sum, stats
         micro = split_microbatches(batch, accumulation)
         keys = jax.random.split(key, accumulation)
         first = jax.tree_util.tree_map(lambda x: x[0], micro)
-        (_, stats_shape), _ = jax.eval_shape(grad_fn, params, first, keys[0])
+        (_, stats_shape), _ = jax.eval_shape(grad_fn, params, first, keys[0], frozen)
         zero_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
         zero_stats = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), stats_shape)
 
@@ -133,7 +142,7 @@ def make_train_step(
             microbatch, micro_key = inputs
             if microbatch_sharding is not None:
                 microbatch = jax.lax.with_sharding_constraint(microbatch, microbatch_sharding)
-            (mb_loss, mb_stats), mb_grads = grad_fn(params, microbatch, micro_key)
+            (mb_loss, mb_stats), mb_grads = grad_fn(params, microbatch, micro_key, frozen)
             grads = jax.tree_util.tree_map(jnp.add, grads, mb_grads)
             stats = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), stats, mb_stats)
             return (grads, loss_sum + mb_loss, stats), None
@@ -143,15 +152,17 @@ def make_train_step(
         )
         return grads, loss_sum, stats
 
-    def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(
+        state: TrainState, batch: dict[str, jax.Array], frozen: Any = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
         loss_key, optimizer_key = jax.random.split(key)
-        grad_sums, loss_sum, stats = accumulate(state.params, batch, loss_key)
+        grad_sums, loss_sum, stats = accumulate(state.params, batch, loss_key, frozen)
         num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
         grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
         extra = {}
         if isinstance(optimizer, optax.GradientTransformationExtraArgs):
-            extra["loss_fn"] = mean_loss_of(first_microbatch(batch), optimizer_key)
+            extra["loss_fn"] = mean_loss_of(first_microbatch(batch), optimizer_key, frozen)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
         params = optax.apply_updates(state.params, updates)
 

@@ -38,6 +38,14 @@ from halyard.train.checkpoint import (
     install_preemption_handler,
 )
 from halyard.train.config import save_resolved_config
+from halyard.train.lora import (
+    checkpoint_metadata,
+    join,
+    load_lora_base,
+    lora_loss_fn,
+    trainable_params,
+    with_base,
+)
 from halyard.train.objectives.reference import initial_params, reference_hook
 from halyard.train.objectives.run_objective import (
     objective_evaluator,
@@ -131,8 +139,8 @@ class Trainer:
         """``(make_state, abstract state, its shardings)``: shapes only, nothing allocated."""
         model_config: Any = self.model_config
 
-        def make_state(key: jax.Array) -> TrainState:
-            return init_state(model_config.init(key), optimizer, key)
+        def make_state(key: jax.Array) -> TrainState:  # with LoRA the state's parameters are the adapters
+            return init_state(trainable_params(self.config.lora, model_config.init, key), optimizer, key)
 
         key = jax.random.PRNGKey(self.config.trainer.seed)
         abstract = jax.eval_shape(make_state, key)
@@ -140,14 +148,16 @@ class Trainer:
         return make_state, abstract, shardings
 
     def step_function(self, optimizer: Any, shardings: Any) -> Any:
-        """The jitted train step ``(state, batch) -> (state, metrics)``: state donated, kept in ``shardings``."""
+        """The jitted train step ``(state, batch, frozen) -> (state, metrics)``: state donated, kept in
+        ``shardings``; ``frozen`` is a LoRA run's base (`halyard.train.lora`), else None."""
         cfg = self.config.trainer
         return jax.jit(
             make_train_step(
-                objective_loss_fn(self.config),
+                lora_loss_fn(objective_loss_fn(self.config), self.config.lora),
                 optimizer,
                 accumulation=cfg.accumulation,
                 learning_rate=self.config.optimizer.learning_rate_schedule(max(cfg.steps, 1)),
+                join=join if self.config.lora.enabled else None,
             ),
             donate_argnums=0,
             out_shardings=(shardings, None),
@@ -170,7 +180,8 @@ class Trainer:
         return config
 
     def restore_state(self, step: int | None = None) -> TrainState:
-        """The state saved in this run's ``checkpoints/`` at ``step`` (None: the latest), on this mesh.
+        """The state saved in this run's ``checkpoints/`` at ``step`` (None: the latest), on this mesh; a LoRA
+        run's ``params`` are the whole model, its base (reloaded from the reference) with the adapters.
 
         Raises:
             CheckpointNotFoundError: no complete checkpoint.
@@ -180,7 +191,9 @@ class Trainer:
         with CheckpointManager(
             self.run_dir / "checkpoints", verify_checksums=self.config.checkpoint.verify_checksums
         ) as manager:
-            return manager.restore(step, abstract, shardings).state
+            state = manager.restore(step, abstract, shardings).state
+            base = load_lora_base(self.config, self.model_config, self.layout, self.mesh, manager)
+        return with_base(state, base.params if base is not None else None)
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> FitResult:
@@ -217,6 +230,9 @@ class Trainer:
             verify_checksums=self.config.checkpoint.verify_checksums,
         )
         with out_of_memory_advice(self.config, "creating the training state"):
+            # lora.rank > 0: the frozen base, from the reference the run's checkpoints record or trainer.init
+            base = load_lora_base(self.config, self.model_config, self.layout, self.mesh, manager)
+            frozen = base.params if base is not None else None
             state = initial_state(
                 self.config,
                 self.layout,
@@ -231,10 +247,14 @@ class Trainer:
         start_step = int(state.step)
         # trainer.objective=dpo: a frozen copy of the weights the run started from scores every batch first.
         with out_of_memory_advice(self.config, "creating the DPO reference model"):
-            add_reference = reference_hook(
+            add_reference = reference_hook(  # with LoRA the reference is the base alone: no second copy
                 self.config,
-                lambda: initial_params(
-                    self.config, self.layout, self.mesh, manager, make_state, abstract, shardings
+                lambda: (
+                    frozen
+                    if frozen is not None
+                    else initial_params(
+                        self.config, self.layout, self.mesh, manager, make_state, abstract, shardings
+                    )
                 ),
             )
         if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
@@ -254,7 +274,7 @@ class Trainer:
         harness = periodic_harness(  # eval.harness_tasks: lm-eval on the weights in memory
             self.config, self.run_dir, data.tokenizer_path, state.params, self.mesh, self.layout
         )
-        metadata = {"data": data_position}
+        metadata = {"data": data_position, **checkpoint_metadata(base)}
         loader = Loader(
             data.train,
             cfg.batch_size,
@@ -276,14 +296,16 @@ class Trainer:
                     profile.before_step(step)
                     # Compile-time exhaustion raises here; a run-time one where the metrics are fetched.
                     with out_of_memory_advice(self.config, f"compiling or running train step {step + 1}"):
-                        state, metrics = step_fn(state, batch)
+                        state, metrics = step_fn(state, batch, frozen)
                         profile.after_step(step, metrics)
                         fetched = log.after_step(step + 1, metrics, tokens=tokens_per_step)
                     self._apply_nonfinite_policy(metrics, state, fetched=fetched)
                     if evaluator is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-                        log.record_eval(step + 1, *evaluator.evaluate(state.params))
+                        log.record_eval(step + 1, *evaluator.evaluate(with_base(state, frozen).params))
                     if harness is not None and harness.due(step + 1):
-                        log.record_eval(step + 1, *harness.evaluate(state.params, step + 1))
+                        log.record_eval(
+                            step + 1, *harness.evaluate(with_base(state, frozen).params, step + 1)
+                        )
                     if preemption.requested_on_any_process():
                         with log.checkpoint_timer():
                             self._save(manager, step + 1, state, metadata, wait=True)
@@ -300,10 +322,12 @@ class Trainer:
                 bool(cfg.eval_every) and final_step % cfg.eval_every == 0 and final_step > start_step
             )
             if evaluator is not None and not evaluated_in_loop:
-                log.record_eval(final_step, *evaluator.evaluate(state.params))
+                log.record_eval(final_step, *evaluator.evaluate(with_base(state, frozen).params))
             if harness is not None and harness.last_step != final_step:
-                log.record_eval(final_step, *harness.evaluate(state.params, final_step))
-            sample = sample_text(state, data.tokenizer_path, cfg) if cfg.sample_prompt else None
+                log.record_eval(final_step, *harness.evaluate(with_base(state, frozen).params, final_step))
+            sample = (
+                sample_text(with_base(state, frozen), data.tokenizer_path, cfg) if cfg.sample_prompt else None
+            )
             if sample is not None and is_main_process():
                 print(
                     f"\n--- sample after step {int(state.step)} ---\n{cfg.sample_prompt}{sample}\n---",
