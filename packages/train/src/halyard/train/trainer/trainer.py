@@ -272,7 +272,12 @@ class Trainer:
         log.extra_metrics = build.metrics  # the build's progress in every logged record
         evaluator = objective_evaluator(self.config, data, self.mesh, self.layout, add_reference)
         harness = periodic_harness(  # eval.harness_tasks: lm-eval on the weights in memory
-            self.config, self.run_dir, data.tokenizer_path, state.params, self.mesh, self.layout
+            self.config,
+            self.run_dir,
+            data.tokenizer_path,
+            with_base(state, frozen).params,
+            self.mesh,
+            self.layout,
         )
         metadata = {"data": data_position, **checkpoint_metadata(base)}
         loader = Loader(
