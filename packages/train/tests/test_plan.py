@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from harness_fixtures import write_tokenizer
 from trainer_fixtures import load_config, write_config
 
 from halyard.train.cli import main
@@ -52,6 +53,22 @@ def test_the_report_says_whether_it_fits(config_path: Path, plans: dict[int, Ste
     assert "FLOPs per token" in report and "at 40% MFU" in report
     tiny = accelerator("tpu-v5e", "float32", memory_gib=plans[8].total / 2**30 / 2)
     assert "DOES NOT FIT on TPU v5e" in format_plan(config, plans[8], tiny, mfu=0.4)
+
+
+def test_a_dpo_step_plans_its_pairs(tmp_path: Path, plans: dict[int, StepMemory]) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    tokenizer = str(write_tokenizer(tmp_path / "tokenizer"))
+    data = {"builtin_corpus": None, "sources": [str(pairs)], "format": "preference", "tokenizer": tokenizer}
+    path = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache", data=data)
+    config = load_config(path, "--trainer.objective", "dpo")
+    plan = step_memory(config, jax.devices()[:1])
+    rows, length = config.trainer.batch_size, config.data.seq_len + 1
+    # chosen and rejected tokens and masks, and the reference's two log-probs per pair
+    assert plan.batch == 4 * rows * length * 4 + 2 * rows * 4
+    assert plan.params == plans[1].params and plan.arguments == pytest.approx(
+        plan.params + plan.optimizer_state + plan.batch, abs=64
+    )
 
 
 def test_unknown_accelerator_and_batch_that_does_not_split(

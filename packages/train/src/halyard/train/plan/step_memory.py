@@ -22,6 +22,7 @@ from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config import ConfigError
 from halyard.train.lora import abstract_base
 from halyard.train.mixture.config import mixture_sources
+from halyard.train.objectives.dpo import PAIR_KEYS, REFERENCE_KEYS
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer
 
@@ -142,7 +143,9 @@ def _with_some_data(config: TrainConfig) -> TrainConfig:
 
 
 def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
-    """The loader's batch as shapes: int32 ``[batch_size, seq_len + 1]`` rows split over the batch axes."""
+    """The loader's batch as shapes: int32 ``[batch_size, seq_len + 1]`` rows split over the batch axes
+    (under DPO: ``batch_size`` chosen / rejected pairs and the reference's log-probs of each; the
+    reference's own forward pass, a separate program without gradients, is not part of the step)."""
     axes = default_batch_axes(trainer.mesh, trainer.layout)
     sizes = mesh_axis_sizes(trainer.mesh)
     ways = math.prod(sizes[axis] for axis in axes)
@@ -156,10 +159,16 @@ def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.Shap
         )
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
     sharding = NamedSharding(trainer.mesh, PartitionSpec(entry, None))
+    shape = (rows, config.data.seq_len + 1)
+    if config.trainer.objective == "dpo":  # pairs, with the reference's log-probs added before each step
+        pairs = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in PAIR_KEYS}
+        per_pair = NamedSharding(trainer.mesh, PartitionSpec(entry))
+        return pairs | {
+            name: jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=per_pair) for name in REFERENCE_KEYS
+        }
     sources = mixture_sources(config.data)
     formats = {source.format for source in sources.values()} or {config.data.format}
     names = ("tokens", "segment_ids") + (("loss_mask",) if formats != {"text"} else ())
-    shape = (rows, config.data.seq_len + 1)
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
     if sources:  # a mixture's rows say their source (the per-source loss sums)
         batch["source_one_hot"] = jax.ShapeDtypeStruct((rows, len(sources)), jnp.int32, sharding=sharding)
