@@ -14,4 +14,6 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache", "jax-compilation")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Every program, however quick to compile: a training subprocess otherwise recompiles its hundred small
+# ones (random draws of the init, checkpoint slices), a tenth of its CPU time.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
