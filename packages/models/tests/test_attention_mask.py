@@ -128,8 +128,11 @@ def test_no_block_size_uses_the_backend_default(monkeypatch: pytest.MonkeyPatch)
         lambda flat, **kwargs: seen.append(kwargs["block_size"]) or real(flat, **kwargs),
     )
     q, k, v = _qkv(8, 8)
-    attention(q, k, v, AttentionMask(causal=True), implementation="blocked")
-    attention(q, k, v, AttentionMask(causal=True), implementation="blocked", block_size=4)
+    # traced only (the dispatch passes the block while tracing): nothing is compiled or run
+    jax.eval_shape(lambda: attention(q, k, v, AttentionMask(causal=True), implementation="blocked"))
+    jax.eval_shape(
+        lambda: attention(q, k, v, AttentionMask(causal=True), implementation="blocked", block_size=4)
+    )
     assert seen == [64, 4]
 
 

@@ -110,6 +110,7 @@ def test_head_dim_is_independent_of_width() -> None:
 def test_gpt2_refuses_sequences_longer_than_its_positions() -> None:
     from tiny import random_tokens, tiny
 
-    model = init_model(tiny("gpt2", max_position=8), jax.random.key(0))
+    # refused while tracing: shapes suffice, no initialisation or forward pass is compiled
+    model = eqx.filter_eval_shape(init_model, tiny("gpt2", max_position=8), jax.random.key(0))
     with pytest.raises(ValueError, match="8 learned positions but got a sequence of 9"):
-        model(random_tokens(1, 9))
+        eqx.filter_eval_shape(model, random_tokens(1, 9))
