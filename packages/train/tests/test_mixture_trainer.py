@@ -13,7 +13,14 @@ import jax
 import numpy as np
 import pytest
 from test_sft_trainer import make_tokenizer
-from trainer_fixtures import StopAfter, assert_bitwise_equal, deep_update, load_config, write_config
+from trainer_fixtures import (
+    StopAfter,
+    assert_bitwise_equal,
+    deep_update,
+    load_config,
+    start_processes,
+    write_config,
+)
 
 from halyard.data import LMDataset
 from halyard.train.config import ConfigError
@@ -38,8 +45,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     words = ["the", "ship", "sails", "at", "dawn", "with", "rope", "and", "mast", "under", "wind"]
     web = [" ".join(rng.choice(words, size=12)) for _ in range(80)]
     code = [f"def f{i}(x):\n    return x * {i % 9} + {i % 5}\n" for i in range(80)]
-    (folder / "web.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in web))
-    (folder / "code.jsonl").write_text("".join(json.dumps({"content": text}) + "\n" for text in code))
+    for half in range(2):  # two shards a source: two hosts build a share of each
+        (folder / f"web-{half}.jsonl").write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in web[half::2])
+        )
+        (folder / f"code-{half}.jsonl").write_text(
+            "".join(json.dumps({"content": t}) + "\n" for t in code[half::2])
+        )
     tokenizer = make_tokenizer(folder / "tokenizer.json", web + code)
     return {"folder": folder, "tokenizer": tokenizer, "cache": folder / "caches"}
 
@@ -53,8 +65,8 @@ def mixture_config(tmp_path: Path, sources: dict[str, Any], name: str, **section
         "validation_fraction": 0.1,
         "mixture": {
             "sources": {
-                "web": {"sources": [str(folder / "web.jsonl")]},
-                "code": {"sources": [str(folder / "code.jsonl")], "text_field": "content"},
+                "web": {"sources": [str(folder / "web-*.jsonl")]},
+                "code": {"sources": [str(folder / "code-*.jsonl")], "text_field": "content"},
             },
             "weights": WEIGHTS,
             "schedule": {3: LATER},
@@ -218,3 +230,26 @@ def test_halyard_plan_compiles_the_mixture_step(runs: dict[str, Any]) -> None:
     plan = step_memory(config, jax.devices()[:1])
     rows, width = config.trainer.batch_size, config.data.seq_len + 1
     assert plan.batch == 4 * (2 * rows * width + rows * 2)  # tokens, segment ids and the one-hot sources
+
+
+@pytest.mark.multiprocess
+def test_two_processes_build_a_share_of_every_source_and_train_like_one(
+    runs: dict[str, Any], sources: dict[str, Any]
+) -> None:
+    """2 processes x 2 devices, a fresh cache: each host tokenizes one shard of each source, and the run's
+    losses (also by source) are the 8-device single-process run's."""
+    tmp_path: Path = runs["tmp"]
+    fresh = {"data": {"cache_dir": str(tmp_path / "two-hosts-caches")}}
+    mixture_config(tmp_path, sources, "two-hosts", **fresh)
+    processes = start_processes(["--config", str(tmp_path / "two-hosts.yaml")])
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    for stdout, _ in outputs:  # each process's share: 1 of the 2 shards, for each of the 2 sources
+        assert stdout.count("(1 of 2 shards on this process)") == 2, stdout[-2000:]
+    logged = [json.loads(line) for line in (tmp_path / "two-hosts" / "metrics.jsonl").open()]
+    by_step = {record["step"]: record for record in logged if "loss" in record}
+    for expected in runs["whole"].history:
+        got = by_step[expected["step"]]
+        for key in ("loss", "train/web/loss", "train/code/loss", "train/web/tokens"):
+            np.testing.assert_allclose(float(got[key]), expected[key], rtol=2e-5, err_msg=key)  # NaN: "NaN"

@@ -111,7 +111,9 @@ def test_first_step_runs_before_the_build_ends_and_waiting_counts_in_goodput(
     assert result.summary["goodput/data_wait_seconds"] >= 1.0
     shown = capsys.readouterr()
     assert "halyard.data: waiting for" in shown.err and "tokens/s)" in shown.err
-    assert shown.err.count("halyard.data: waiting for") == 1  # two loader threads wait, one message
+    # Two loader threads wait; together they print once per 10 s (the reader's wait_message_seconds).
+    waited = result.summary["goodput/data_wait_seconds"]
+    assert 1 <= shown.err.count("halyard.data: waiting for") <= 1 + waited // 10
     assert "built=" in shown.err  # the progress bar shows the build while it runs
     assert "waiting for data" in shown.out and "data: the token cache is built" in shown.out
 

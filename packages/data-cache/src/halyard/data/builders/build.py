@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +19,11 @@ from halyard.data.builders.shard_worker import ShardJob, ensure_folder, shard_is
 from halyard.data.cache.ledger import (
     ShardProgress,
     build_identity,
+    changed_sources,
     identity_differences,
     load_cache_ledger,
+    matching_identity,
+    relocate_cache_ledger,
     save_cache_ledger,
 )
 from halyard.data.cache.reader import TokenCache
@@ -189,8 +193,11 @@ def build_cache(
     identity = build_identity(processor.metadata(), chunk_tokens, first_chunk_tokens, described)
     root = out_dir.rstrip("/")
     stored = load_cache_ledger(root)
-    if stored is not None and stored["identity"] != identity:
-        differences = identity_differences(stored["identity"], identity)
+    kept = None if stored is None else matching_identity(stored["identity"], identity)
+    if stored is not None and kept is None:
+        differences = changed_sources(stored["identity"], identity) or identity_differences(
+            stored["identity"], identity
+        )
         if not rebuild:
             raise CacheMismatchError(
                 f"{root} holds a cache built with other settings:\n  "
@@ -199,6 +206,14 @@ def build_cache(
             )
         _delete_cache(root)
         stored = None
+    elif stored is not None and kept is not None and kept != stored["identity"]:
+        moved = sum(old != new for old, new in zip(stored["identity"]["shards"], kept["shards"]))
+        print(
+            f"halyard.data: {moved} source file(s) of {root} moved (same size and leading bytes); reusing it",
+            file=sys.stderr,
+        )
+        relocate_cache_ledger(root, kept)
+    identity = kept or identity
     ensure_folder(root)
     if stored is None:
         save_cache_ledger(root, identity, None)

@@ -103,8 +103,58 @@ def build_identity(
 
 
 def fingerprint(identity: dict[str, Any]) -> str:
-    """A short stable hash of a build identity (the cache's name in dataset manifests)."""
-    return hashlib.sha256(canonical_json(identity)).hexdigest()[:32]
+    """A short stable hash of a build identity (the cache's name in dataset manifests).
+
+    Shards known by their content (local files outside the run directory) enter without their path, so a
+    moved source keeps the fingerprint, and with it the manifests of checkpoints that read the cache.
+    """
+    return hashlib.sha256(canonical_json(_without_content_paths(identity))).hexdigest()[:32]
+
+
+def _without_content_paths(identity: dict[str, Any]) -> dict[str, Any]:
+    shards = [
+        {key: value for key, value in shard.items() if key != "url"} if "content" in shard else shard
+        for shard in identity.get("shards", [])
+    ]
+    return {**identity, "shards": shards}
+
+
+def matching_identity(stored: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The identity a build of ``wanted`` keeps when ``stored`` describes the same bytes, else None.
+
+    Equal but for the paths of shards with equal content (the sources moved): ``wanted``, with the new
+    paths. A cache written before shards had a ``content`` entry, equal otherwise: ``stored``, unchanged
+    (its fingerprint too).
+    """
+    if _without_content_paths(stored) == _without_content_paths(wanted):
+        return wanted
+    stored_shards, wanted_shards = stored.get("shards", []), wanted.get("shards", [])
+    if len(stored_shards) != len(wanted_shards) or any("content" in shard for shard in stored_shards):
+        return None
+    legacy = [{key: value for key, value in shard.items() if key != "content"} for shard in wanted_shards]
+    return stored if {**wanted, "shards": legacy} == stored else None
+
+
+def changed_sources(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """One line per source file whose size or leading bytes differ from what the cache was built from."""
+    lines = []
+    for old, new in zip(stored.get("shards", []), wanted.get("shards", [])):
+        if old.get("url") == new.get("url") and "content" in old and old["content"] != new.get("content"):
+            before, after = old["content"], new.get("content", {})
+            what = (
+                f"{before['bytes']} -> {after.get('bytes')} bytes"
+                if before["bytes"] != after.get("bytes")
+                else "the same size, other leading bytes"
+            )
+            lines.append(f"the source file {new['url']} changed since the cache was built ({what})")
+    return lines
+
+
+def relocate_cache_ledger(root: str, identity: dict[str, Any]) -> None:
+    """Record ``identity`` (the same bytes, its sources at new paths) in the top-level ledger."""
+    value = read_json(cache_ledger_path(root))
+    assert value is not None, f"{root} holds no cache ledger"
+    write_atomic(cache_ledger_path(root), canonical_json({**value, "identity": identity}))
 
 
 def identity_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:

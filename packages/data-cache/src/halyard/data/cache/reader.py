@@ -237,8 +237,8 @@ class TokenCache:
                 )
             if now >= next_message:
                 next_message = now + self.wait_message_seconds
-                with self._lock:  # loader threads waiting together print one message, not one each
-                    quiet = now - self._last_wait_message < min(1.0, self.wait_message_seconds)
+                with self._lock:  # threads waiting together print one message per period, not one each
+                    quiet = now - self._last_wait_message < self.wait_message_seconds
                     self._last_wait_message = now if not quiet else self._last_wait_message
                 if not quiet:
                     self._print_wait(what, tokens_needed, built_at_start, now - started)

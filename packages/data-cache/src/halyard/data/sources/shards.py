@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -85,19 +86,35 @@ class ShardSpec:
     def describe(self, relative_to: str | None = None) -> dict[str, Any]:
         """The fields stored in the ledger for this shard (the example format only when it is not text).
 
+        A local file outside ``relative_to`` also gets ``content`` (its size and a hash of its first
+        64 KiB): the cache knows it by those, so the file may move to another path, disk or machine.
+
         Args:
             relative_to: a local folder; a shard under it is recorded as ``<root>/its/path/inside``, so
                 the folder (a run directory holding the corpus and the cache) can be moved.
         """
+        url = _relative_url(self.url, relative_to)
         described: dict[str, Any] = {
-            "url": _relative_url(self.url, relative_to),
+            "url": url,
             "format": self.format,
             "text_field": self.text_field,
             "mode": self.text_mode,
         }
         if self.example is not None and self.example.has_targets:
             described["example"] = self.example.describe()
+        if not url.startswith("<root>/") and "://" not in url.removeprefix("file://"):
+            described["content"] = local_file_content(url.removeprefix("file://"))
         return described
+
+
+CONTENT_PREFIX_BYTES = 64 * 1024
+
+
+def local_file_content(path: str) -> dict[str, Any]:
+    """What identifies a local source file wherever it lies: its size and the hash of its first 64 KiB."""
+    with open(path, "rb") as file:
+        head = file.read(CONTENT_PREFIX_BYTES)
+    return {"bytes": os.path.getsize(path), "prefix_sha256": hashlib.sha256(head).hexdigest()[:32]}
 
 
 def _relative_url(url: str, root: str | None) -> str:
