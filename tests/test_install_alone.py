@@ -96,7 +96,10 @@ def _run(*command: str | Path, devices: int = 8, **kwargs: object) -> subprocess
         for k, v in os.environ.items()
         if k not in {"PYTHONPATH", "VIRTUAL_ENV"} and not k.startswith("PIP_")
     }
-    env.update(PIP_CONFIG_FILE=os.devnull, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+    )
     # The smoke uses compile the same small model's many small programs: cache them all for the next one.
     env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     result = subprocess.run(

@@ -58,7 +58,9 @@ def start_training(
         env: extra environment variables.
     """
     child_env = dict(
-        os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+        JAX_PLATFORMS="cpu",
     )
     child_env.update(env or {})
     code = (

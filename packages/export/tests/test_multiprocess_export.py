@@ -26,7 +26,10 @@ def _free_port() -> int:
 @pytest.mark.parametrize("layout", ["fsdp", "vocab=fsdp"])  # vocab: 97 rows padded to 104, cut back
 def test_two_process_export_is_written_once_and_byte_identical(layout: str, tmp_path: Path) -> None:
     save("mixtral", tmp_path / "hf")
-    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    environment = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+    }
     port = str(_free_port())
     # process 1 is given a folder of its own: it must not even create it
     folders = [str(tmp_path / "out"), str(tmp_path / "out_of_process_1")]

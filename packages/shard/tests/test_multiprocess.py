@@ -32,7 +32,7 @@ def _run_workers(tmp_path: Path, worker: Path = WORKER) -> list[dict]:
     for process_id in range(NUM_PROCESSES):
         env = {
             **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
             "JAX_PLATFORMS": "cpu",
             "HALYARD_COORDINATOR": f"127.0.0.1:{port}",
             "HALYARD_NUM_PROCESSES": str(NUM_PROCESSES),

@@ -179,7 +179,10 @@ def test_cpu_device_count_simulates_devices_in_a_fresh_process() -> None:
         "info = initialize(cpu_device_count=3, environ={})\n"
         "print(info.local_device_count, info.device_count, info.joined_by)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    env = os.environ | {
+        "XLA_FLAGS": os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""),
+        "JAX_PLATFORMS": "cpu",
+    }  # no device count
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )

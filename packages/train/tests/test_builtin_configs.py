@@ -66,7 +66,11 @@ def test_every_config_trains_at_smoke_size(tmp_path: Path) -> None:
         "    print(f'config {name}', flush=True)\n"
         "    assert train_main(args) == 0, name\n"
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+        JAX_PLATFORMS="cpu",
+    )
     result = subprocess.run(
         [sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, env=env, timeout=600
     )

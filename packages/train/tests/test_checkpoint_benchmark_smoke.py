@@ -18,7 +18,11 @@ def test_checkpoint_benchmark_quick_mode(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""),
+        },
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "bandwidth ratio checkpoint/raw" in completed.stdout
@@ -48,7 +52,11 @@ def test_checksum_benchmark_quick_mode(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""),
+        },
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "time ratio read+xxh3_64/read" in completed.stdout

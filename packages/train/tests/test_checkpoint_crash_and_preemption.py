@@ -27,7 +27,11 @@ from halyard.train.checkpoint import (
 )
 
 SIZE = 300_000
-CHILD_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+CHILD_ENV = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""),
+}
 
 SAVE_THEN_HANG = """
 import sys, threading, time

@@ -74,7 +74,11 @@ def test_two_processes_save_and_one_process_restores(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(CHILD))
     root = tmp_path / "checkpoints"
     port = str(free_port())
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+    }
     children = [
         subprocess.Popen(
             [sys.executable, str(script), port, str(process_id), str(root)],

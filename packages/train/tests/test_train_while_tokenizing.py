@@ -130,7 +130,10 @@ def test_partial_cache_start_kill9_resume_on_finished_cache_equals_a_run_on_the_
         "sys.exit(train_main(sys.argv[1:]))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+        JAX_PLATFORMS="cpu",
+    )
     with open(tmp_path / "stderr.txt", "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-c", code, "--config", str(killed)], stderr=stderr, env=env

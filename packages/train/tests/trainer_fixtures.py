@@ -85,7 +85,11 @@ def run_cli(
     args: list[str], *, devices: int = 8, timeout: float = 600, **popen: Any
 ) -> subprocess.CompletedProcess:
     """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+        JAX_PLATFORMS="cpu",
+    )
     code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env, **popen
@@ -103,7 +107,7 @@ def start_processes(args: list[str], *, processes: int = 2, devices: int = 2) ->
     for process_id in range(processes):
         env = dict(
             os.environ,
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
             JAX_PLATFORMS="cpu",
             HALYARD_COORDINATOR=f"127.0.0.1:{port}",
             HALYARD_NUM_PROCESSES=str(processes),
