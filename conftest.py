@@ -6,8 +6,9 @@ XLA reads XLA_FLAGS when jax initialises its backend, so this must run before an
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# Tests compile hundreds of tiny programs and run each a few times: XLA's backend without LLVM's costly
-# passes compiles them in about two thirds of the time (same values: float semantics do not depend on it).
+# Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0 compiles them in
+# about two thirds of the time. Values differ from an optimized build in the last bits only (summation
+# order), which checks at float32 noise level compare within one program or against a reference kernel.
 # Helpers that start subprocesses with their own XLA_FLAGS append HALYARD_TEST_XLA_COMPILE_FLAGS.
 os.environ.setdefault(
     "HALYARD_TEST_XLA_COMPILE_FLAGS",
@@ -23,6 +24,37 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache", "jax-compilation")
 )
-# Programs that took half a second or more: with every program (0 s), serializing an executable for the
-# cache segfaulted a long-lived test worker twice in two full runs (jaxlib 0.10.2, CPU); 0.5 s never did.
+# Subprocesses (training runs, guides) write programs that took half a second or more to compile.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+import jax  # after XLA_FLAGS: the backend reads them when it starts
+
+# The test workers only read the cache: serializing an executable to write it segfaulted a long-lived
+# worker (hundreds of tests in, jaxlib 0.10.2 on CPU) in three of three full runs; subprocesses never did.
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
+
+# Files whose tests take a minute or more in all (`--durations`): collected first, so that under xdist no
+# worker is left running one of them alone at the end of the run. The order within each file is kept.
+SLOW_FILES_FIRST = frozenset(
+    {
+        "test_docs.py",
+        "test_training_kill.py",
+        "test_benchmarks_smoke.py",
+        "test_optimizers_benchmark_smoke.py",
+        "test_install_alone.py",
+        "test_trainer_multiprocess.py",
+        "test_builtin_configs.py",
+        "test_demo.py",
+        "test_trainer_fit.py",
+        "test_matrix_trainer.py",
+        "test_matrix_interruptions.py",
+        "test_mixture_trainer.py",
+        "test_every_host_builds.py",
+        "test_lora_trainer.py",
+        "test_family_gemma.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    items.sort(key=lambda item: item.path.name not in SLOW_FILES_FIRST)

@@ -117,7 +117,12 @@ def test_each_option_changes_the_logits(case: str, change: dict[str, Any]) -> No
 
 @pytest.mark.parametrize("case", ["gemma_mqa_tied", "gemma2", "gemma3"])
 def test_cached_generation_matches_the_full_forward(case: str) -> None:
-    assert_generation_matches_forward(_halyard(case))
+    # Gemma 2 soft-caps attention logits: its full forward through the blocked kernel (online softmax over
+    # key blocks) differs from the cached steps by float32 summation order alone, 0.6-1.1e-5 depending on
+    # XLA's optimization level, at the 1e-5 of this check. The oracle here is the reference kernel (the
+    # blocked one is checked against it, soft-cap included, in test_attention_softcap.py).
+    overrides = {"attention_implementation": "reference"} if case == "gemma2" else {}
+    assert_generation_matches_forward(_halyard(case, **overrides))
 
 
 BATCH = training_batch(VOCAB)
