@@ -24,14 +24,8 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache", "jax-compilation")
 )
-# Subprocesses (training runs, guides) write programs that took half a second or more to compile.
+# Programs that took half a second or more to compile (workers and their subprocesses alike).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-
-import jax  # after XLA_FLAGS: the backend reads them when it starts
-
-# The test workers only read the cache: serializing an executable to write it segfaulted a long-lived
-# worker (hundreds of tests in, jaxlib 0.10.2 on CPU) in three of three full runs; subprocesses never did.
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
 
 # Files whose tests take a minute or more in all (`--durations`): collected first, so that under xdist no
 # worker is left running one of them alone at the end of the run. The order within each file is kept.
