@@ -47,6 +47,44 @@ def test_an_unguarded_script_fails_naming_the_guard_instead_of_waiting_forever(s
     assert "waiting for it to finish" not in completed.stderr
 
 
+BACKGROUND_SCRIPT = """
+from halyard.data import build_cache
+
+handle = build_cache("data/*.jsonl", "tokenizer.json", "cache", num_workers=2, progress=False, background=True)
+handle.cache.wait_for_tokens(10**9)
+"""
+
+
+def _large_tokenizer(path: Path) -> None:
+    """A word-level tokenizer of 30,000 words: megabytes of pickled state, more than a pipe's buffer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {"[UNK]": 0, "<|endoftext|>": 1, **{f"word{index}": index + 2 for index in range(30_000)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+
+
+@pytest.mark.parametrize("mode", ["foreground", "background"])
+def test_an_unguarded_script_with_a_large_tokenizer_fails_instead_of_waiting_forever(
+    script_folder: Path, mode: str
+) -> None:
+    # The tokenizer reaches the workers through a file: through the spawn pipe, the parent would block
+    # writing it to a worker that died importing the script (the reader of a background build with it).
+    _large_tokenizer(script_folder / "tokenizer.json")
+    assert (script_folder / "tokenizer.json").stat().st_size > 4 * 65536
+    if mode == "foreground":
+        completed = _run_script(script_folder, guarded=False)
+    else:
+        (script_folder / "build.py").write_text(BACKGROUND_SCRIPT)
+        completed = subprocess.run(
+            [sys.executable, "build.py"], cwd=script_folder, capture_output=True, text=True, timeout=180
+        )
+    assert completed.returncode != 0
+    assert "if __name__ == '__main__':" in completed.stderr
+    assert "a builder worker process died" in completed.stderr
+
+
 def test_a_guarded_script_builds(script_folder: Path) -> None:
     completed = _run_script(script_folder, guarded=True)
     assert completed.returncode == 0, completed.stderr[-3000:]

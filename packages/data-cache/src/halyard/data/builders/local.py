@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -43,8 +45,10 @@ def refuse_while_importing_main(what: str = "build_cache") -> None:
         )
 
 
-def _initialize_worker(processor: Processor, tokenizer_threads: int, niceness: int) -> None:
+def _initialize_worker(processor_path: str, tokenizer_threads: int, niceness: int) -> None:
     global _WORKER_PROCESSOR
+    with open(processor_path, "rb") as file:
+        processor: Processor = pickle.load(file)
     if niceness:
         os.nice(niceness)
     # The tokenizer's thread pool reads this when first used; one thread per worker avoids oversubscription.
@@ -97,12 +101,31 @@ def run_local(
     # Fewer shards than workers: fewer processes, each tokenizing with more threads, so all cores work.
     num_workers = max(1, min(num_workers, len(jobs)))
     threads = max(1, default_num_workers() // num_workers)
+    # The processor (megabytes of tokenizer JSON) goes to the workers through a file, not the spawn pipe:
+    # a worker that dies while importing the main script stops reading that pipe, and a parent writing
+    # more than the pipe holds would then wait forever instead of seeing the pool break.
+    with tempfile.TemporaryDirectory(prefix="halyard-build-") as folder:
+        processor_path = os.path.join(folder, "processor.pickle")
+        with open(processor_path, "wb") as file:
+            pickle.dump(processor, file)
+        _run_pool(jobs, processor_path, num_workers, threads, niceness, poll, poll_seconds)
+
+
+def _run_pool(
+    jobs: list[ShardJob],
+    processor_path: str,
+    num_workers: int,
+    threads: int,
+    niceness: int,
+    poll: Callable[[], None],
+    poll_seconds: float,
+) -> None:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
         max_workers=num_workers,
         mp_context=context,
         initializer=_initialize_worker,
-        initargs=(processor, threads, niceness),
+        initargs=(processor_path, threads, niceness),
     ) as pool:
         pending: set[Future[int]] = {pool.submit(_run_job, job) for job in jobs}
         try:
