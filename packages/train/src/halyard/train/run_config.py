@@ -178,6 +178,8 @@ class TrainerConfig:
     """Sampling temperature for the sample (0: greedy); top-k 40 when above 0, seeded by trainer.seed."""
     progress: bool = True
     """Show a progress bar."""
+    compilation_cache: str | None = "~/.cache/halyard/jax"
+    """Folder of JAX's persistent compilation cache: a run that starts again (a resume, the next run of the same shapes) loads its compiled programs instead of compiling them (null: no cache; JAX_COMPILATION_CACHE_DIR, when set, wins)."""
     objective: str = "lm"
     """What the run minimises: lm (next-token cross-entropy on the target tokens) or dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section)."""
 

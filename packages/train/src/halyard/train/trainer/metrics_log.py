@@ -19,6 +19,7 @@ from halyard.train.perf import Goodput, device_peak_flops, mfu
 from halyard.train.perf.across_processes import from_process_zero, slowest_process
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers import build_trackers
+from halyard.train.trainer.compilation_cache import cache_counts, cache_directory
 
 
 class MetricsLog:
@@ -79,6 +80,8 @@ class MetricsLog:
         self._pending: list[tuple[int, Any]] = []
         # Extra host-side figures added to every logged record (the background cache build's progress).
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
+        self.cache_counts_at_start = cache_counts()
+        """(requests, hits) of the persistent compilation cache before the run (the summary counts the run's)."""
         self._bar = None
         if self.main and config.trainer.progress:
             from tqdm import tqdm
@@ -181,6 +184,9 @@ class MetricsLog:
         """Finish the trackers; return (and print) the goodput summary."""
         summary = {k: float(v) for k, v in self.goodput.summary().items()}
         summary["peak_flops_per_device"] = self.peak.flops_per_second
+        requests, hits = (now - before for now, before in zip(cache_counts(), self.cache_counts_at_start))
+        summary["compilation_cache/programs_loaded"] = hits
+        summary["compilation_cache/programs_compiled"] = requests - hits
         if self._bar is not None:
             self._bar.close()
         if self.tracker is not None:
@@ -189,4 +195,11 @@ class MetricsLog:
         if self.main:
             print(self.goodput.summary_text(), flush=True)
             print(f"MFU is measured against {self.peak.describe()}", flush=True)
+            directory = cache_directory()
+            if directory:
+                print(
+                    f"compilation cache: {hits} of {requests} programs loaded from {directory} "
+                    "(trainer.compilation_cache)",
+                    flush=True,
+                )
         return summary

@@ -56,6 +56,7 @@ from halyard.train.perf import Goodput
 from halyard.train.plot import write_run_plot
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.background_build import start_background_build
+from halyard.train.trainer.compilation_cache import cache_counts, use_compilation_cache
 from halyard.train.trainer.data import PreparedData
 from halyard.train.trainer.harness_eval import periodic_harness
 from halyard.train.trainer.initial_state import initial_state, performance_settings
@@ -104,6 +105,7 @@ class Trainer:
     ) -> None:
         self.config = config
         self.run_dir = Path(config.trainer.run_dir)
+        use_compilation_cache(config.trainer.compilation_cache)  # before this trainer compiles anything
         self.clock = clock
         self._preemption = preemption
         self.mesh = as_config_error("trainer.mesh", lambda: config.trainer.mesh.build(devices))
@@ -205,6 +207,7 @@ class Trainer:
         """
         cfg = self.config.trainer
         goodput = Goodput(self.clock)  # started now: time to the first step includes data and state setup
+        cache_at_start = cache_counts()
         check_init_source(self.config, self.run_dir / "checkpoints")
         if is_main_process():
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +273,7 @@ class Trainer:
             clock=self.clock,
         )
         log.extra_metrics = build.metrics  # the build's progress in every logged record
+        log.cache_counts_at_start = cache_at_start
         evaluator = objective_evaluator(self.config, data, self.mesh, self.layout, add_reference)
         harness = periodic_harness(  # eval.harness_tasks: lm-eval on the weights in memory
             self.config,
