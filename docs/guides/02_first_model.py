@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from halyard.train.cli import builtin_configs, resolve_config_paths
+from halyard.train.cli import builtin_configs, main, resolve_config_paths
 from halyard.train.config import parse_config
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.jsonl import read_jsonl
@@ -185,21 +185,11 @@ figure.savefig(FIGURES / "02_loss_curve.png", dpi=100)
 # With `trainer.sample_prompt` set (the demo uses `"def "`), `fit` ends by continuing the prompt greedily.
 # From the command line, `halyard generate --run RUN_DIR --prompt "def "` samples from the latest
 # checkpoint and `halyard eval --run RUN_DIR` reports the validation loss, perplexity and bits per byte.
+# Here the `halyard` command runs in this process, through its entry point `halyard.train.cli.main`.
 
 # %%
 print(repr(config.trainer.sample_prompt + (result.sample or "")))
-generate = [
-    sys.executable,
-    "-m",
-    "halyard.train.cli",
-    "generate",
-    "--run",
-    str(run_dir),
-    "--prompt",
-    "import ",
-]
-generate += ["--max-new-tokens", "24"]
-print(subprocess.run(generate, capture_output=True, text=True, check=True).stdout)
+assert main(["generate", "--run", str(run_dir), "--prompt", "import ", "--max-new-tokens", "24"]) == 0
 
 # %% [markdown]
 # After this few steps the model has learned little more than frequent tokens (indentation, common

@@ -192,7 +192,11 @@ for process_id in range(2):
         HALYARD_COORDINATOR=f"127.0.0.1:{port}",
         HALYARD_NUM_PROCESSES="2",
         HALYARD_PROCESS_ID=str(process_id),
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        # 4 devices each; any other XLA flags of this process carry over.
+        XLA_FLAGS=" ".join(
+            ["--xla_force_host_platform_device_count=4"]
+            + [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+        ),
     )
     processes.append(
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

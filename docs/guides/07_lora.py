@@ -5,13 +5,13 @@
 # frozen, hand the adapter to `peft`, and measure the model before and after with
 # lm-evaluation-harness on a task of your own. To stay offline the "downloaded" checkpoint is a tiny
 # Llama with its own tokenizer, written with `halyard.export`: the folder has exactly the files of a
-# real one (`config.json`, `model.safetensors`, `tokenizer.json`).
+# real one (`config.json`, `model.safetensors`, `tokenizer.json`). The `halyard` commands run in this
+# process, through the entry point of the shell command (`halyard.train.cli.main`).
 
 # %%
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import jax
@@ -22,6 +22,7 @@ import transformers
 
 from halyard.export import export_hf
 from halyard.models import model_config
+from halyard.train.cli import main as halyard_command
 from halyard.train.corpora import train_bpe_tokenizer
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
@@ -47,6 +48,13 @@ base_config = model_config(
 )  # fmt: skip
 base = export_hf(base_config.init(jax.random.key(0)), WORK / "hf-base", tokenizer=tokenizer)
 print(sorted(path.name for path in base.iterdir()))
+
+
+def halyard(*args: str) -> None:
+    """The `halyard` command in this process: ``halyard("eval", ...)`` is ``halyard eval ...`` in a shell."""
+    status = halyard_command(list(args))
+    assert status == 0, f"halyard {' '.join(args)}: exit {status}"
+
 
 # %% [markdown]
 # ## A task of your own
@@ -86,8 +94,7 @@ metric_list:
 
 def evaluate(flag: str, source: Path) -> float:
     """`halyard eval` on ``--hf FOLDER`` or ``--run RUN``: prints lm-eval's table, returns the accuracy."""
-    command = ["halyard", "eval", flag, str(source), "--tasks", "capitals", "--include-path", str(tasks)]
-    print(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    halyard("eval", flag, str(source), "--tasks", "capitals", "--include-path", str(tasks))
     written = sorted((source / "harness").glob("*.json"), key=lambda path: path.stat().st_mtime)[-1]
     return float(json.loads(written.read_text())["results"]["capitals"]["acc,none"])
 
@@ -105,18 +112,15 @@ print("accuracy before:", before)
 # %%
 steps = 30 if SMOKE else 120
 run = WORK / "run"
-subprocess.run(
-    [
-        "halyard", "train",
-        "--trainer.init", f"hf:{base}", "--trainer.run_dir", str(run), "--trainer.steps", str(steps),
-        "--trainer.batch_size", "8", "--trainer.log_every", "10", "--trainer.progress", "false",
-        "--lora.rank", "8", "--lora.alpha", "16",
-        "--lora.target_modules", "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
-        "--data.sources", f"[{corpus}]", "--data.tokenizer", str(tokenizer), "--data.seq_len", "16",
-        "--data.num_workers", "0", "--data.validation_fraction", "0",
-        "--optimizer.learning_rate", "0.01", "--checkpoint.every_steps", str(steps),
-    ],
-    check=True,
+halyard(
+    "train",
+    "--trainer.init", f"hf:{base}", "--trainer.run_dir", str(run), "--trainer.steps", str(steps),
+    "--trainer.batch_size", "8", "--trainer.log_every", "10", "--trainer.progress", "false",
+    "--lora.rank", "8", "--lora.alpha", "16",
+    "--lora.target_modules", "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
+    "--data.sources", f"[{corpus}]", "--data.tokenizer", str(tokenizer), "--data.seq_len", "16",
+    "--data.num_workers", "0", "--data.validation_fraction", "0",
+    "--optimizer.learning_rate", "0.01", "--checkpoint.every_steps", str(steps),
 )  # fmt: skip
 losses = [
     json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
@@ -133,11 +137,9 @@ assert losses[-1] < losses[0]
 
 # %%
 adapter = WORK / "adapter"
-subprocess.run(
-    ["halyard", "export", "--run", str(run), "--out", str(adapter), "--lora", "adapter"], check=True
-)
+halyard("export", "--run", str(run), "--out", str(adapter), "--lora", "adapter")
 merged = WORK / "merged"
-subprocess.run(["halyard", "export", "--run", str(run), "--out", str(merged)], check=True)
+halyard("export", "--run", str(run), "--out", str(merged))
 print(sorted(path.name for path in adapter.iterdir()))
 
 hf_base = transformers.AutoModelForCausalLM.from_pretrained(base)
