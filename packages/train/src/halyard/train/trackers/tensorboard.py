@@ -6,8 +6,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tensorboardX import SummaryWriter
-
 from halyard.train.trackers.base import Metrics, scalar_metrics
 
 
@@ -21,6 +19,8 @@ class TensorBoardTracker:
             log_dir: directory for the event files (created if missing); point `tensorboard --logdir` at it.
             hyperparameters: the run's configuration, stored once as text under `hyperparameters`.
         """
+        from tensorboardX import SummaryWriter  # imports torch: only for runs that use TensorBoard
+
         self.log_dir = os.fspath(log_dir)
         self._writer = SummaryWriter(logdir=self.log_dir, flush_secs=10)
         if hyperparameters:
