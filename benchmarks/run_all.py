@@ -124,6 +124,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 at_most(0.25),
             ),
             Figure(
+                "the same, compilation cache warm",
+                "warm_time_to_first_step_over_offline_build",
+                "<= 0.25",
+                at_most(0.25),
+            ),
+            Figure(
                 "loader while building / step consumption",
                 "loader_over_step_consumption",
                 "> 1x",
