@@ -9,6 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGE_DIRS := $(sort $(dir $(wildcard packages/*/pyproject.toml)))
 STAMP := $(VENV)/.installed
+INSTALL_ARGS := $(foreach p,$(PACKAGE_DIRS),-e $(p)) --group dev
 # Simulated devices so sharding code runs on a CPU-only machine.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Two workers, one a core (CI has two); the slowest tests are listed at the end of the run. A test whose
@@ -26,7 +27,11 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	# A CPU build of torch, from local disk where available (only the tests use it, as the
 	# reference implementation for Hugging Face parity); installed first so that nothing pulls a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet $(foreach p,$(PACKAGE_DIRS),-e $(p)) --group dev
+	# The packages and the dev group through uv, which resolves and installs them in ~25 s where pip takes
+	# ~150 s (it keeps the torch above, which satisfies every range); pip does the same if uv fails.
+	$(PY) -m pip install --quiet "uv>=0.9,<1"
+	$(PY) -m uv pip install --quiet --python $(PY) $(INSTALL_ARGS) \
+		|| $(PY) -m pip install --quiet $(INSTALL_ARGS)
 	touch $(STAMP)
 
 # One CPU device for the demo: simulated devices only slow a single small model down.
