@@ -63,9 +63,9 @@ def assert_logits_match(model: Any, hf_model: Any, vocab: int, *, atol: float = 
     return expected
 
 
-def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5) -> None:
+def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5, atol: float = 1e-5) -> None:
     """Greedy `generate` (prefill, then one cached step per token) of prompts of different lengths gives
-    the logits of the full forward over each prompt + its generated tokens."""
+    the logits of the full forward over each prompt + its generated tokens (within ``atol``, rtol 1e-5)."""
     prompts = [[5, 9, 2, 7, 1, 3, 8], [3], [8, 8, 4]]
     result = generate(
         model, prompts, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0), return_logits=True
@@ -78,7 +78,7 @@ def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5) -> Non
     full = np.asarray(model(named(jnp.asarray(padded), ("batch", "pos"))).unwrap("batch", "pos", "vocab"))
     for row, prompt in enumerate(prompts):
         expected = full[row, len(prompt) - 1 : len(prompt) - 1 + new_tokens]
-        np.testing.assert_allclose(np.asarray(result.logits[row]), expected, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(result.logits[row]), expected, atol=atol, rtol=1e-5)
         assert result.tokens[row].tolist() == np.argmax(expected, axis=-1).tolist()
 
 
