@@ -16,13 +16,14 @@ from halyard.train.checkpoint.writer_priority import LowPriorityWriters, support
 linux_only = pytest.mark.skipif(not supported(), reason="threads are reniced one by one only on Linux")
 
 
-def writer_thread_niceness() -> dict[int, int]:
-    """Nice value of every TensorStore worker thread of this process, by thread id."""
+def writer_thread_priorities() -> dict[int, tuple[int, int]]:
+    """(nice value, scheduling policy) of every TensorStore worker thread of this process, by thread id."""
     values = {}
     for task in Path("/proc/self/task").iterdir():
         try:
             if (task / "comm").read_text().startswith("ts_"):
-                values[int(task.name)] = os.getpriority(os.PRIO_PROCESS, int(task.name))
+                thread = int(task.name)
+                values[thread] = (os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread))
         except (OSError, ProcessLookupError):
             continue
     return values
@@ -35,12 +36,15 @@ def test_an_async_save_lowers_the_writer_threads_and_leaves_the_caller_alone(tmp
     with CheckpointManager(tmp_path / "checkpoints") as manager:
         assert manager.save(1, state)
         manager.wait()
-        niceness = writer_thread_niceness()  # before the restore, which may start more at normal priority
+        priorities = writer_thread_priorities()  # before the restore, which may start more at normal priority
         restored = manager.restore(1, state).state
     np.testing.assert_array_equal(restored["w"], state["w"])
-    assert niceness, "TensorStore wrote the checkpoint, so its worker threads exist"
-    assert min(niceness.values()) >= 19, niceness
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller  # the training thread
+    assert priorities, "TensorStore wrote the checkpoint, so its worker threads exist"
+    # nice 19 (the default) and SCHED_IDLE: the writers run only when no training thread wants the core
+    assert all(nice >= 19 and policy == os.SCHED_IDLE for nice, policy in priorities.values()), priorities
+    training_thread = threading.get_native_id()
+    assert os.getpriority(os.PRIO_PROCESS, training_thread) == caller
+    assert os.sched_getscheduler(training_thread) == os.SCHED_OTHER
 
 
 @linux_only
@@ -55,6 +59,21 @@ def test_low_priority_writers_renices_the_thread_that_enters_it() -> None:
     thread.start()
     thread.join()
     assert seen and seen[0] >= 12
+
+
+@linux_only
+def test_only_the_lowest_priority_also_takes_the_idle_policy() -> None:
+    policies: dict[int, int] = {}
+
+    def writer(niceness: int) -> None:
+        with LowPriorityWriters(niceness, interval=0.01):
+            policies[niceness] = os.sched_getscheduler(threading.get_native_id())
+
+    for niceness in (12, 19):
+        thread = threading.Thread(target=writer, args=(niceness,))
+        thread.start()
+        thread.join()
+    assert policies == {12: os.SCHED_OTHER, 19: os.SCHED_IDLE}
 
 
 @pytest.mark.parametrize("niceness", [-1, 20, "19", 1.5])

@@ -74,7 +74,8 @@ class CheckpointManager:
             saved (see `checksums`); ``restore(None, ...)`` then falls back past a damaged checkpoint.
             False skips that read of the checkpoint (and loads damaged data without noticing).
         writer_niceness: nice value (0-19) of the threads writing a checkpoint in the background (see
-            `writer_priority`): 19, the default, gives the training threads the CPU first; 0 or None
+            `writer_priority`): 19, the default, also with the ``SCHED_IDLE`` policy, gives the training
+            threads the CPU first; 0 or None
             leaves priorities alone (the write then competes with the steps for the cores).
     """
 

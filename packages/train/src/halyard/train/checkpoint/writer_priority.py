@@ -8,6 +8,10 @@ write runs in TensorStore's worker threads (named ``ts_pool_worker`` and alike) 
 manager's commit thread (checksums); while a save is in flight, `LowPriorityWriters` raises their
 nice value (Linux schedules each thread by its own), so the scheduler gives the training threads the
 CPU first and the write the rest. The write then takes longer when the CPU is busy, never the steps.
+At the lowest priority, nice 19, the threads also take Linux's ``SCHED_IDLE`` policy: a nice-19 thread
+still gets short time slices on a busy core, and a step whose threads wait for each other stalls for
+every slice one of them loses (benchmarks/README.md: steps during a write x1.43 at nice 19, x1.13 with
+``SCHED_IDLE`` as well).
 
 The threads keep their lower priority after the save (an unprivileged process may not raise a
 thread's priority back), which only matters for a TensorStore read that competes with other work for
@@ -27,6 +31,9 @@ WRITER_THREAD_PREFIXES = ("ts_",)
 
 _TASKS = Path("/proc/self/task")
 
+IDLE_NICENESS = 19
+"""At this nice value the writer threads also take the ``SCHED_IDLE`` scheduling policy (Linux)."""
+
 
 def supported() -> bool:
     """Whether single threads can be reniced here (Linux, with ``/proc``)."""
@@ -34,13 +41,18 @@ def supported() -> bool:
 
 
 def _lower(thread_id: int, niceness: int) -> bool:
+    changed = False
     try:
         if os.getpriority(os.PRIO_PROCESS, thread_id) < niceness:
             os.setpriority(os.PRIO_PROCESS, thread_id, niceness)
-            return True
+            changed = True
+        idle = getattr(os, "SCHED_IDLE", None)
+        if niceness >= IDLE_NICENESS and idle is not None and os.sched_getscheduler(thread_id) != idle:
+            os.sched_setscheduler(thread_id, idle, os.sched_param(0))
+            changed = True
     except (ProcessLookupError, PermissionError):  # the thread ended, or a policy forbids it
         pass
-    return False
+    return changed
 
 
 def lower_writer_threads(niceness: int) -> int:
@@ -77,8 +89,8 @@ class LowPriorityWriters:
     two looks runs at normal priority until the next one).
 
     Args:
-        niceness: nice value for the writers, 1 to 19 (19: run only when the CPU is otherwise idle);
-            0 or None does nothing.
+        niceness: nice value for the writers, 1 to 19 (19: also the ``SCHED_IDLE`` policy, i.e. run
+            only when no other thread wants the core); 0 or None does nothing.
         interval: seconds between two looks for new writer threads.
 
     Raises:
