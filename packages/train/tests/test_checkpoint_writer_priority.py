@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from trainer_fixtures import write_config
 
 from halyard.train.checkpoint import CheckpointManager
 from halyard.train.checkpoint.writer_priority import LowPriorityWriters, supported
@@ -80,3 +84,36 @@ def test_only_the_lowest_priority_also_takes_the_idle_policy() -> None:
 def test_a_writer_niceness_outside_0_to_19_is_refused(tmp_path: Path, niceness: object) -> None:
     with pytest.raises(ValueError, match=r"writer_niceness must be an int between 0 .* and 19"):
         CheckpointManager(tmp_path, writer_niceness=niceness)  # type: ignore[arg-type]
+
+
+# The `train` command in a fresh process (so every TensorStore thread in it served this run's saves), then
+# the nice value and policy of each of those threads.
+TRAIN_THEN_REPORT = """
+import json, os, sys
+from pathlib import Path
+from halyard.train.cli import train_main
+assert train_main(["--config", sys.argv[1]]) == 0
+found = {}
+for task in Path("/proc/self/task").iterdir():
+    if (task / "comm").read_text().startswith("ts_"):
+        thread = int(task.name)
+        found[thread] = [os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread)]
+print(json.dumps(found))
+"""
+
+
+@linux_only
+def test_the_train_command_writes_its_checkpoints_from_idle_threads(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache", trainer={"steps": 2})
+    env = dict(
+        os.environ, XLA_FLAGS=os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""), JAX_PLATFORMS="cpu"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", TRAIN_THEN_REPORT, str(config)],
+        capture_output=True, text=True, timeout=600, env=env, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    priorities = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert priorities, "the run's checkpoints were written by TensorStore's threads"
+    assert all(nice >= 19 and policy == os.SCHED_IDLE for nice, policy in priorities.values()), priorities

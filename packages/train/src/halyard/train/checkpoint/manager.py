@@ -75,8 +75,8 @@ class CheckpointManager:
             False skips that read of the checkpoint (and loads damaged data without noticing).
         writer_niceness: nice value (0-19) of the threads writing a checkpoint in the background (see
             `writer_priority`): 19, the default, also with the ``SCHED_IDLE`` policy, gives the training
-            threads the CPU first; 0 or None
-            leaves priorities alone (the write then competes with the steps for the cores).
+            threads the CPU first; 0 or None leaves priorities alone (the write then competes with the
+            steps for the cores).
     """
 
     def __init__(

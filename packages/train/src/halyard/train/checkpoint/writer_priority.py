@@ -10,7 +10,7 @@ nice value (Linux schedules each thread by its own), so the scheduler gives the 
 CPU first and the write the rest. The write then takes longer when the CPU is busy, never the steps.
 At the lowest priority, nice 19, the threads also take Linux's ``SCHED_IDLE`` policy: a nice-19 thread
 still gets short time slices on a busy core, and a step whose threads wait for each other stalls for
-every slice one of them loses (benchmarks/README.md: steps during a write x1.43 at nice 19, x1.13 with
+every slice one of them loses (benchmarks/README.md: steps during a write x1.43 at nice 19, x1.145 with
 ``SCHED_IDLE`` as well).
 
 The threads keep their lower priority after the save (an unprivileged process may not raise a
