@@ -31,6 +31,13 @@ def test_checkpoint_benchmark_quick_mode(tmp_path: Path) -> None:
     assert result["state_bytes"] == 3 * 4 * result["num_parameters"]
     assert result["checkpoint_to_raw_bandwidth_ratio"] > 0
     assert result["async_stall_fraction_of_sync_save"] >= 0
+    # the plain-write baselines ran at both call sizes, and the fresh-memory probe timed both touches
+    assert set(result["plain_write_by_bytes_per_call"]) == {str(16 * 2**20), str(256 * 2**10)}
+    assert all(
+        row["step_slowdown_during_write"] > 0 for row in result["plain_write_by_bytes_per_call"].values()
+    )
+    assert all(seconds > 0 for seconds in result["fresh_memory_seconds"].values())
+    assert "steps during a plain write of the same bytes in 0.25 MiB calls" in completed.stdout
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint_save.json"]  # cleaned up after itself
 
 
