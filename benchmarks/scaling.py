@@ -48,9 +48,9 @@ import numpy as np
 
 from halyard.models import model_config
 from halyard.shard import Layout, MeshSpec, global_batch_from_local, use_layout
+from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
-from halyard.train.trainer.loss import lm_loss_fn
-from halyard.train.trainer.step import TrainState, init_state, make_train_step
+from halyard.train.step import TrainState, init_state, make_train_step
 
 RESULTS = Path(__file__).parent / "results" / "scaling.json"
 NUM_DEVICES = 8

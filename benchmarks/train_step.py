@@ -6,8 +6,8 @@ SwiGLU and GQA 8/4, untied) or ``llama-49k`` (4 layers, hidden 256, GQA 4/2, seq
 49152: the unembedding and the loss dominate). AdamW, f32, random tokens. Three implementations in one
 process:
 
-- ``halyard``: the `halyard.models` config, `halyard.train.trainer.step.make_train_step` with
-  `halyard.train.trainer.loss.lm_loss_fn` and the trainer's AdamW (`AdamWConfig`: clipping at 1.0,
+- ``halyard``: the `halyard.models` config, `halyard.train.step.make_train_step` with
+  `halyard.train.objectives.lm_loss.lm_loss_fn` and the trainer's AdamW (`AdamWConfig`: clipping at 1.0,
   decay on matrices), jitted with the state donated: the trainer's own code path;
 - ``plain_jax``: the same math in jnp (lax.scan over layers, ``jax.nn.dot_product_attention``, full
   logits), optax clip + AdamW, jitted with the state donated (`gpt2_baselines.py`, `llama_baselines.py`);
@@ -63,10 +63,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from benchmark_models import MODELS, BenchmarkModel
 from gpt2_baselines import torch_matmul_flops
 
+from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
 from halyard.train.perf import measure_matmul_flops
-from halyard.train.trainer.loss import lm_loss_fn
-from halyard.train.trainer.step import init_state, make_train_step
+from halyard.train.step import init_state, make_train_step
 
 RESULTS = Path(__file__).parent / "results"
 GOALS = {"halyard_over_pytorch_tokens_per_second": 1.0, "halyard_over_plain_jax_step_time": 1.03, "mfu": 0.60}

@@ -19,7 +19,7 @@ from trainer_fixtures import load_config
 
 from halyard.train.cli import train_main
 from halyard.train.config import save_resolved_config
-from halyard.train.trainer.step import init_state, make_train_step
+from halyard.train.step import init_state, make_train_step
 
 
 def folder_bytes(root: Path) -> dict[str, bytes]:

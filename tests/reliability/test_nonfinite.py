@@ -15,7 +15,7 @@ import pytest
 from reliability_helpers import Reference, tiny_config
 from trainer_fixtures import assert_bitwise_equal, leaves, load_config
 
-import halyard.train.trainer.trainer as trainer_module
+import halyard.train.run.setup as run_setup
 from halyard.train.checkpoint import latest_complete
 from halyard.train.trainer.trainer import NonFiniteLossError, Trainer
 
@@ -25,7 +25,7 @@ BAD_STEP = 5  # the 5th step (state.step == 4 when it starts) gets a NaN loss
 def poison_loss_at(monkeypatch: pytest.MonkeyPatch, bad_step: int) -> None:
     """Make the loss NaN during training step ``bad_step`` (1-based) of every Trainer in this test."""
     current: dict[str, Any] = {}
-    real_loss_fn, real_make_train_step = trainer_module.objective_loss_fn, trainer_module.make_train_step
+    real_loss_fn, real_make_train_step = run_setup.objective_loss_fn, run_setup.make_train_step
 
     def poisoned_loss_fn(*args: Any, **kwargs: Any) -> Any:
         loss_fn = real_loss_fn(*args, **kwargs)
@@ -45,8 +45,8 @@ def poison_loss_at(monkeypatch: pytest.MonkeyPatch, bad_step: int) -> None:
 
         return train_step
 
-    monkeypatch.setattr(trainer_module, "objective_loss_fn", poisoned_loss_fn)
-    monkeypatch.setattr(trainer_module, "make_train_step", make_train_step)
+    monkeypatch.setattr(run_setup, "objective_loss_fn", poisoned_loss_fn)
+    monkeypatch.setattr(run_setup, "make_train_step", make_train_step)
 
 
 def test_skip_keeps_the_weights_and_counts_the_step(

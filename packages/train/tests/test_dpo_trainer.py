@@ -16,7 +16,6 @@ from trainer_fixtures import load_config, write_config
 from halyard.train.checkpoint import CheckpointManager
 from halyard.train.cli import main
 from halyard.train.config import ConfigError
-from halyard.train.objectives.reference import initial_params
 from halyard.train.trainer.trainer import Trainer
 
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
@@ -99,13 +98,10 @@ def test_a_dpo_run_through_the_cli_learns_the_preference(dpo_run) -> None:
 def test_the_reference_is_the_initial_weights_also_after_a_resume(dpo_run) -> None:
     path, run_dir = dpo_run
     trainer = Trainer(load_config(path, "--trainer.steps", "9"))
-    make_state, abstract, shardings = trainer.abstract_state(trainer.build_optimizer())
     with CheckpointManager(run_dir / "checkpoints") as manager:
-        reference = initial_params(
-            trainer.config, trainer.layout, trainer.mesh, manager, make_state, abstract, shardings
-        )
+        reference = trainer.setup.initial_model(manager)
         saved = trainer.restore_state().params
-    fresh = jax.jit(make_state)(jax.random.PRNGKey(trainer.config.trainer.seed)).params
+    fresh = jax.jit(trainer.setup.init_state)(jax.random.PRNGKey(trainer.config.trainer.seed)).params
     assert all(
         jax.tree.leaves(
             jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), reference, fresh)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from halyard.train.trainer.evaluate import target_bytes
+from halyard.train.objectives.lm_evaluate import target_bytes
 
 
 def _byte_tokenizer() -> Tokenizer:

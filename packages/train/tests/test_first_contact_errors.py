@@ -174,7 +174,7 @@ def test_out_of_memory_names_the_knobs(
 
         return step
 
-    monkeypatch.setattr("halyard.train.trainer.trainer.make_train_step", exhausted)
+    monkeypatch.setattr("halyard.train.run.setup.make_train_step", exhausted)
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, trainer={"steps": 2})
     code, err = fails(capsys, train(config))
     assert code == 1 and "out of device memory while compiling or running train step 1" in err

@@ -11,7 +11,7 @@ from test_dpo_trainer import dpo_config_file, logged
 from test_dpo_trainer import dpo_files as dpo_files  # a fixture this module's test uses
 from trainer_fixtures import load_config
 
-import halyard.train.trainer.trainer as trainer_module
+from halyard.train.run.setup import RunSetup
 from halyard.train.trainer.trainer import Trainer
 
 
@@ -21,7 +21,7 @@ def test_dpo_with_lora_scores_against_the_base_without_a_copy(
     def no_copy(*args: object, **kwargs: object) -> None:
         raise AssertionError("a LoRA run's DPO reference is its frozen base, not a second copy")
 
-    monkeypatch.setattr(trainer_module, "initial_params", no_copy)
+    monkeypatch.setattr(RunSetup, "initial_model", no_copy)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     path = dpo_config_file(
         tmp_path, dpo_files, "lora", lora={"rank": 8, "alpha": 16.0, "target_modules": targets}

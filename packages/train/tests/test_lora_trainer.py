@@ -16,11 +16,11 @@ from halyard.models.lora import LoraAdapter, lora_params, without_lora
 from halyard.train.checkpoint import CheckpointManager, read_commit_marker
 from halyard.train.cli import main
 from halyard.train.config import ConfigError, save_resolved_config
-from halyard.train.harness.loading import load_run_model
-from halyard.train.lora import trainable_params
+from halyard.train.lora.adapters import trainable_params
 from halyard.train.plan import step_memory
 from halyard.train.plan.accelerators import accelerator
 from halyard.train.plan.command import format_plan
+from halyard.train.run.loading import load_run_model
 from halyard.train.trainer.trainer import Trainer
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -8,7 +8,7 @@ import pytest
 from halyard.shard import Layout, MeshSpec
 from halyard.train.model_section import model_section
 from halyard.train.optim import AdamWConfig, LionConfig, MuonConfig, SophiaHConfig
-from halyard.train.trainer.step import init_state
+from halyard.train.step import init_state
 
 MODEL = model_section(
     "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2

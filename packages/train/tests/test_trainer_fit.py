@@ -196,7 +196,7 @@ def test_mup_models_get_per_parameter_learning_rates(tmp_path: Path, cache_dir: 
     # shapes serve, and no initialisation is compiled for it (fit below compiles its own).
     abstract = eqx.filter_eval_shape(config.model.init, jax.random.PRNGKey(0))
     model = jax.tree.map(lambda leaf: jax.numpy.zeros(leaf.shape, leaf.dtype), abstract)
-    optimizer = trainer.build_optimizer()
+    optimizer = trainer.setup.optimizer
     ones = jax.tree.map(jax.numpy.ones_like, model)
     updates, _ = optimizer.update(ones, optimizer.init(model), model, loss_fn=None)
     flat = {

@@ -9,8 +9,8 @@ import optax
 import pytest
 
 from halyard.models import LlamaConfig, ModelConfig
-from halyard.train.trainer.loss import lm_loss_fn
-from halyard.train.trainer.step import TrainState, init_state, make_train_step, split_microbatches
+from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.step import TrainState, init_state, make_train_step, split_microbatches
 
 
 def toy_loss(params, batch, key):

@@ -14,11 +14,25 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib import resources
-from pathlib import Path
+from importlib import import_module
 
+from halyard.train.builtin_configs import builtin_configs, config_summary, resolve_config_paths
 from halyard.train.config import parse_config
 from halyard.train.user_errors import DEBUG_FLAG, report_user_errors
+
+__all__ = ["builtin_configs", "main", "resolve_config_paths", "train_main"]
+
+SUBCOMMANDS = {
+    "cache": "halyard.data.cli:run_command",
+    "generate": "halyard.train.commands.generate:generate_main",
+    "export": "halyard.train.commands.export:export_main",
+    "eval": "halyard.train.commands.evaluate:eval_main",
+    "plan": "halyard.train.plan.command:plan_main",
+    "plot": "halyard.train.plot:plot_main",
+    "config": "halyard.train.commands.config_show:config_main",
+}
+"""``halyard`` subcommand -> ``module:function`` taking its arguments; the module is imported only when the
+subcommand runs (``halyard configs`` need not import jax)."""
 
 USAGE = """usage: halyard <command> [arguments]
 
@@ -40,39 +54,6 @@ commands:
 """
 
 
-def builtin_configs() -> dict[str, Path]:
-    """Built-in config name -> path of its YAML file."""
-    folder = resources.files("halyard.train") / "configs"
-    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".yaml")}
-
-
-def _summary_of(path: Path) -> str:
-    """The first comment line of a config file: what the config is for."""
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
-
-
-def resolve_config_paths(argv: Sequence[str]) -> list[str]:
-    """Replace ``--config NAME`` of a built-in config by its file path (a file of that name wins)."""
-    builtin = builtin_configs()
-    resolved = list(argv)
-    for i, arg in enumerate(resolved):
-        value_index = None
-        if arg == "--config" and i + 1 < len(resolved):
-            value_index = i + 1
-        elif arg.startswith("--config="):
-            name = arg.split("=", 1)[1]
-            if not Path(name).exists() and name in builtin:
-                resolved[i] = f"--config={builtin[name]}"
-        if value_index is not None:
-            name = resolved[value_index]
-            if not Path(name).exists() and name in builtin:
-                resolved[value_index] = str(builtin[name])
-    return resolved
-
-
 def installed_versions() -> str:
     """One line per installed ``halyard-*`` distribution, sorted: its name and version."""
     from importlib import metadata
@@ -88,7 +69,7 @@ def installed_versions() -> str:
 @report_user_errors
 def _run_training(argv: Sequence[str]) -> int:
     from halyard.shard import initialize
-    from halyard.train.config_command import PRINT_CONFIG_FLAG, print_config
+    from halyard.train.commands.config_show import PRINT_CONFIG_FLAG, print_config
     from halyard.train.run_config import TrainConfig
 
     if PRINT_CONFIG_FLAG in argv:  # the resolved config with every meaning, instead of training
@@ -109,6 +90,15 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     return _run_training(sys.argv[1:] if argv is None else argv)
 
 
+def _list_configs() -> int:
+    configs = sorted(builtin_configs().items())
+    for name, path in configs:
+        print(f"{name:12s} {config_summary(path)}")
+    if configs:
+        print(f"\n(files in {configs[0][1].parent}; `halyard config show NAME` prints one resolved)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``halyard``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -123,38 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command == "train":
         return _run_training(rest)
-    if command == "cache":
-        from halyard.data.cli import run_command
-
-        return report_user_errors(run_command)(rest)
-    if command in ("generate", "export"):
-        from halyard.train import run_tools
-
-        tools = {"generate": run_tools.generate_main, "export": run_tools.export_main}
-        return report_user_errors(tools[command])(rest)
-    if command == "eval":  # the validation loss, or lm-evaluation-harness tasks with --tasks
-        from halyard.train.eval_command import eval_main
-
-        return report_user_errors(eval_main)(rest)
-    if command == "plan":
-        from halyard.train.plan.command import plan_main
-
-        return report_user_errors(plan_main)(rest)
-    if command == "plot":
-        from halyard.train.plot import plot_main
-
-        return report_user_errors(plot_main)(rest)
-    if command == "config":
-        from halyard.train.config_command import config_main
-
-        return report_user_errors(config_main)(rest)
     if command == "configs":
-        configs = sorted(builtin_configs().items())
-        for name, path in configs:
-            print(f"{name:12s} {_summary_of(path)}")
-        if configs:
-            print(f"\n(files in {configs[0][1].parent}; `halyard config show NAME` prints one resolved)")
-        return 0
+        return _list_configs()
+    if command in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[command].split(":")
+        return report_user_errors(getattr(import_module(module), function))(rest)
     print(f"halyard: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from halyard.train.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 
@@ -22,6 +23,8 @@ INPUT_ERROR_EXIT_CODE = CONFIG_ERROR_EXIT_CODE
 RUNTIME_ERROR_EXIT_CODE = 1
 DEBUG_ENVIRONMENT_VARIABLE = "HALYARD_DEBUG"
 DEBUG_FLAG = "--debug"
+
+T = TypeVar("T")
 
 
 class RunFailure(RuntimeError):
@@ -60,6 +63,14 @@ def one_line(message: str) -> str:
     for line in lines[1:]:
         joined += (" " if joined.endswith((":", ".", ";", ")")) else "; ") + line
     return joined
+
+
+def as_config_error(key: str, build: Callable[[], T]) -> T:
+    """``build()``, with a ``ValueError`` it raises turned into a `ConfigError` naming ``key``."""
+    try:
+        return build()
+    except ValueError as error:
+        raise ConfigError(f"{key}: {one_line(str(error))}") from error
 
 
 def debug_requested(argv: Sequence[str]) -> tuple[bool, list[str]]:

@@ -28,8 +28,8 @@ from halyard.models import CausalLM, num_params
 from halyard.models.sampling import SamplingConfig
 from halyard.shard import Layout, process_count
 from halyard.train.harness.generation import PromptContinuer
-from halyard.train.harness.loading import load_hf_model, load_run_model
 from halyard.train.harness.scoring import Window, WindowScorer
+from halyard.train.run.loading import load_hf_model, load_run_model
 from halyard.train.trainer.data import load_run_tokenizer
 
 DEFAULT_MAX_LENGTH = 2048

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from halyard.models.lora import LoraConfig, init_lora, lora_params, with_dropout_keys, with_lora
-from halyard.train.trainer.step import LossFn, TrainState
+from halyard.train.step import LossFn, TrainState
 
 ADAPTER_STREAM = 0x10A
 """Folded into the run's key for the adapters' A, so they draw apart from the model's initialisation."""

@@ -3,7 +3,8 @@
 The base is what ``trainer.init`` names when the run starts: a Hugging Face folder (``hf:PATH``), a
 checkpoint's weights (``checkpoint:PATH`` or ``weights:PATH``, of a run without LoRA), or the
 initialisation from ``trainer.seed`` (``auto`` / ``scratch``). Checkpoints hold only the adapters and
-this reference; a resumed run reloads the base from the reference of its latest checkpoint.
+this reference; a resumed run reloads the base from the reference of its latest checkpoint
+(`halyard.train.run.sources.load_lora_base` loads it).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import jax
 
 from halyard.models import MupConfig
 from halyard.models.lora import check_targets
-from halyard.shard import Layout
 from halyard.train.checkpoint import (
-    CheckpointManager,
     latest_complete,
     read_commit_marker,
     resolve_checkpoint,
@@ -108,7 +107,7 @@ def check_lora(config: TrainConfig, model_config: Any) -> None:
         raise ConfigError(one_line(str(error))) from None
 
 
-def _base_source(config: TrainConfig, recorded: dict[str, Any] | None) -> str:
+def base_source(config: TrainConfig, recorded: dict[str, Any] | None) -> str:
     """The base to load: ``trainer.init``'s, which must be the one the run's checkpoints record (``auto``
     and ``resume`` stand for it, except for a Hugging Face base, whose config.json gives the model's shape).
 
@@ -133,45 +132,6 @@ def _base_source(config: TrainConfig, recorded: dict[str, Any] | None) -> str:
                 "give the original value to resume, or start a new trainer.run_dir"
             )
     return base
-
-
-def abstract_base(model_config: Any, layout: Layout, mesh: Any) -> tuple[Any, Any]:
-    """``(abstract base model, its shardings)``: shapes only, nothing allocated."""
-    abstract = jax.eval_shape(model_config.init, jax.random.PRNGKey(0))
-    return abstract, layout.shardings(abstract, mesh)
-
-
-def load_lora_base(
-    config: TrainConfig, model_config: Any, layout: Layout, mesh: Any, manager: CheckpointManager
-) -> LoraBase | None:
-    """The frozen base of a LoRA run, placed in ``layout`` on ``mesh`` (None without LoRA).
-
-    Args:
-        config: the run config.
-        model_config: the model's config (after ``hf:`` resolved it).
-        layout, mesh: where the base lives.
-        manager: the run's checkpoint manager: its latest checkpoint's reference names the base.
-
-    Raises:
-        ConfigError: see `_base_source` (`check_lora` has checked that the checkpoints hold adapters).
-    """
-    if not config.lora.enabled:
-        return None
-    latest = manager.latest_step() if manager.directory.is_dir() else None
-    recorded = recorded_reference(manager.step_path(latest)) if latest is not None else None
-    source = _base_source(config, recorded)
-    abstract, shardings = abstract_base(model_config, layout, mesh)
-    if source.startswith("hf:"):  # trainer.init itself (see _base_source)
-        # imported here: initial_state imports the preflight, which imports this module
-        from halyard.train.trainer.initial_state import hf_initial_model
-
-        params = hf_initial_model(config, layout, mesh)
-    elif source.startswith(("checkpoint:", "weights:")):
-        path = resolve_checkpoint(source.split(":", 1)[1])
-        params = manager.restore_weights(path, abstract, shardings, params_path="params")
-    else:  # what a run without LoRA starts from (a resume keeps trainer.seed: the data position says so)
-        params = jax.jit(model_config.init, out_shardings=shardings)(jax.random.PRNGKey(config.trainer.seed))
-    return LoraBase(params, base_reference(config, source))
 
 
 def checkpoint_metadata(base: LoraBase | None) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from halyard.data import PreferenceDataset
 from halyard.shard import Layout
 from halyard.train.objectives.dpo import dpo_loss_fn
 from halyard.train.objectives.dpo_evaluate import DpoEvaluator
-from halyard.train.trainer.evaluate import Evaluator
-from halyard.train.trainer.loss import lm_loss_fn
+from halyard.train.objectives.lm_evaluate import Evaluator
+from halyard.train.objectives.lm_loss import lm_loss_fn
 
 if TYPE_CHECKING:
     from halyard.train.run_config import TrainConfig

@@ -44,23 +44,30 @@ class OptimizerConfig(draccus.ChoiceRegistry):
 
     def build(
         self,
-        total_steps: int,
+        total_steps: int | None = None,
         *,
+        schedule: optax.Schedule | None = None,
         lr_multipliers: Any | MultiplierFn | None = None,
         decay_mask: DecayMask = default_weight_decay_mask,
     ) -> optax.GradientTransformationExtraArgs:
-        """The optax optimizer for a run of `total_steps` optimizer steps.
+        """The optax optimizer for a run of `total_steps` optimizer steps (or on a schedule built already).
 
         Args:
-            total_steps: number of optimizer steps (the schedule's length).
+            total_steps: number of optimizer steps (the schedule's length); give this or ``schedule``.
+            schedule: the run's `learning_rate_schedule`, when the caller built it already.
             lr_multipliers: per-parameter learning-rate factors (muP), a tree or `fn(path, param)`.
             decay_mask: which parameters decay (default `default_weight_decay_mask`; None: all).
 
         Raises:
             ValueError: inconsistent schedule lengths or out-of-range settings.
         """
+        if (total_steps is None) == (schedule is None):
+            raise TypeError("give exactly one of total_steps and schedule")
+        if schedule is None:
+            assert total_steps is not None
+            schedule = self.learning_rate_schedule(total_steps)
         return self._build(
-            self.learning_rate_schedule(total_steps),
+            schedule,
             weight_decay=self.weight_decay,
             decay_mask=decay_mask,
             lr_multipliers=lr_multipliers,

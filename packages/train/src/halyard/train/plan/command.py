@@ -9,14 +9,13 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.config import ConfigError, exit_on_config_error, parse_config
 from halyard.train.plan.accelerators import Accelerator, accelerator
-from halyard.train.plan.step_memory import StepMemory
-
-if TYPE_CHECKING:
-    from halyard.train.run_config import TrainConfig
+from halyard.train.plan.step_memory import StepMemory, step_memory
+from halyard.train.run_config import TrainConfig
 
 CHILD_ENV = "HALYARD_PLAN_CHILD"
 """Set in the process `plan_main` re-runs itself in, so it never re-runs twice."""
@@ -50,9 +49,6 @@ def _parser() -> argparse.ArgumentParser:
 @exit_on_config_error
 def plan_main(argv: Sequence[str]) -> int:
     """``halyard plan --config X [--devices N] [--accelerator A] [overrides]``: print the plan."""
-    from halyard.train.cli import resolve_config_paths
-    from halyard.train.run_config import TrainConfig
-
     options, overrides = _parser().parse_known_args(list(argv))
     if not 0 < options.mfu <= 1:
         raise ConfigError(f"--mfu {options.mfu}: give a share between 0 and 1, e.g. 0.4.")
@@ -67,8 +63,6 @@ def plan_main(argv: Sequence[str]) -> int:
     devices = _simulated_devices(num_devices)
     if devices is None:
         return _rerun_with_devices(argv, num_devices)
-    from halyard.train.plan.step_memory import step_memory
-
     print(f"compiling the train step for {num_devices} simulated devices ...", file=sys.stderr, flush=True)
     memory = step_memory(config, devices)
     print(format_plan(config, memory, chip, options.mfu))

@@ -1,13 +1,12 @@
 """What one device holds during a train step, from XLA's memory analysis of the compiled step.
 
-The step is the trainer's own (`Trainer.step_function`), lowered on abstract inputs
+The step is the trainer's own (`RunSetup.train_step`), lowered on abstract inputs
 (`jax.ShapeDtypeStruct` with the layout's shardings) and compiled for the configured mesh: nothing
 is allocated, so an 8B model plans on a laptop with simulated CPU devices.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -20,11 +19,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config import ConfigError
-from halyard.train.lora import abstract_base
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.objectives.dpo import PAIR_KEYS, REFERENCE_KEYS
+from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.trainer import Trainer
+from halyard.train.trainer.preflight import check_shapes
 
 
 @dataclass(frozen=True)
@@ -87,24 +86,25 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
     """
     started = time.perf_counter()
     try:
-        trainer = Trainer(_with_some_data(config), devices=list(devices))
-        optimizer = trainer.build_optimizer()
-        _, abstract, shardings = trainer.abstract_state(optimizer)
+        setup = RunSetup(config, devices=list(devices))
+        check_shapes(setup)
+        abstract, shardings = setup.abstract_state
     except ValueError as error:
         raise ConfigError(str(error)) from None
     state = _with_shardings(abstract, shardings)
-    batch = _abstract_batch(config, trainer)
+    batch = _abstract_batch(config, setup)
     frozen = None
-    if config.lora.enabled:
-        frozen = _with_shardings(*abstract_base(trainer.model_config, trainer.layout, trainer.mesh))
-    with use_layout(trainer.layout, trainer.mesh):
-        compiled = trainer.step_function(optimizer, shardings).lower(state, batch, frozen).compile()
+    if config.lora.enabled:  # the frozen base: the whole model, placed as training places it
+        abstract_model = jax.eval_shape(setup.model_config.init, jax.random.PRNGKey(0))
+        frozen = _with_shardings(abstract_model, setup.layout.shardings(abstract_model, setup.mesh))
+    with use_layout(setup.layout, setup.mesh):
+        compiled = setup.train_step().lower(state, batch, frozen).compile()
     analysis = compiled.memory_analysis()
-    model: Any = trainer.model_config
+    model: Any = setup.model_config
     params = _bytes_per_device(state.params)
     return StepMemory(
         num_devices=len(devices),
-        mesh={axis: size for axis, size in mesh_axis_sizes(trainer.mesh).items() if size > 1},
+        mesh={axis: size for axis, size in mesh_axis_sizes(setup.mesh).items() if size > 1},
         model_family=type(model).family,
         remat=model.remat,
         num_params=int(model.num_params()),
@@ -133,36 +133,18 @@ def _with_shardings(abstract: Any, shardings: Any) -> Any:
     )
 
 
-def _with_some_data(config: TrainConfig) -> TrainConfig:
-    """The config with the built-in corpus as its data when it names none: a plan reads no tokens, so a
-    config for real hardware plans before its `data.sources` are set."""
-    data = config.data
-    if data.sources or data.mixture.sources or data.builtin_corpus is not None or data.format != "text":
-        return config
-    return dataclasses.replace(config, data=dataclasses.replace(data, builtin_corpus="python-stdlib"))
-
-
-def _abstract_batch(config: TrainConfig, trainer: Trainer) -> dict[str, jax.ShapeDtypeStruct]:
+def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
     """The loader's batch as shapes: int32 ``[batch_size, seq_len + 1]`` rows split over the batch axes
     (under DPO: ``batch_size`` chosen / rejected pairs and the reference's log-probs of each; the
     reference's own forward pass, a separate program without gradients, is not part of the step)."""
-    axes = default_batch_axes(trainer.mesh, trainer.layout)
-    sizes = mesh_axis_sizes(trainer.mesh)
-    ways = math.prod(sizes[axis] for axis in axes)
+    axes = default_batch_axes(setup.mesh, setup.layout)
     rows = config.trainer.batch_size
-    if rows % (ways * config.trainer.accumulation):
-        split = " * ".join(f"{axis}={sizes[axis]}" for axis in axes)
-        raise ConfigError(
-            f"trainer.batch_size={rows} does not split over the batch mesh axes ({split}) times "
-            f"trainer.accumulation={config.trainer.accumulation}: use a multiple of "
-            f"{ways * config.trainer.accumulation}."
-        )
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
-    sharding = NamedSharding(trainer.mesh, PartitionSpec(entry, None))
+    sharding = NamedSharding(setup.mesh, PartitionSpec(entry, None))
     shape = (rows, config.data.seq_len + 1)
     if config.trainer.objective == "dpo":  # pairs, with the reference's log-probs added before each step
         pairs = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in PAIR_KEYS}
-        per_pair = NamedSharding(trainer.mesh, PartitionSpec(entry))
+        per_pair = NamedSharding(setup.mesh, PartitionSpec(entry))
         return pairs | {
             name: jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=per_pair) for name in REFERENCE_KEYS
         }

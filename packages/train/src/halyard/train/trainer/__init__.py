@@ -1,4 +1,4 @@
-"""The Trainer (`halyard.train.trainer.trainer`) and its compiled train step (`halyard.train.trainer.step`).
+"""The Trainer (`halyard.train.trainer.trainer`) and its compiled train step (`halyard.train.step`).
 
     from halyard.train.trainer.trainer import Trainer
     result = Trainer(config).fit()     # config: halyard.train.run_config.TrainConfig

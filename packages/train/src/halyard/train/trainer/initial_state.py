@@ -7,45 +7,18 @@ from typing import Any
 
 import jax
 
-from halyard.shard import Layout
 from halyard.train.checkpoint import CheckpointManager, DataMismatchError, resolve_checkpoint
 from halyard.train.config import ConfigError
 from halyard.train.mixture.resume import resume_data_position
-from halyard.train.run_config import TrainConfig
+from halyard.train.run.setup import RunSetup
+from halyard.train.run.sources import hf_model
+from halyard.train.step import TrainState, init_state
 from halyard.train.trainer.preflight import check_init_source
-from halyard.train.trainer.step import TrainState, init_state
 from halyard.train.user_errors import one_line
 
-PERFORMANCE_FIELDS = (
-    "attention_implementation",
-    "scan_layers",
-    "remat",
-    "param_dtype",
-    "compute_dtype",
-    "loss_block_size",
-    "loss_full_logits_max_mib",
-    "attention_block_size",
-)
-"""The ``model:`` fields that are performance knobs, applied on top of an imported HF config."""
 
-
-def performance_settings(config: TrainConfig) -> dict[str, Any]:
-    """The `PERFORMANCE_FIELDS` of ``config.model``, by name."""
-    return {name: getattr(config.model, name) for name in PERFORMANCE_FIELDS}
-
-
-def initial_state(
-    config: TrainConfig,
-    layout: Layout,
-    mesh: Any,
-    manager: CheckpointManager,
-    optimizer: Any,
-    make_state: Any,
-    abstract: Any,
-    shardings: Any,
-    data_position: dict[str, Any],
-) -> TrainState:
-    """The run's first state, placed in ``shardings``.
+def initial_state(setup: RunSetup, manager: CheckpointManager, data_position: dict[str, Any]) -> TrainState:
+    """The run's first state, placed in the shardings of ``setup.abstract_state``.
 
     A run with checkpoints of its own resumes the latest (every mode but scratch, which refuses): the init
     source only seeds the first start, so the same command continues a preempted run.
@@ -53,7 +26,9 @@ def initial_state(
     Raises:
         ConfigError: see `check_init_source`; or the run's own checkpoint was written for other data.
     """
+    config = setup.config
     init = config.trainer.init
+    abstract, shardings = setup.abstract_state
     check_init_source(config, manager.directory)
     if manager.latest_step() is not None:
         try:
@@ -72,32 +47,17 @@ def initial_state(
             path, abstract, shardings, expected_data=data_position, allow_data_mismatch=True
         ).state
     key = jax.random.PRNGKey(config.trainer.seed)
-    if config.lora.enabled:  # fresh adapters; trainer.init names the frozen base (halyard.train.lora)
-        return jax.jit(make_state, out_shardings=shardings)(key)
+    if config.lora.enabled:  # fresh adapters; trainer.init names the frozen base (halyard.train.run.sources)
+        return jax.jit(setup.init_state, out_shardings=shardings)(key)
     if init.startswith("hf:"):
-        model = hf_initial_model(config, layout, mesh)
-        return jax.jit(lambda m: init_state(m, optimizer, key), out_shardings=shardings)(model)
-    state = jax.jit(make_state, out_shardings=shardings)(key)
+        model = hf_model(config, setup.layout, setup.mesh)
+        return jax.jit(lambda m: init_state(m, setup.optimizer, key), out_shardings=shardings)(model)
+    state = jax.jit(setup.init_state, out_shardings=shardings)(key)
     if init.startswith("weights:"):
         path = resolve_checkpoint(init.removeprefix("weights:"))
         params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
         return _replace_params(state, params)
     return state
-
-
-def hf_initial_model(config: TrainConfig, layout: Layout, mesh: Any) -> Any:
-    """The model of ``trainer.init: hf:FOLDER``, read straight into ``layout`` on ``mesh``, with the
-    ``model:`` section's performance settings."""
-    from halyard.export import import_hf
-
-    _, model = import_hf(
-        config.trainer.init.removeprefix("hf:"),
-        layout=layout,
-        mesh=mesh,
-        config_overrides=performance_settings(config),
-        strict=config.trainer.hf_strict_config,
-    )
-    return model
 
 
 def _replace_params(state: TrainState, params: Any) -> TrainState:

@@ -10,56 +10,69 @@ harness tasks (lm-eval installed, the names known), and the checkpoint that ``tr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from halyard.data import DataInputError
 from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
 from halyard.train.checkpoint import KeepPolicy, SavePolicy, latest_complete, resolve_checkpoint
 from halyard.train.config import ConfigError
 from halyard.train.lora.base import check_lora
+from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import check_data_section, load_run_tokenizer
+from halyard.train.trainer.data import PreparedData, check_data_section, load_run_tokenizer
 from halyard.train.trainer.harness_eval import check_harness
-from halyard.train.user_errors import one_line
-
-if TYPE_CHECKING:
-    from halyard.train.trainer.trainer import Trainer
-
-T = TypeVar("T")
+from halyard.train.user_errors import as_config_error, one_line
 
 
-def as_config_error(key: str, build: Callable[[], T]) -> T:
-    """``build()``, with a ``ValueError`` it raises turned into a `ConfigError` naming ``key``."""
-    try:
-        return build()
-    except ValueError as error:
-        raise ConfigError(f"{key}: {one_line(str(error))}") from error
-
-
-def check_before_data(trainer: Trainer) -> None:
-    """Run the checks of this module for ``trainer`` (its mesh, layout and model config are built).
+def check_before_data(setup: RunSetup) -> None:
+    """Run the checks of this module for the run ``setup`` derives from its config (its mesh, layout and
+    model config are built; the schedule, the optimizer and the abstract state are built here, once).
 
     Raises:
         ConfigError: naming the key and the fix, for the first check that fails.
     """
-    config = trainer.config
-    _check_sequence_length(config, trainer.model_config)
-    _check_schedule(config)
-    _check_batch(config, trainer.mesh, trainer.layout)
-    _check_tokenizer(config, trainer.model_config)
-    check_lora(config, trainer.model_config)
+    check_shapes(setup)
+    _check_tokenizer(setup.config, setup.model_config)
+    check_harness(setup.config)
+
+
+def check_shapes(setup: RunSetup) -> None:
+    """The checks that read nothing but the config (what `halyard plan` runs too): the sequence length, the
+    schedule, the batch on the mesh, LoRA's targets, the checkpoint policies, the optimizer and the model's
+    layout on the mesh (traced with shapes only).
+
+    Raises:
+        ConfigError: naming the key and the fix, for the first check that fails.
+    """
+    config = setup.config
+    _check_sequence_length(config, setup.model_config)
+    _check_schedule(setup)
+    check_batch(config, setup.mesh, setup.layout)
+    check_lora(config, setup.model_config)
     checkpoint = config.checkpoint
     as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
     as_config_error("checkpoint", lambda: KeepPolicy(checkpoint.keep_last, checkpoint.keep_every_steps))
-    check_harness(config)
-    optimizer = as_config_error("optimizer", trainer.build_optimizer)
-    sizes = {axis: size for axis, size in mesh_axis_sizes(trainer.mesh).items() if size > 1}
+    setup.optimizer  # noqa: B018  (built now: a bad optimizer setting fails before any data is read)
+    sizes = {axis: size for axis, size in mesh_axis_sizes(setup.mesh).items() if size > 1}
     as_config_error(
         f"model on trainer.layout={config.trainer.layout} and trainer.mesh {sizes}",
-        lambda: trainer.abstract_state(optimizer),
+        lambda: setup.abstract_state,
     )
+
+
+def check_model_fits_data(model_config: Any, data: PreparedData) -> None:
+    """Check that the cache's tokenizer fits the model's vocabulary.
+
+    Raises:
+        ValueError: ``model.vocab_size`` is smaller than the tokenizer's vocabulary.
+    """
+    vocab = int(data.cache.processor_metadata.get("vocab_size", 0))
+    if vocab > model_config.vocab_size:
+        raise ValueError(
+            f"model.vocab_size={model_config.vocab_size} is smaller than the tokenizer's vocabulary ({vocab} "
+            f"tokens in {data.tokenizer_path}); set model.vocab_size >= {vocab}"
+        )
 
 
 def check_init_source(config: TrainConfig, checkpoints: Path) -> None:
@@ -101,8 +114,8 @@ def _check_sequence_length(config: TrainConfig, model_config: Any) -> None:
         )
 
 
-def _check_schedule(config: TrainConfig) -> None:
-    steps = max(config.trainer.steps, 1)
+def _check_schedule(setup: RunSetup) -> None:
+    config, steps = setup.config, setup.schedule_steps
     schedule = getattr(config.optimizer, "schedule", None)
     if schedule is not None:
         warmup = as_config_error("optimizer.schedule.warmup", lambda: schedule.warmup_steps(steps))
@@ -112,10 +125,15 @@ def _check_schedule(config: TrainConfig) -> None:
                 f"{config.trainer.steps}; lower the warmup (a value below 1 is a fraction of the run) or "
                 "raise trainer.steps"
             )
-    as_config_error("optimizer.schedule", lambda: config.optimizer.learning_rate_schedule(steps))
+    setup.schedule  # noqa: B018  (built now, once: a bad schedule names optimizer.schedule)
 
 
-def _check_batch(config: TrainConfig, mesh: Any, layout: Any) -> None:
+def check_batch(config: TrainConfig, mesh: Any, layout: Any) -> None:
+    """Check that ``trainer.batch_size`` splits over the processes and over the batch mesh axes of the layout.
+
+    Raises:
+        ConfigError: naming ``trainer.batch_size`` and the multiple to use.
+    """
     cfg = config.trainer
     hosts = process_count()
     if cfg.batch_size % hosts:

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 
 from halyard.train.run_config import TrainerConfig
+from halyard.train.step import TrainState
 from halyard.train.trainer.data import load_run_tokenizer
-from halyard.train.trainer.step import TrainState
 
 
 def sample_text(state: TrainState, tokenizer_path: str, config: TrainerConfig) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.config import parse_config
 from halyard.train.config.show import commented_yaml
+from halyard.train.run_config import TrainConfig
 
 PRINT_CONFIG_FLAG = "--print-config"
 """`train` flag: print the resolved config (with meanings) and exit instead of training."""
@@ -14,9 +16,6 @@ PRINT_CONFIG_FLAG = "--print-config"
 
 def print_config(argv: Sequence[str]) -> int:
     """Print the config ``argv`` resolves to (``--config`` files and overrides), each key with its meaning."""
-    from halyard.train.cli import resolve_config_paths
-    from halyard.train.run_config import TrainConfig
-
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     print(commented_yaml(config), end="")
     return 0

@@ -12,6 +12,7 @@ With ``--tasks`` the results table is printed and the results JSON written to
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,16 +72,37 @@ def eval_main(argv: Sequence[str]) -> int:
         given = [f"--{name.replace('_', '-')}" for name in harness_only if getattr(args, name) is not None]
         if args.hf is not None or given:
             raise ConfigError(f"{' '.join(given) or '--hf'} needs --tasks (lm-eval task names)")
-        from halyard.train import run_tools
-
-        return run_tools.eval_main(
-            ["--run", args.run] + ([] if args.step is None else ["--step", str(args.step)])
-        )
+        return validation_main(args.run, args.step)
     if args.hf is not None and args.step is not None:
         raise ConfigError(
             "--step selects a checkpoint of --run; a Hugging Face folder has one set of weights"
         )
     return harness_main(args)
+
+
+def validation_main(run: str, step: int | None) -> int:
+    """Print the validation loss, perplexity and bits per byte of ``run``'s checkpoint at ``step`` (None: the
+    latest) as one JSON line.
+
+    Raises:
+        ConfigError: the run has no validation split, no config.yaml or no such checkpoint.
+    """
+    from halyard.train.mixture.config import mixture_sources
+    from halyard.train.objectives.lm_evaluate import Evaluator
+    from halyard.train.run.loading import load_run_config, load_run_model
+    from halyard.train.trainer.data import prepare_data
+
+    config = load_run_config(run)
+    sources = mixture_sources(config.data).values() or [config.data]  # a mixture: any source's split
+    if max(source.validation_fraction for source in sources) <= 0:
+        raise ConfigError("the run has no validation split (data.validation_fraction is 0)")
+    loaded = load_run_model(run, step)
+    data = prepare_data(config.data, Path(run), progress=False, init=config.trainer.init)
+    assert data.validation is not None and loaded.mesh is not None and loaded.layout is not None
+    evaluator = Evaluator(data.validation, config, loaded.mesh, loaded.layout, data.tokenizer_path)
+    metrics, _ = evaluator.evaluate(loaded.model)
+    print(json.dumps({**metrics, "step": loaded.step}))
+    return 0
 
 
 def harness_main(args: argparse.Namespace) -> int:

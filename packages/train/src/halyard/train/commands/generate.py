@@ -1,0 +1,41 @@
+"""``halyard generate``: continue prompts with a run's checkpoint (weights only: no optimizer, no Trainer)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def generate_main(argv: Sequence[str]) -> int:
+    """Continue a prompt with the latest checkpoint of a run."""
+    parser = argparse.ArgumentParser(prog="halyard generate", description=generate_main.__doc__)
+    parser.add_argument("--run", required=True, help="the run folder (trainer.run_dir)")
+    parser.add_argument(
+        "--prompt", action="append", required=True, help="text to continue (repeat for a batch)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+
+    import jax
+    import numpy as np
+
+    from halyard.models.sampling import SamplingConfig, generate
+    from halyard.train.run.loading import load_run_model
+    from halyard.train.trainer.data import load_run_tokenizer
+
+    loaded = load_run_model(Path(args.run), args.step)
+    tokenizer = load_run_tokenizer(loaded.tokenizer)
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+    )
+    prompts = [tokenizer.encode(p).ids or [0] for p in args.prompt]
+    result = generate(jax.device_get(loaded.model), prompts, sampling, key=jax.random.key(args.seed))
+    for prompt, row, length in zip(args.prompt, np.asarray(result.tokens), np.asarray(result.lengths)):
+        print(prompt + tokenizer.decode(row[:length].tolist()))  # stop tokens end a row; padding follows
+    return 0

@@ -1,0 +1,259 @@
+"""The training state and the one compiled train step (gradient accumulation, NaN policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+# loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
+# batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
+# too. Sums (not means) make accumulated gradients exactly the token mean over the whole batch.
+LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+class TrainState(eqx.Module):
+    """Everything a step changes: the step count, parameters, optimizer state and the RNG key.
+
+    ``key`` is raw key data (uint32), so checkpoints hold plain arrays. ``nonfinite_steps`` counts
+    updates skipped because the loss or the gradients were not finite.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    nonfinite_steps: jax.Array
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation, key: jax.Array) -> TrainState:
+    """A step-0 state for ``params`` (already in the parameter dtype)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        key=key,
+        nonfinite_steps=jnp.zeros((), jnp.int32),
+    )
+
+
+def split_microbatches(batch: dict[str, jax.Array], accumulation: int) -> dict[str, jax.Array]:
+    """``[B, ...] -> [accumulation, B / accumulation, ...]``, microbatch ``i`` taking rows ``i::accumulation``.
+
+    Strided rows keep each device's rows on that device when the batch is sharded in contiguous
+    blocks (each block of ``B / devices`` rows holds an equal share of every microbatch).
+    """
+
+    def split(x: jax.Array) -> jax.Array:
+        rows = x.shape[0]
+        if rows % accumulation:
+            raise ValueError(
+                f"batch of {rows} rows does not split into trainer.accumulation={accumulation} microbatches"
+            )
+        x = x.reshape((rows // accumulation, accumulation) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    accumulation: int = 1,
+    learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+    skip_nonfinite: bool = True,
+    microbatch_sharding: Any = None,
+    join: Callable[[Any, Any], Any] | None = None,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    """Build ``train_step(state, batch, frozen=None) -> (state, metrics)``; jit it with the state donated.
+
+    Args:
+        loss_fn: see `LossFn`; called with the parameters as stored.
+        optimizer: an optax transformation (clipping, schedules and masks live inside it).
+        accumulation: microbatches per step; the gradient equals the full batch's token mean.
+        learning_rate: the optimizer's schedule, only to report ``learning_rate`` in the metrics: the rate the
+            update applied, read at the optimizer's own count (`schedule_count`), which stays behind the
+            step after skipped non-finite steps.
+        skip_nonfinite: when the loss, gradient norm or update norm is NaN/Inf, keep the old parameters and optimizer
+            state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
+            order stays a function of the step).
+        microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
+        join: ``(frozen, params) -> model`` when only part of the model trains (LoRA adapters): ``loss_fn``
+            gets ``join(frozen, state.params)`` with ``frozen`` the step's third argument, which is
+            neither differentiated nor updated, so gradients and optimizer state exist for
+            ``state.params`` alone (and ``param_norm`` and ``update_norm`` are theirs).
+
+    Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
+    model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
+    back in the parameter dtype, and ``optax.apply_updates`` keeps every parameter in its dtype.
+
+    An ``optax.GradientTransformationExtraArgs`` also receives ``loss_fn=``: ``params -> token-mean loss``
+    of the step's first microbatch (Sophia-H's Hessian estimate; the other optimizers ignore it, and XLA
+    drops what an unused ``loss_fn`` traced).
+
+    Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
+    ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
+    means of the other stats of ``loss_fn``; floating metrics are float32 whatever the parameter dtype.
+    """
+
+    gradients = _Gradients(loss_fn, join, accumulation, microbatch_sharding)
+
+    def train_step(
+        state: TrainState, batch: dict[str, jax.Array], frozen: Any = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+        loss_key, optimizer_key = jax.random.split(key)
+        grad_sums, loss_sum, stats = gradients.sums(state.params, batch, loss_key, frozen)
+        num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
+        grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
+        extra = {}
+        if isinstance(optimizer, optax.GradientTransformationExtraArgs):
+            extra["loss_fn"] = gradients.first_microbatch_loss(batch, optimizer_key, frozen)
+        params, opt_state, update = _update(
+            optimizer, grads, state, loss_sum / num_tokens, extra, skip_nonfinite
+        )
+        metrics = {
+            "loss": update.pop("loss"),
+            "num_tokens": stats["num_tokens"].astype(jnp.float32),
+            **update,
+        }
+        metrics.update({name: value / num_tokens for name, value in stats.items() if name != "num_tokens"})
+        if learning_rate is not None:  # the rate this update applied: the schedule at the optimizer's count
+            applied_at = schedule_count(state.opt_state, default=state.step)
+            metrics["learning_rate"] = jnp.asarray(learning_rate(applied_at), jnp.float32)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            key=state.key,
+            nonfinite_steps=state.nonfinite_steps + metrics["nonfinite"],
+        )
+        return new_state, {name: _float32_if_floating(value) for name, value in metrics.items()}
+
+    return train_step
+
+
+def _update(
+    optimizer: optax.GradientTransformation,
+    grads: Any,
+    state: TrainState,
+    loss: jax.Array,
+    extra: dict[str, Any],
+    skip_nonfinite: bool,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """``(params, optimizer state, metrics)`` after the optimizer's update of ``state`` by ``grads``; with
+    ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
+    params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
+    update_norm = optax.tree.norm(updates)
+    # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
+    # optimizer), which would poison every later step: skip those too.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+    if skip_nonfinite:
+        keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+        params = keep(params, state.params)
+        opt_state = keep(opt_state, state.opt_state)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "param_norm": optax.tree.norm(params),
+        "update_norm": update_norm,
+        "nonfinite": (~finite).astype(jnp.int32),
+    }
+    return params, opt_state, metrics
+
+
+class _Gradients:
+    """The step's gradient sums over its microbatches, and the loss of its first microbatch (Sophia-H).
+
+    Args: see `make_train_step`.
+    """
+
+    def __init__(
+        self,
+        loss_fn: LossFn,
+        join: Callable[[Any, Any], Any] | None,
+        accumulation: int,
+        microbatch_sharding: Any,
+    ) -> None:
+        self.loss_fn = loss_fn
+        self.join = join
+        self.accumulation = accumulation
+        self.microbatch_sharding = microbatch_sharding
+        self.grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+
+    def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
+        """``(loss sum in float32, stats)`` of ``batch``."""
+        loss_sum, stats = self.loss_fn(params if self.join is None else self.join(frozen, params), batch, key)
+        return loss_sum.astype(jnp.float32), stats
+
+    def _placed(self, microbatch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        if self.microbatch_sharding is None:
+            return microbatch
+        return jax.lax.with_sharding_constraint(microbatch, self.microbatch_sharding)
+
+    def first_microbatch_loss(
+        self, batch: dict[str, jax.Array], key: jax.Array, frozen: Any
+    ) -> Callable[[Any], jax.Array]:
+        """``params -> token-mean loss`` of the step's first microbatch."""
+        first = batch
+        if self.accumulation > 1:
+            first = self._placed(
+                jax.tree_util.tree_map(lambda x: x[0], split_microbatches(batch, self.accumulation))
+            )
+
+        def mean_loss(params: Any) -> jax.Array:
+            loss_sum, stats = self.loss(params, first, key, frozen)
+            return loss_sum / jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
+
+        return mean_loss
+
+    def sums(
+        self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any
+    ) -> tuple[Any, jax.Array, Any]:
+        """``(gradient sums, loss sum, stat sums)`` over the batch's microbatches, in order."""
+        if self.accumulation == 1:
+            (loss_sum, stats), grads = self.grad_fn(params, batch, key, frozen)
+            return grads, loss_sum, stats
+        micro = split_microbatches(batch, self.accumulation)
+        keys = jax.random.split(key, self.accumulation)
+        first = jax.tree_util.tree_map(lambda x: x[0], micro)
+        (_, stats_shape), _ = jax.eval_shape(self.grad_fn, params, first, keys[0], frozen)
+        zero_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+        zero_stats = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), stats_shape)
+
+        def body(carry: Any, inputs: Any) -> tuple[Any, None]:
+            grads, loss_sum, stats = carry
+            microbatch, micro_key = inputs
+            (mb_loss, mb_stats), mb_grads = self.grad_fn(params, self._placed(microbatch), micro_key, frozen)
+            grads = jax.tree_util.tree_map(jnp.add, grads, mb_grads)
+            stats = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), stats, mb_stats)
+            return (grads, loss_sum + mb_loss, stats), None
+
+        (grads, loss_sum, stats), _ = jax.lax.scan(
+            body, (zero_grads, jnp.zeros((), jnp.float32), zero_stats), (micro, keys)
+        )
+        return grads, loss_sum, stats
+
+
+def schedule_count(opt_state: Any, *, default: jax.Array) -> jax.Array:
+    """The update count at which the optimizer's learning-rate schedule is read next (the count of its
+    ``optax.scale_by_learning_rate`` state), or ``default`` when its learning rate is a constant."""
+    is_schedule = lambda node: isinstance(node, optax.ScaleByScheduleState)
+    counts = [
+        node.count for node in jax.tree_util.tree_leaves(opt_state, is_leaf=is_schedule) if is_schedule(node)
+    ]
+    return counts[0] if counts else default
+
+
+def _float32_if_floating(value: jax.Array) -> jax.Array:
+    # Norms of bfloat16 parameters are bfloat16: a logged figure should not round to 3 digits.
+    return value.astype(jnp.float32) if jnp.issubdtype(value.dtype, jnp.floating) else value
