@@ -4,6 +4,7 @@ config = model_config("llama", num_layers=2, hidden_size=64, ...)
 model = init_model(config, jax.random.key(0))
 logits = model(tokens)                       # tokens: NamedArray (batch, pos)
 loss, metrics = model.loss(LmBatch.from_tokens(windows, segment_ids))
+out = generate(model, [[1, 2, 3]], SamplingConfig(max_new_tokens=16))   # KV-cache decoding
 """
 
 import jax as _jax
@@ -29,6 +30,7 @@ from halyard.models.families import (
 from halyard.models.flops import flops_per_token, mean_visible_keys, num_params
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.model import CausalLM, DecoderOutput
+from halyard.models.sampling import Generation, SamplingConfig, generate
 
 
 def init_model(config: ModelConfig, key: _jax.Array) -> CausalLM:
@@ -51,6 +53,7 @@ __all__ = [
     "Gemma2Config",
     "Gemma3Config",
     "GemmaConfig",
+    "Generation",
     "Gpt2Config",
     "KVCache",
     "LayerKind",
@@ -64,8 +67,10 @@ __all__ = [
     "Phi3Config",
     "Qwen2Config",
     "Qwen3Config",
+    "SamplingConfig",
     "config_class",
     "flops_per_token",
+    "generate",
     "init_model",
     "lr_multipliers",
     "mean_visible_keys",
