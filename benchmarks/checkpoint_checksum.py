@@ -35,7 +35,8 @@ import jax
 import numpy as np
 import xxhash
 
-from halyard.train.checkpoint import CheckpointManager, read_commit_marker
+from halyard.train.checkpoint.commit_marker import read_commit_marker
+from halyard.train.checkpoint.manager import CheckpointManager
 
 READ_BYTES = 8 * 2**20
 Update = Callable[[memoryview], None]

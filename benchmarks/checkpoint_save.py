@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.writer_priority import IDLE_NICENESS, LowPriorityWriters
 
 

@@ -50,7 +50,7 @@ from train_step import trainer_step
 from halyard.models.attention.cudnn import has_nvidia_gpu
 from halyard.train.config.files import builtin_config_path
 from halyard.train.model_section import ModelSection
-from halyard.train.perf import device_peak_flops
+from halyard.train.perf.peaks import device_peak_flops
 
 RESULTS = Path(__file__).parent / "results"
 REMATS = ("none", "save_dots")

@@ -96,7 +96,7 @@ def train_once(args: argparse.Namespace, optimizer: str, learning_rate: float) -
     """Train one run through the Trainer; return its validation curve and timing."""
     import yaml
 
-    from halyard.train.config import parse_config
+    from halyard.train.config.parse import parse_config
     from halyard.train.run_config import TrainConfig
     from halyard.train.trainer.trainer import Trainer
 

@@ -85,7 +85,7 @@ def run_config(
 TRAIN_SCRIPT = """
 import json, sys, time
 from halyard.train.cli import resolve_config_paths
-from halyard.train.config import parse_config
+from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer
 

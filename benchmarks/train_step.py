@@ -65,7 +65,7 @@ from gpt2_baselines import torch_matmul_flops
 
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
-from halyard.train.perf import measure_matmul_flops
+from halyard.train.perf.peaks import measure_matmul_flops
 from halyard.train.step import init_state, make_train_step
 
 RESULTS = Path(__file__).parent / "results"

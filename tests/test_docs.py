@@ -100,7 +100,7 @@ def test_script_cells_render_to_markdown() -> None:
 
 
 def test_config_reference_lists_every_key() -> None:
-    from halyard.train.config import flatten_config
+    from halyard.train.config.flatten import flatten_config
     from halyard.train.run_config import TrainConfig
 
     sys.path.insert(0, str(REPO / "docs" / "_hooks"))

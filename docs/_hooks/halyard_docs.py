@@ -270,7 +270,7 @@ def config_reference() -> str:
     from halyard.train.model_section import ModelSection
     from halyard.train.optim import OptimizerConfig
     from halyard.train.run_config import TrainConfig
-    from halyard.train.trackers import TrackerConfig
+    from halyard.train.trackers.config import TrackerConfig
 
     parts = [
         "# Config reference",

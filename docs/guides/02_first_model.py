@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from halyard.train import parse_config
 from halyard.train.cli import builtin_configs, main, resolve_config_paths
-from halyard.train.config import parse_config
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.jsonl import read_jsonl
 from halyard.train.trainer.trainer import Trainer

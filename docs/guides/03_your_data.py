@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from halyard.data import BadRecordError, LMDataset, MissingFieldError, MixtureDataset, TokenCache, build_cache
-from halyard.train.config import ConfigError, parse_config
+from halyard.train import ConfigError, parse_config
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.run_config import TrainConfig
 

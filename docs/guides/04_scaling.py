@@ -30,7 +30,7 @@ import numpy as np
 
 from halyard.shard import Layout, MeshSpec
 from halyard.shard.mesh import mesh_axis_sizes
-from halyard.train.config import parse_config
+from halyard.train import parse_config
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.jsonl import read_jsonl
 from halyard.train.trainer.trainer import Trainer

@@ -18,7 +18,7 @@ from reliability_helpers import Reference, tiny_config
 from trainer_fixtures import load_config
 
 from halyard.train.cli import train_main
-from halyard.train.config import save_resolved_config
+from halyard.train.config.parse import save_resolved_config
 from halyard.train.step import init_state, make_train_step
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from reliability_helpers import REFERENCE_STEPS, Reference, output, start_training, tiny_config
 from trainer_fixtures import assert_bitwise_equal, load_config
 
-from halyard.train.checkpoint import scan_checkpoints
+from halyard.train.checkpoint.discovery import scan_checkpoints
 from halyard.train.trainer.trainer import Trainer
 
 DISK_FULL_AT_STEP_4 = """

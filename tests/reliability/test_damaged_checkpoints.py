@@ -14,7 +14,7 @@ from pathlib import Path
 from reliability_helpers import REFERENCE_STEPS, Reference, output, start_training, tiny_config
 from trainer_fixtures import assert_bitwise_equal, load_config
 
-from halyard.train.checkpoint import latest_complete
+from halyard.train.checkpoint.discovery import latest_complete
 from halyard.train.trainer.trainer import Trainer
 
 

@@ -16,7 +16,7 @@ from reliability_helpers import Reference, tiny_config
 from trainer_fixtures import assert_bitwise_equal, leaves, load_config
 
 import halyard.train.run.setup as run_setup
-from halyard.train.checkpoint import latest_complete
+from halyard.train.checkpoint.discovery import latest_complete
 from halyard.train.trainer.trainer import NonFiniteLossError, Trainer
 
 BAD_STEP = 5  # the 5th step (state.step == 4 when it starts) gets a NaN loss

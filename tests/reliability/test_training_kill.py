@@ -28,7 +28,7 @@ from reliability_helpers import (
 )
 from trainer_fixtures import assert_bitwise_equal, load_config
 
-from halyard.train.checkpoint import latest_complete, scan_checkpoints
+from halyard.train.checkpoint.discovery import latest_complete, scan_checkpoints
 from halyard.train.trainer.trainer import Trainer
 
 # The child holds back the commit marker of its second save (the arrays are on disk, the marker is not),

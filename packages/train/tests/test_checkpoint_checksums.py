@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 import xxhash
 
-from halyard.train.checkpoint import (
-    CheckpointManager,
+from halyard.train.checkpoint.checksums import file_checksum
+from halyard.train.checkpoint.commit_marker import (
     ChecksumMismatchError,
-    DamagedCheckpointWarning,
-    KeepPolicy,
     UnverifiedCheckpointWarning,
     read_commit_marker,
-    restore,
-    restore_weights,
 )
-from halyard.train.checkpoint.checksums import file_checksum
+from halyard.train.checkpoint.discovery import DamagedCheckpointWarning
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.policies import KeepPolicy
+from halyard.train.checkpoint.restore import restore, restore_weights
 
 # Distinct float32 values, so the saved bytes can be found inside the array files.
 WEIGHTS = np.linspace(-3.0, 5.0, 64 * 16, dtype=np.float32).reshape(64, 16)

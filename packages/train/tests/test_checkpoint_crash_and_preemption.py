@@ -17,14 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from halyard.train.checkpoint import (
-    PREEMPTION_EXIT_CODE,
-    CheckpointManager,
-    DamagedCheckpointWarning,
-    install_preemption_handler,
-    latest_complete,
-    restore,
-)
+from halyard.train.checkpoint.discovery import DamagedCheckpointWarning, latest_complete
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.preemption import PREEMPTION_EXIT_CODE, install_preemption_handler
+from halyard.train.checkpoint.restore import restore
 
 SIZE = 300_000
 CHILD_ENV = {
@@ -37,7 +33,7 @@ SAVE_THEN_HANG = """
 import sys, threading, time
 import jax.numpy as jnp
 import halyard.train.checkpoint.manager as manager_module
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 
 root, stall_commit = sys.argv[1], sys.argv[2] == "stall"
 manager = CheckpointManager(root)
@@ -52,7 +48,8 @@ time.sleep(600)
 TRAIN_UNTIL_PREEMPTED = """
 import sys, time
 import jax.numpy as jnp
-from halyard.train.checkpoint import PREEMPTION_EXIT_CODE, CheckpointManager, install_preemption_handler
+from halyard.train.checkpoint.preemption import PREEMPTION_EXIT_CODE, install_preemption_handler
+from halyard.train.checkpoint.manager import CheckpointManager
 
 flag = install_preemption_handler()
 manager = CheckpointManager(sys.argv[1])

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from halyard.train.checkpoint import CheckpointManager, DataMismatchError, metadata_differences
+from halyard.train.checkpoint.data_position import DataMismatchError, metadata_differences
+from halyard.train.checkpoint.manager import CheckpointManager
 
 MANIFEST = {"sources": [{"name": "stdlib", "num_records": 1200, "fingerprint": "ab12"}], "seq_len": 64}
 TARGET = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}

@@ -11,18 +11,16 @@ import numpy as np
 import pytest
 
 import halyard.train.checkpoint.manager as manager_module
-from halyard.train.checkpoint import (
-    CheckpointManager,
-    CheckpointWriteError,
-    DamagedCheckpointError,
+from halyard.train.checkpoint.commit_marker import DamagedCheckpointError, read_commit_marker
+from halyard.train.checkpoint.discovery import (
     DamagedCheckpointWarning,
-    KeepPolicy,
     latest_complete,
-    read_commit_marker,
     resolve_checkpoint,
-    restore,
     scan_checkpoints,
 )
+from halyard.train.checkpoint.manager import CheckpointManager, CheckpointWriteError
+from halyard.train.checkpoint.policies import KeepPolicy
+from halyard.train.checkpoint.restore import restore
 
 TARGET = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
 

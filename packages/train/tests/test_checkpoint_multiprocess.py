@@ -15,8 +15,10 @@ import pytest
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from halyard.train.checkpoint import latest_complete, read_commit_marker, restore
 from halyard.train.checkpoint.checksums import file_checksum
+from halyard.train.checkpoint.commit_marker import read_commit_marker
+from halyard.train.checkpoint.discovery import latest_complete
+from halyard.train.checkpoint.restore import restore
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,7 +34,9 @@ jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=proc
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from halyard.train.checkpoint import CheckpointManager, PreemptionFlag, SavePolicy
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.preemption import PreemptionFlag
+from halyard.train.checkpoint.policies import SavePolicy
 
 mesh = jax.make_mesh((8,), ("fsdp",))
 by_rows = NamedSharding(mesh, P("fsdp"))

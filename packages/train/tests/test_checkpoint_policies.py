@@ -7,7 +7,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from halyard.train.checkpoint import CheckpointManager, KeepPolicy, SavePolicy
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 
 
 class FakeClock:

@@ -13,7 +13,9 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from halyard.named import Axis, NamedArray
-from halyard.train.checkpoint import CheckpointManager, latest_complete, restore
+from halyard.train.checkpoint.discovery import latest_complete
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.restore import restore
 
 Embed, Mlp = Axis("embed", 16), Axis("mlp", 32)
 

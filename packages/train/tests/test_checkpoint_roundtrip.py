@@ -12,7 +12,8 @@ import optax
 import pytest
 
 from halyard.named import Axis, NamedArray
-from halyard.train.checkpoint import CheckpointManager, restore, restore_weights
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.restore import restore, restore_weights
 
 Embed, Mlp, Vocab = Axis("embed", 16), Axis("mlp", 8), Axis("vocab", 24)
 

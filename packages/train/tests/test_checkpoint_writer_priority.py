@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from trainer_fixtures import write_config
 
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.writer_priority import LowPriorityWriters, supported
 
 linux_only = pytest.mark.skipif(not supported(), reason="threads are reniced one by one only on Linux")

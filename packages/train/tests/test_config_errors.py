@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from halyard.train.config import ConfigError, exit_on_config_error, parse_config
+from halyard.train.config.errors import ConfigError, exit_on_config_error
+from halyard.train.config.parse import parse_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from config_example import ExampleConfig
@@ -142,7 +143,8 @@ def test_program_exits_with_code_2_and_no_traceback(tmp_path):
             import sys
             sys.path.insert(0, {str(tests_dir)!r})
             from config_example import ExampleConfig
-            from halyard.train.config import exit_on_config_error, parse_config
+            from halyard.train.config.errors import exit_on_config_error
+            from halyard.train.config.parse import parse_config
 
             @exit_on_config_error
             def main():

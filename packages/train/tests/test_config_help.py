@@ -10,8 +10,8 @@ import draccus
 import pytest
 
 from halyard.train.cli import train_main
-from halyard.train.config import config_help
 from halyard.train.config.help import help_groups
+from halyard.train.config.parse import config_help
 from halyard.train.config.schema import (
     dataclass_in,
     field_types,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from halyard.train.config import config_help, parse_config, save_resolved_config
+from halyard.train.config.parse import config_help, parse_config, save_resolved_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from config_example import ConstantSection, CosineSection, ExampleConfig, LoopSection

@@ -9,7 +9,7 @@ import pytest
 from trainer_fixtures import load_config, write_config
 
 from halyard.train.cli import main, resolve_config_paths, train_main
-from halyard.train.config import parse_config
+from halyard.train.config.parse import parse_config
 from halyard.train.plot import PLOT_NAME
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer

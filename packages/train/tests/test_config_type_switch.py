@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from halyard.train.cli import resolve_config_paths
-from halyard.train.config import ConfigError, parse_config
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
 
 

@@ -13,9 +13,9 @@ import pytest
 from test_sft_trainer import make_tokenizer
 from trainer_fixtures import load_config, write_config
 
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.cli import main
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.trainer.trainer import Trainer
 
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")

@@ -26,7 +26,7 @@ datasets = pytest.importorskip("datasets")
 
 from halyard.export import export_hf  # noqa: E402
 from halyard.models import init_model, model_config  # noqa: E402
-from halyard.train.objectives import dpo_loss_fn, reference_logprobs  # noqa: E402
+from halyard.train.objectives.dpo import dpo_loss_fn, reference_logprobs  # noqa: E402
 
 VOCAB = 48
 EOS = 1

@@ -15,7 +15,8 @@ import pytest
 from trainer_fixtures import load_config, start_processes, write_config
 
 from halyard.train.cli import main
-from halyard.train.config import ConfigError, save_resolved_config
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import save_resolved_config
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from halyard.train.corpora import train_bpe_tokenizer, write_python_stdlib_corpus
+    from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
+    from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
     shards = write_python_stdlib_corpus(folder / "corpus", 30)

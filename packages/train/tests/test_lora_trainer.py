@@ -13,13 +13,15 @@ import pytest
 from trainer_fixtures import StopAfter, assert_bitwise_equal, load_config, save_tiny_hf_llama, write_config
 
 from halyard.models.lora import LoraAdapter, lora_params, without_lora
-from halyard.train.checkpoint import CheckpointManager, read_commit_marker
+from halyard.train.checkpoint.commit_marker import read_commit_marker
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.cli import main
-from halyard.train.config import ConfigError, save_resolved_config
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import save_resolved_config
 from halyard.train.lora.adapters import trainable_params
-from halyard.train.plan import step_memory
 from halyard.train.plan.accelerators import accelerator
 from halyard.train.plan.command import format_plan
+from halyard.train.plan.step_memory import step_memory
 from halyard.train.run.loading import load_run_model
 from halyard.train.trainer.trainer import Trainer
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from matrix_cells import CELLS, run_train, write_cell_config
 
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 
 CELL = CELLS[1]  # the cheapest row: AdamW without clipping, constant schedule, GPT-2, FSDP
 

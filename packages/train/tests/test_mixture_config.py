@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from halyard.train.config import ConfigError, parse_config
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import parse_config
 from halyard.train.mixture.build import source_data_configs
 from halyard.train.mixture.config import MixtureConfig, block_rows, mixture_sources, weight_schedule
 from halyard.train.run_config import TrainConfig

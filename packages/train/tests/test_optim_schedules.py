@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from halyard.train.config import ConfigError, parse_config
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import parse_config
 from halyard.train.optim import (
     ConstantScheduleConfig,
     CosineScheduleConfig,

@@ -7,15 +7,14 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from halyard.train.perf import (
+from halyard.train.perf.goodput import Goodput
+from halyard.train.perf.mfu import mfu, transformer_train_flops_per_token
+from halyard.train.perf.peaks import (
     PEAK_FLOPS,
-    Goodput,
     clear_measured_peaks,
     device_peak_flops,
     measure_matmul_flops,
-    mfu,
     table_key,
-    transformer_train_flops_per_token,
 )
 
 

@@ -13,8 +13,9 @@ from harness_fixtures import write_tokenizer
 from trainer_fixtures import load_config, write_config
 
 from halyard.train.cli import main
-from halyard.train.plan import StepMemory, accelerator, step_memory
+from halyard.train.plan.accelerators import accelerator
 from halyard.train.plan.command import format_plan
+from halyard.train.plan.step_memory import StepMemory, step_memory
 
 FSDP = {"layout": "fsdp", "min_shard": 0, "mesh": {"data": 1, "fsdp": -1}}
 

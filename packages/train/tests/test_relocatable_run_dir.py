@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from trainer_fixtures import StopAfter, assert_bitwise_equal, load_config, write_config
 
-from halyard.train.corpora import train_bpe_tokenizer, write_python_stdlib_corpus
+from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
+from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 from halyard.train.trainer.trainer import Trainer
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from halyard.train.checkpoint import latest_complete
+from halyard.train.checkpoint.discovery import latest_complete
 
 SUBPACKAGES = Path(__file__).resolve().parents[1] / "src" / "halyard" / "train"
 

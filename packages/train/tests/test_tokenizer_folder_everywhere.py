@@ -11,7 +11,8 @@ from tokenizers import Tokenizer
 from trainer_fixtures import save_tiny_hf_llama, write_config
 
 from halyard.train.cli import main
-from halyard.train.corpora import END_OF_TEXT, train_bpe_tokenizer, write_python_stdlib_corpus
+from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
+from halyard.train.corpora.tokenizer import END_OF_TEXT, train_bpe_tokenizer
 from halyard.train.run_config import DataConfig
 from halyard.train.trainer.data import tokenizer_path_of
 

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from halyard.train.config import ConfigError, flatten_config, parse_config
-from halyard.train.trackers import JsonlTrackerConfig, TrackerConfig, WandbTrackerConfig
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.flatten import flatten_config
+from halyard.train.config.parse import parse_config
+from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig, WandbTrackerConfig
 
 
 @dataclass(frozen=True)

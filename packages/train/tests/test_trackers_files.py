@@ -12,20 +12,18 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from halyard.train.trackers import (
-    RUN_ID_FILE,
-    JsonlTracker,
+from halyard.train.trackers.base import Tracker
+from halyard.train.trackers.config import (
     JsonlTrackerConfig,
-    MultiTracker,
-    TensorBoardTracker,
     TensorBoardTrackerConfig,
-    Tracker,
     WandbTrackerConfig,
     build_trackers,
-    offline_run_files,
-    read_jsonl,
-    read_offline_run,
 )
+from halyard.train.trackers.jsonl import JsonlTracker, read_jsonl
+from halyard.train.trackers.multi import MultiTracker
+from halyard.train.trackers.tensorboard import TensorBoardTracker
+from halyard.train.trackers.wandb_offline import offline_run_files, read_offline_run
+from halyard.train.trackers.wandb_tracker import RUN_ID_FILE
 
 
 def read_tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer
 from trainer_fixtures import assert_bitwise_equal, load_config, write_config
 
 from halyard.data import TokenCache, build_cache
-from halyard.train.corpora import train_bpe_tokenizer, write_python_stdlib_corpus
+from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
+from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 from halyard.train.trainer.trainer import Trainer
 
 SEQ_LEN, BATCH, ERA = 32, 8, 16  # an era is two steps of sequences

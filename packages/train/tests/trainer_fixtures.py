@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 
 from halyard.train.cli import resolve_config_paths
-from halyard.train.config import parse_config
+from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
 
 TINY = {

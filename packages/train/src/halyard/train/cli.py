@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from halyard.train.builtin_configs import builtin_configs, config_summary, resolve_config_paths
-from halyard.train.config import parse_config
+from halyard.train.config.parse import parse_config
 from halyard.train.user_errors import DEBUG_FLAG, report_user_errors
 
 __all__ = ["builtin_configs", "main", "resolve_config_paths", "train_main"]

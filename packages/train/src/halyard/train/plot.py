@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.trackers.jsonl import read_jsonl
 
 PLOT_NAME = "loss.png"

@@ -16,7 +16,7 @@ from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixtur
 from halyard.train.model_section import ModelSection, model_section
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim import AdamWConfig, OptimizerConfig
-from halyard.train.trackers import JsonlTrackerConfig, TrackerConfig
+from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig
 
 INIT_MODES = ("auto", "scratch", "resume")
 INIT_PREFIXES = ("checkpoint:", "weights:", "hf:")

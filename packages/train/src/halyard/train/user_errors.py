@@ -39,12 +39,10 @@ def exit_code_of(error: BaseException) -> int | None:
     """
     from halyard.data import DataInputError
     from halyard.export import HfConversionError
-    from halyard.train.checkpoint import (
-        CheckpointNotFoundError,
-        CheckpointWriteError,
-        DamagedCheckpointError,
-        DataMismatchError,
-    )
+    from halyard.train.checkpoint.commit_marker import DamagedCheckpointError
+    from halyard.train.checkpoint.data_position import DataMismatchError
+    from halyard.train.checkpoint.discovery import CheckpointNotFoundError
+    from halyard.train.checkpoint.manager import CheckpointWriteError
 
     bad_input = (ConfigError, DataInputError, HfConversionError, CheckpointNotFoundError, DataMismatchError)
     if isinstance(error, bad_input):

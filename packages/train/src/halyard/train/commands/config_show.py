@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from halyard.train.builtin_configs import resolve_config_paths
-from halyard.train.config import parse_config
+from halyard.train.config.parse import parse_config
 from halyard.train.config.show import commented_yaml
 from halyard.train.run_config import TrainConfig
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 
 
 def _positive_int(text: str) -> int:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 
 LORA_EXPORTS = ("merge", "adapter", "base")
 """What ``halyard export --lora`` writes of a LoRA run."""

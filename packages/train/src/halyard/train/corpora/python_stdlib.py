@@ -8,6 +8,8 @@ import os
 import sysconfig
 from pathlib import Path
 
+BUILTIN_CORPORA = ("python-stdlib",)
+"""The names ``data.builtin_corpus`` takes."""
 SHARDS = 8
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 
 DEFAULT_BOOTSTRAP_ITERS = 100_000
 """lm-eval's default number of bootstrap resamples for the standard errors of non-mean metrics."""

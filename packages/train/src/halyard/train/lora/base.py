@@ -17,13 +17,10 @@ import jax
 
 from halyard.models import MupConfig
 from halyard.models.lora import check_targets
-from halyard.train.checkpoint import (
-    latest_complete,
-    read_commit_marker,
-    resolve_checkpoint,
-    step_directory,
-)
-from halyard.train.config import ConfigError
+from halyard.train.checkpoint.commit_marker import read_commit_marker
+from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
+from halyard.train.checkpoint.layout import step_directory
+from halyard.train.config.errors import ConfigError
 from halyard.train.run_config import TrainConfig
 from halyard.train.user_errors import one_line
 

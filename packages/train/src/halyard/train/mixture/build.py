@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from halyard.data import DataInputError, LMDataset
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.mixture.batches import SourceMixture
 from halyard.train.mixture.config import in_source_terms, mixture_sources
 from halyard.train.trainer.data import PreparedData, _in_config_terms, check_data_section, prepare_data

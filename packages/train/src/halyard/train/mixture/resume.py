@@ -9,8 +9,10 @@ from typing import Any
 import yaml
 
 from halyard.shard import is_main_process
-from halyard.train.checkpoint import DATA_METADATA_KEY, CheckpointManager, read_commit_marker
-from halyard.train.config import ConfigError
+from halyard.train.checkpoint.commit_marker import read_commit_marker
+from halyard.train.checkpoint.data_position import DATA_METADATA_KEY
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.config.errors import ConfigError
 
 _CHANGEABLE = ("schedule", "block_size")
 """The mixture manifest's settings that ``data.allow_mixture_change`` lets differ."""

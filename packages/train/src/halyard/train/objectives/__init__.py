@@ -4,22 +4,3 @@
 against a frozen reference model, the run's initial weights (see packages/train/README.md, "Preference
 optimisation (DPO)").
 """
-
-from halyard.train.objectives.config import OBJECTIVES, DpoConfig
-from halyard.train.objectives.dpo import (
-    DpoTerms,
-    dpo_loss,
-    dpo_loss_fn,
-    reference_logprobs,
-    sequence_logprobs,
-)
-
-__all__ = [
-    "OBJECTIVES",
-    "DpoConfig",
-    "DpoTerms",
-    "dpo_loss",
-    "dpo_loss_fn",
-    "reference_logprobs",
-    "sequence_logprobs",
-]

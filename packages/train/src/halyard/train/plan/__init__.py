@@ -6,8 +6,3 @@ Memory per device comes from XLA's memory analysis of the run's compiled train s
 inputs (simulated CPU devices stand in for the accelerators); FLOPs per token from the model, and
 the step time at a chosen MFU from the peaks table.
 """
-
-from halyard.train.plan.accelerators import HBM_GIB, Accelerator, accelerator
-from halyard.train.plan.step_memory import StepMemory, step_memory
-
-__all__ = ["HBM_GIB", "Accelerator", "StepMemory", "accelerator", "step_memory"]

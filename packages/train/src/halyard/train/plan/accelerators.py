@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.perf.peaks import PEAK_FLOPS, table_key
 
 HBM_GIB: dict[str, float] = {

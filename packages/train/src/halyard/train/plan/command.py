@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from halyard.train.builtin_configs import resolve_config_paths
-from halyard.train.config import ConfigError, exit_on_config_error, parse_config
+from halyard.train.config.errors import ConfigError, exit_on_config_error
+from halyard.train.config.parse import parse_config
 from halyard.train.plan.accelerators import Accelerator, accelerator
 from halyard.train.plan.step_memory import StepMemory, step_memory
 from halyard.train.run_config import TrainConfig

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.objectives.dpo import PAIR_KEYS, REFERENCE_KEYS
 from halyard.train.run.setup import RunSetup

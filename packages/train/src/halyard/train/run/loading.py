@@ -17,8 +17,9 @@ import jax
 
 from halyard.models import CausalLM
 from halyard.shard import Layout
-from halyard.train.checkpoint import CheckpointManager
-from halyard.train.config import ConfigError, parse_config
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.config.errors import ConfigError
+from halyard.train.config.parse import parse_config
 from halyard.train.lora.adapters import join
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base

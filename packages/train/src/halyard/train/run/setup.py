@@ -21,7 +21,7 @@ import optax
 
 from halyard.models import MupConfig, lr_multipliers
 from halyard.shard import Layout
-from halyard.train.checkpoint import CheckpointManager
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
 from halyard.train.run.sources import model_config_of, source_model

@@ -13,7 +13,8 @@ import jax
 
 from halyard.models import ModelConfig
 from halyard.shard import Layout
-from halyard.train.checkpoint import CheckpointManager, resolve_checkpoint
+from halyard.train.checkpoint.discovery import resolve_checkpoint
+from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.lora.base import LoraBase, base_reference, base_source, recorded_reference
 from halyard.train.run_config import TrainConfig
 from halyard.train.user_errors import as_config_error

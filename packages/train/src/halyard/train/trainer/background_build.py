@@ -18,7 +18,7 @@ import numpy as np
 
 from halyard.data import BuildHandle, DataInputError, TokenCache, build_cache
 from halyard.shard import is_main_process, process_count, process_index
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.run_config import DataConfig
 from halyard.train.trainer.data import (
     PreparedData,

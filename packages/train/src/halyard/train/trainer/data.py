@@ -29,8 +29,9 @@ from halyard.data import (
 )
 from halyard.shard import process_index
 from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
-from halyard.train.config import ConfigError
-from halyard.train.corpora import BUILTIN_CORPORA, train_bpe_tokenizer, write_python_stdlib_corpus
+from halyard.train.config.errors import ConfigError
+from halyard.train.corpora.python_stdlib import BUILTIN_CORPORA, write_python_stdlib_corpus
+from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 from halyard.train.mixture.batches import SourceMixture
 from halyard.train.mixture.config import in_source_terms, mixture_sources
 from halyard.train.run_config import DataConfig

@@ -15,7 +15,7 @@ import jax
 
 from halyard.models import CausalLM
 from halyard.shard import Layout, is_main_process, process_count
-from halyard.train.config import ConfigError
+from halyard.train.config.errors import ConfigError
 from halyard.train.eval_config import EvalConfig
 from halyard.train.run_config import TrainConfig
 from halyard.train.user_errors import one_line

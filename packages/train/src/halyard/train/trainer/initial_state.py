@@ -7,8 +7,10 @@ from typing import Any
 
 import jax
 
-from halyard.train.checkpoint import CheckpointManager, DataMismatchError, resolve_checkpoint
-from halyard.train.config import ConfigError
+from halyard.train.checkpoint.data_position import DataMismatchError
+from halyard.train.checkpoint.discovery import resolve_checkpoint
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.config.errors import ConfigError
 from halyard.train.mixture.resume import resume_data_position
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import hf_model

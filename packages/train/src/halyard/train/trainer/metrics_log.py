@@ -15,10 +15,12 @@ from halyard.shard import is_main_process
 from halyard.train.config.flatten import flatten_config
 from halyard.train.mixture.config import source_order
 from halyard.train.mixture.metrics import host_metrics
-from halyard.train.perf import Goodput, device_peak_flops, mfu
 from halyard.train.perf.across_processes import from_process_zero, slowest_process
+from halyard.train.perf.goodput import Goodput
+from halyard.train.perf.mfu import mfu
+from halyard.train.perf.peaks import device_peak_flops
 from halyard.train.run_config import TrainConfig
-from halyard.train.trackers import build_trackers
+from halyard.train.trackers.config import build_trackers
 from halyard.train.trainer.compilation_cache import cache_counts, cache_directory
 
 
@@ -26,7 +28,7 @@ class MetricsLog:
     """Fetches step metrics to the host every ``trainer.log_every`` steps and sends them to the trackers.
 
     Metrics stay on the device between fetches, so logging does not stall the step pipeline. Also keeps
-    the goodput accounting (`halyard.train.perf.Goodput`): time to the first step, time inside steps,
+    the goodput accounting (`halyard.train.perf.goodput.Goodput`): time to the first step, time inside steps,
     checkpoints and evaluation, against the wall time since the trainer started.
 
     Args:

@@ -15,8 +15,9 @@ from typing import Any
 
 from halyard.data import DataInputError
 from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
-from halyard.train.checkpoint import KeepPolicy, SavePolicy, latest_complete, resolve_checkpoint
-from halyard.train.config import ConfigError
+from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
+from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
+from halyard.train.config.errors import ConfigError
 from halyard.train.lora.base import check_lora
 from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig

@@ -13,13 +13,14 @@ import jax
 
 from halyard.data import Loader
 from halyard.shard import is_main_process, process_count, process_index
-from halyard.train.checkpoint import CheckpointManager, CheckpointWriteError, KeepPolicy, SavePolicy
-from halyard.train.config import save_resolved_config
+from halyard.train.checkpoint.manager import CheckpointManager, CheckpointWriteError
+from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
+from halyard.train.config.parse import save_resolved_config
 from halyard.train.lora.adapters import with_base
 from halyard.train.lora.base import checkpoint_metadata
 from halyard.train.objectives.reference import reference_hook
 from halyard.train.objectives.run_objective import objective_evaluator, sequences_per_example
-from halyard.train.perf import Goodput
+from halyard.train.perf.goodput import Goodput
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
 from halyard.train.step import TrainState

@@ -21,9 +21,10 @@ from typing import Any
 import jax
 
 from halyard.shard import global_batch_from_local, is_main_process, use_layout
-from halyard.train.checkpoint import CheckpointManager, PreemptionFlag, install_preemption_handler
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.checkpoint.preemption import PreemptionFlag, install_preemption_handler
 from halyard.train.lora.adapters import with_base
-from halyard.train.perf import Goodput
+from halyard.train.perf.goodput import Goodput
 from halyard.train.plot import write_run_plot
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
