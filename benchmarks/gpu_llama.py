@@ -47,9 +47,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from train_step import trainer_step
 
+from halyard.models import ModelConfig
 from halyard.models.attention.cudnn import has_nvidia_gpu
 from halyard.train.config.files import builtin_config_path
-from halyard.train.model_section import ModelSection
 from halyard.train.perf.peaks import device_peak_flops
 
 RESULTS = Path(__file__).parent / "results"
@@ -66,7 +66,7 @@ MEMORY_HEADROOM = 0.92
 def llama_1b(cpu_smoke: bool) -> Any:
     """The ``llama-1b`` built-in model config (tiny sizes with ``cpu_smoke``), f32 params, bf16 compute."""
     section = yaml.safe_load(builtin_config_path("llama-1b").read_text())["model"]  # type: ignore[union-attr]
-    config = draccus.decode(ModelSection, section)
+    config = draccus.decode(ModelConfig, section)
     config = config.replace(param_dtype="float32", compute_dtype="bfloat16")
     return config.replace(**SMOKE_SIZES) if cpu_smoke else config
 

@@ -126,3 +126,24 @@ def test_every_exported_name_exists(package: str) -> None:
         missing = [n for n in exported if not hasattr(module, n)]
         assert not missing, f"{name}.__all__ lists {missing}, which {name} does not define"
         assert len(exported) == len(set(exported)), f"{name}.__all__ lists a name twice"
+
+
+ENTRY_MODULES = {"halyard.train", "halyard.train.cli", "halyard.train.harness"}
+"""What the guides and READMEs may import from halyard-train: its public names, the command line run
+in-process, and the lm-eval harness adapter."""
+
+
+def test_guides_and_readmes_import_halyard_train_from_its_public_entry_points() -> None:
+    root = Path(__file__).resolve().parents[1]
+    documents = [*sorted((root / "docs" / "guides").glob("*.py")), root / "README.md"]
+    documents += sorted((root / "packages").glob("*/README.md")) + sorted((root / "docs").rglob("*.md"))
+    found = []
+    for path in documents:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            words = line.split()
+            imports = (
+                len(words) >= 2 and words[0] in ("from", "import") and words[1].startswith("halyard.train")
+            )
+            if imports and words[1] not in ENTRY_MODULES:
+                found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not found, "import these from halyard.train instead:\n" + "\n".join(found)

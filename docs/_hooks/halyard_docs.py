@@ -267,7 +267,7 @@ def config_reference() -> str:
     """The page `concepts/config.md`: every key of `TrainConfig`, generated from the dataclasses."""
     import dataclasses
 
-    from halyard.train.model_section import ModelSection
+    from halyard.models import ModelConfig
     from halyard.train.optim import OptimizerConfig
     from halyard.train.run_config import TrainConfig
     from halyard.train.trackers.config import TrackerConfig
@@ -289,7 +289,7 @@ def config_reference() -> str:
         doc = root_docs[name] or " ".join((type(value).__doc__ or "").split())
         parts.append(f"## `{name}`\n\n{doc}")
         if name == "model":
-            for choice, cls in _choices(ModelSection).items():
+            for choice, cls in _choices(ModelConfig).items():
                 summary = (cls.__doc__ or "").strip().split("\n")[0]
                 parts.append(f"### `model.type: {choice}`\n\n{summary}\n\n{_table(cls, 'model.')}")
         elif name == "optimizer":

@@ -19,11 +19,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from halyard.train import parse_config
-from halyard.train.cli import builtin_configs, main, resolve_config_paths
-from halyard.train.run_config import TrainConfig
-from halyard.train.trackers.jsonl import read_jsonl
-from halyard.train.trainer.trainer import Trainer
+from halyard.train import (
+    TrainConfig,
+    Trainer,
+    builtin_configs,
+    parse_config,
+    read_jsonl,
+    resolve_config_paths,
+)
+from halyard.train.cli import main
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve()

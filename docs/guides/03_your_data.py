@@ -26,9 +26,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from halyard.data import BadRecordError, LMDataset, MissingFieldError, MixtureDataset, TokenCache, build_cache
-from halyard.train import ConfigError, parse_config
-from halyard.train.mixture.config import mixture_sources
-from halyard.train.run_config import TrainConfig
+from halyard.train import ConfigError, TrainConfig, parse_config
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "your-data"
@@ -331,7 +329,7 @@ mixed = [
     "--data.mixture.schedule={8: {web: 0.4, code: 0.6}}",
 ]
 run = parse_config(TrainConfig, mixed)
-print({name: source.sources for name, source in mixture_sources(run.data).items()})
+print({name: source["sources"] for name, source in run.data.mixture.sources.items()})
 try:
     parse_config(TrainConfig, [*mixed, "--data.mixture.schedule={8: {web: 0.4, cod: 0.6}}"])
 except ConfigError as error:

@@ -30,10 +30,7 @@ import numpy as np
 
 from halyard.shard import Layout, MeshSpec
 from halyard.shard.mesh import mesh_axis_sizes
-from halyard.train import parse_config
-from halyard.train.run_config import TrainConfig
-from halyard.train.trackers.jsonl import read_jsonl
-from halyard.train.trainer.trainer import Trainer
+from halyard.train import TrainConfig, Trainer, parse_config, read_jsonl
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "scaling"

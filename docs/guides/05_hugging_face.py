@@ -18,10 +18,7 @@ import transformers
 
 from halyard.export import export_hf, import_hf
 from halyard.named import named
-from halyard.train import parse_config
-from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import tokenizer_path_of
-from halyard.train.trainer.trainer import Trainer
+from halyard.train import TrainConfig, Trainer, load_run_model, parse_config
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "hugging-face"
@@ -93,8 +90,8 @@ print("loss:", " ".join(f"{loss:.3f}" for loss in losses))
 # does the same from the command line, from a run's latest checkpoint.)
 
 # %%
-tokenizer = tokenizer_path_of(run_config.data, run_dir)
-folder = export_hf(result.state.params, WORK / "hf-continued", tokenizer=tokenizer)
+loaded = load_run_model(run_dir)  # the latest checkpoint's weights and the run's tokenizer; no optimizer
+folder = export_hf(loaded.model, WORK / "hf-continued", tokenizer=loaded.tokenizer)
 print(sorted(path.name for path in folder.iterdir()))
 
 # %% [markdown]

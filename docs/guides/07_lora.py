@@ -22,8 +22,8 @@ import transformers
 
 from halyard.export import export_hf
 from halyard.models import model_config
+from halyard.train import train_bpe_tokenizer
 from halyard.train.cli import main as halyard_command
-from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "lora"

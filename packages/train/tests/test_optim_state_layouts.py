@@ -5,12 +5,12 @@ from __future__ import annotations
 import jax
 import pytest
 
+from halyard.models import model_config
 from halyard.shard import Layout, MeshSpec
-from halyard.train.model_section import model_section
 from halyard.train.optim import AdamWConfig, LionConfig, MuonConfig, SophiaHConfig
 from halyard.train.step import init_state
 
-MODEL = model_section(
+MODEL = model_config(
     "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2
 )
 MESHES = {

@@ -110,6 +110,36 @@ class ModelConfig(abc.ABC):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token at ``seq_len``; see `halyard.models.flops`."""
 
+    # The family registry as a tagged union: ``type: llama`` picks `LlamaConfig`. These four classmethods are
+    # the choice protocol config libraries read (draccus's `ChoiceType`), so a run config can declare a field
+    # of type `ModelConfig` and decode any registered family into it, with no config library imported here.
+    @classmethod
+    def get_choice_class(cls, name: str) -> type[ModelConfig]:
+        """The config class registered as ``name`` (`config_class`)."""
+        return config_class(name)
+
+    @classmethod
+    def get_known_choices(cls) -> dict[str, type[ModelConfig]]:
+        """Every registered family by name."""
+        return {name: config_class(name) for name in registered_models()}
+
+    @classmethod
+    def get_choice_name(cls, subcls: type) -> str:
+        """The name ``subcls`` is registered under.
+
+        Raises:
+            ValueError: ``subcls`` is not a registered family (a base class such as `ModelConfig`).
+        """
+        for name in registered_models():
+            if config_class(name) is subcls:
+                return name
+        raise ValueError(f"{subcls.__name__} is not a registered model family")
+
+    @classmethod
+    def default_choice_name(cls) -> str | None:
+        """No family is the default: ``type:`` is required."""
+        return None
+
     def replace(self, **overrides: Any) -> ModelConfig:
         """A copy with ``overrides`` applied; an unknown field is an error with a suggestion."""
         _check_fields(type(self), overrides)

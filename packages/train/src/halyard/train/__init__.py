@@ -17,8 +17,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from halyard.train.builtin_configs import builtin_configs, resolve_config_paths
     from halyard.train.config.errors import ConfigError
     from halyard.train.config.parse import parse_config
+    from halyard.train.corpora.tokenizer import train_bpe_tokenizer
     from halyard.train.eval_config import EvalConfig
     from halyard.train.objectives.config import DpoConfig
     from halyard.train.optim import (
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from halyard.train.run_config import CheckpointConfig, DataConfig, TrainConfig, TrainerConfig
     from halyard.train.step import TrainState
     from halyard.train.trackers.config import JsonlTrackerConfig, TensorBoardTrackerConfig, WandbTrackerConfig
+    from halyard.train.trackers.jsonl import read_jsonl
     from halyard.train.trainer.trainer import FitResult, NonFiniteLossError, Trainer
 
 _WHERE = {
@@ -69,6 +72,10 @@ _WHERE = {
     "JsonlTrackerConfig": "halyard.train.trackers.config",
     "TensorBoardTrackerConfig": "halyard.train.trackers.config",
     "WandbTrackerConfig": "halyard.train.trackers.config",
+    "builtin_configs": "halyard.train.builtin_configs",
+    "resolve_config_paths": "halyard.train.builtin_configs",
+    "read_jsonl": "halyard.train.trackers.jsonl",
+    "train_bpe_tokenizer": "halyard.train.corpora.tokenizer",
 }
 """Public name -> the module that defines it."""
 
@@ -98,10 +105,14 @@ __all__ = [
     "TrainerConfig",
     "WSDScheduleConfig",
     "WandbTrackerConfig",
+    "builtin_configs",
     "load_hf_model",
     "load_run_config",
     "load_run_model",
     "parse_config",
+    "read_jsonl",
+    "resolve_config_paths",
+    "train_bpe_tokenizer",
 ]
 
 

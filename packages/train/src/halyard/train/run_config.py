@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
+from halyard.models import ModelConfig, model_config
 from halyard.models.lora import LoraConfig
 from halyard.shard import MeshSpec
 from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
-from halyard.train.model_section import ModelSection, model_section
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim import AdamWConfig, OptimizerConfig
 from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig
@@ -208,8 +208,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.objective={self.objective!r}: use one of {', '.join(OBJECTIVES)}")
 
 
-def _default_model() -> Any:
-    return model_section(
+def _default_model() -> ModelConfig:
+    return model_config(
         "llama",
         vocab_size=4096,
         hidden_size=128,
@@ -225,8 +225,8 @@ def _default_model() -> Any:
 class TrainConfig:
     """A training run: model, data, optimizer, trainer, checkpoints and trackers."""
 
-    model: ModelSection = field(default_factory=_default_model)
-    """The model family (`type:` gpt2 | llama | mistral | qwen2 | mixtral | mup) and its shape."""
+    model: ModelConfig = field(default_factory=_default_model)
+    """The model: `type:` names a family of halyard.models (gemma, gemma2, gemma3, gpt2, llama, mistral, mixtral, mup, olmo2, phi3, qwen2, qwen3), the other keys its shape and settings."""
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
     """The optimizer (`type:` adamw | lion | sophia_h | muon) with its schedule."""

@@ -251,17 +251,14 @@ def _common_ancestor(classes: list[type]) -> type | None:
 
 
 def _parent_variant(name: str, variants: dict[str, type], common: type | None) -> str | None:
-    """The registered type that type ``name`` extends (the model section's twins via their family)."""
-    cls = variants[name]
-    best: tuple[int, str] | None = None
-    for other, other_cls in variants.items():
-        origin = other_cls.__bases__[0]
-        if other == name or origin is common or not dataclasses.is_dataclass(origin):
-            continue
-        if origin in cls.__mro__[1:]:
-            candidate = (cls.__mro__.index(origin), other)
-            best = min(best, candidate) if best else candidate
-    return best[1] if best else None
+    """The registered type that type ``name`` extends: its nearest registered ancestor (mistral: llama)."""
+    mro = variants[name].__mro__
+    ancestors = [
+        (mro.index(other_cls), other)
+        for other, other_cls in variants.items()
+        if other != name and other_cls is not common and other_cls in mro[1:]
+    ]
+    return min(ancestors)[1] if ancestors else None
 
 
 def _default_instance(cls: type | None) -> Any:
