@@ -19,8 +19,8 @@ import transformers
 from halyard.export import export_hf, import_hf
 from halyard.named import named
 from halyard.train import parse_config
+from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import tokenizer_path_of
 from halyard.train.trainer.trainer import Trainer
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"

@@ -1,0 +1,3 @@
+"""The run's data assembly: from the ``data:`` section to the datasets a run trains and evaluates on (the
+corpus, the tokenizer, the token cache built before or beside training, the splits, a mixture's batches).
+Import each name from its module: this package exports nothing."""
