@@ -14,7 +14,7 @@ from trainer_fixtures import load_config, write_config
 
 from halyard.export import export_hf
 from halyard.models.sampling import SamplingConfig, generate
-from halyard.train.trainer.data import tokenizer_path_of
+from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.trainer.trainer import Trainer
 
 PROMPTS = ["def main(", "import os\nimport sys\n\n"]

@@ -11,10 +11,10 @@ import yaml
 
 from halyard.train.config.errors import ConfigError
 from halyard.train.config.parse import parse_config
-from halyard.train.mixture.build import source_data_configs
+from halyard.train.data_assembly.data_section import check_data_section
+from halyard.train.data_assembly.mixture_build import source_data_configs
 from halyard.train.mixture.config import MixtureConfig, block_rows, mixture_sources, weight_schedule
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import check_data_section
 
 MIXTURE = {
     "data": {

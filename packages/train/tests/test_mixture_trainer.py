@@ -25,13 +25,13 @@ from trainer_fixtures import (
 from halyard.data import LMDataset
 from halyard.train.commands.evaluate import eval_main
 from halyard.train.config.errors import ConfigError
-from halyard.train.mixture.batches import SourceMixture
+from halyard.train.data_assembly.mixture_batches import SourceMixture
+from halyard.train.data_assembly.run_data import prepare_data
 from halyard.train.objectives.lm_evaluate import Evaluator
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.plan.step_memory import step_memory
 from halyard.train.run.loading import load_run_config
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import prepare_data
 from halyard.train.trainer.trainer import FitResult, Trainer
 
 WEIGHTS = {"web": 0.75, "code": 0.25}

@@ -15,8 +15,8 @@ from trainer_fixtures import load_config, write_config
 from halyard.models import LmBatch
 from halyard.models.attention import AttentionMask
 from halyard.train.config.errors import ConfigError
+from halyard.train.data_assembly.run_data import prepare_data
 from halyard.train.objectives.lm_loss import lm_loss_fn
-from halyard.train.trainer.data import prepare_data
 from halyard.train.trainer.trainer import Trainer
 
 

@@ -13,8 +13,8 @@ from trainer_fixtures import save_tiny_hf_llama, write_config
 from halyard.train.cli import main
 from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
 from halyard.train.corpora.tokenizer import END_OF_TEXT, train_bpe_tokenizer
+from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.run_config import DataConfig
-from halyard.train.trainer.data import tokenizer_path_of
 
 
 @pytest.fixture(scope="module")

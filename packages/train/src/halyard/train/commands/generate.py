@@ -26,8 +26,8 @@ def generate_main(argv: Sequence[str]) -> int:
     import numpy as np
 
     from halyard.models.sampling import SamplingConfig, generate
+    from halyard.train.data_assembly.tokenizer import load_run_tokenizer
     from halyard.train.run.loading import load_run_model
-    from halyard.train.trainer.data import load_run_tokenizer
 
     loaded = load_run_model(Path(args.run), args.step)
     tokenizer = load_run_tokenizer(loaded.tokenizer)

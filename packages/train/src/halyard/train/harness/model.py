@@ -27,10 +27,10 @@ from halyard.export import read_tokenizer
 from halyard.models import CausalLM, num_params
 from halyard.models.sampling import SamplingConfig
 from halyard.shard import Layout, process_count
+from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.harness.generation import PromptContinuer
 from halyard.train.harness.scoring import Window, WindowScorer
 from halyard.train.run.loading import load_hf_model, load_run_model
-from halyard.train.trainer.data import load_run_tokenizer
 
 DEFAULT_MAX_LENGTH = 2048
 """The context of a model whose config names no ``max_position`` (HFLM's default too)."""

@@ -12,9 +12,9 @@ import numpy as np
 
 from halyard.data import LMDataset
 from halyard.shard import Layout, global_batch_from_local, process_count, process_index
+from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import load_run_tokenizer
 
 
 def target_bytes(tokenizer: Any, batches: list[dict[str, np.ndarray]]) -> float:

@@ -15,8 +15,8 @@ from halyard.train.objectives.lm_evaluate import Evaluator
 from halyard.train.objectives.lm_loss import lm_loss_fn
 
 if TYPE_CHECKING:
+    from halyard.train.data_assembly.datasets import PreparedData
     from halyard.train.run_config import TrainConfig
-    from halyard.train.trainer.data import PreparedData
 
 
 def objective_loss_fn(

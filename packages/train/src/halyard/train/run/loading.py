@@ -20,11 +20,11 @@ from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.config.errors import ConfigError
 from halyard.train.config.parse import parse_config
+from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.lora.adapters import join
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import tokenizer_path_of
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:

@@ -18,10 +18,12 @@ from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
 from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.errors import ConfigError
+from halyard.train.data_assembly.data_section import check_data_section
+from halyard.train.data_assembly.datasets import PreparedData
+from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.lora.base import check_lora
 from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
-from halyard.train.trainer.data import PreparedData, check_data_section, load_run_tokenizer
 from halyard.train.trainer.harness_eval import check_harness
 from halyard.train.user_errors import as_config_error, one_line
 

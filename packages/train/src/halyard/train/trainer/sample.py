@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.run_config import TrainerConfig
 from halyard.train.step import TrainState
-from halyard.train.trainer.data import load_run_tokenizer
 
 
 def sample_text(state: TrainState, tokenizer_path: str, config: TrainerConfig) -> str:

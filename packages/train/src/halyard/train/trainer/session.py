@@ -16,6 +16,8 @@ from halyard.shard import is_main_process, process_count, process_index
 from halyard.train.checkpoint.manager import CheckpointManager, CheckpointWriteError
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.parse import save_resolved_config
+from halyard.train.data_assembly.datasets import PreparedData
+from halyard.train.data_assembly.run_data import start_background_build
 from halyard.train.lora.adapters import with_base
 from halyard.train.lora.base import checkpoint_metadata
 from halyard.train.objectives.reference import reference_hook
@@ -24,8 +26,6 @@ from halyard.train.perf.goodput import Goodput
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
 from halyard.train.step import TrainState
-from halyard.train.trainer.background_build import start_background_build
-from halyard.train.trainer.data import PreparedData
 from halyard.train.trainer.evaluations import PeriodicEvaluation, PeriodicValidation
 from halyard.train.trainer.harness_eval import periodic_harness
 from halyard.train.trainer.initial_state import initial_state

@@ -11,29 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from halyard.data import BuildHandle, DataInputError, TokenCache, build_cache
-from halyard.shard import is_main_process, process_count, process_index
+from halyard.data import BuildHandle, DataInputError, TokenCache
+from halyard.shard import is_main_process
 from halyard.train.config.errors import ConfigError
-from halyard.train.run_config import DataConfig
-from halyard.train.trainer.data import (
-    PreparedData,
-    _in_config_terms,
-    _sources_and_tokenizer,
-    agreeing,
-    build_options,
-    open_datasets,
-)
-
-if TYPE_CHECKING:
-    from halyard.train.mixture.build import MixtureBuild
-
-# Tokenizer processes yield the CPU to the training process (compilation, steps, batches) on its host.
-_BUILD_NICENESS = 10
 
 
 @dataclass
@@ -121,68 +105,3 @@ class BackgroundBuild:
             f"{status.shards} shards ({status.tokens:,} tokens); the next run resumes it",
             flush=True,
         )
-
-
-def start_background_build(
-    config: DataConfig, run_dir: Path, *, init: str = "auto"
-) -> tuple[PreparedData, BackgroundBuild | MixtureBuild]:
-    """Start building the token cache beside training and open its train and validation splits at once.
-
-    With ``data.builder=local`` every process tokenizes its share of the shards (shard ``i`` on process
-    ``i % process_count``) into the one cache, which must be on a disk every process sees; with ``ray``,
-    process 0 sends every shard to the Ray cluster. A ``builtin_corpus`` and its tokenizer are written by
-    process 0 first. Bad sources, tokenizer or cache settings are found before this returns, on every
-    process; a bad record found later fails the step that waits for it (or the next step).
-
-    Args:
-        config: the ``data:`` section.
-        run_dir: the run directory (the cache goes to ``<run_dir>/cache`` unless ``data.cache_dir`` is set).
-        init: ``trainer.init`` (an ``hf:FOLDER`` holding tokenizer.json is the default tokenizer).
-
-    With ``data.mixture`` every source's cache is built so (`start_mixture_build`), and the batches mix them.
-
-    Raises:
-        ConfigError: bad sources, records or tokenizer, named with the run config's key.
-        RunFailure: another process failed to start its build (its own error names the cause).
-    """
-    if config.mixture.sources:  # each source is built by this function
-        from halyard.train.mixture.build import start_mixture_build
-
-        return start_mixture_build(config, run_dir, init=init)
-    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
-    cache_path = str(work_dir / "tokens")
-    process, processes = process_index(), process_count()
-    sources: list[Any] = []
-    tokenizer_path = ""
-    # The builtin corpus and its tokenizer are written once, by process 0, before the others read them.
-    first = config.builtin_corpus is None or process == 0
-    if first:
-        sources, tokenizer_path = agreeing(lambda: _sources_and_tokenizer(config, work_dir, init))
-    else:
-        agreeing(lambda: None)
-        sources, tokenizer_path = _sources_and_tokenizer(config, work_dir, init)
-    builds = config.builder == "local" or process == 0
-    local = config.builder == "local"
-
-    def start() -> BuildHandle | None:
-        if not builds:
-            return None
-        handle = build_cache(
-            sources,
-            tokenizer_path,
-            cache_path,
-            builder=config.builder,
-            ray_address=config.ray_address,
-            progress=False,
-            background=True,
-            niceness=_BUILD_NICENESS,
-            host_index=process if local else 0,
-            host_count=processes if local else 1,
-            **build_options(config, run_dir),
-        )
-        assert isinstance(handle, BuildHandle)
-        return handle
-
-    handle = agreeing(start)
-    cache = handle.cache if handle is not None else TokenCache.open(cache_path)
-    return open_datasets(config, cache, tokenizer_path), BackgroundBuild(cache, handle, _in_config_terms)

@@ -7,26 +7,27 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from halyard.data import DataInputError, LMDataset
 from halyard.train.config.errors import ConfigError
-from halyard.train.mixture.batches import SourceMixture
+from halyard.train.data_assembly.background_build import BackgroundBuild
+from halyard.train.data_assembly.data_errors import config_error_for
+from halyard.train.data_assembly.data_section import check_data_section, work_dir_of
+from halyard.train.data_assembly.datasets import PreparedData
+from halyard.train.data_assembly.mixture_batches import SourceMixture
+from halyard.train.data_assembly.single_source import prepare_source, start_source_build
 from halyard.train.mixture.config import in_source_terms, mixture_sources
-from halyard.train.trainer.data import PreparedData, _in_config_terms, check_data_section, prepare_data
+from halyard.train.run_config import DataConfig
 from halyard.train.user_errors import one_line
-
-if TYPE_CHECKING:
-    from halyard.train.run_config import DataConfig
-    from halyard.train.trainer.background_build import BackgroundBuild
 
 
 def source_data_configs(config: DataConfig, run_dir: Path) -> dict[str, DataConfig]:
     """Each source's ``data:`` section, its cache in ``<data.cache_dir or run_dir/cache>/<name>`` unless the
     source names its own ``cache_dir``."""
-    work_dir = Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
+    work_dir = work_dir_of(config, run_dir)
     return {
         name: source
         if "cache_dir" in config.mixture.sources[name]
@@ -70,7 +71,7 @@ def prepare_mixture(
     prepared = {}
     for name, source in source_data_configs(config, run_dir).items():
         prepare = functools.partial(
-            prepare_data, source, run_dir, is_main=is_main, progress=progress, init=init
+            prepare_source, source, run_dir, is_main=is_main, progress=progress, init=init
         )
         prepared[name] = _named(name, prepare)
     return mixture_data(config, prepared)
@@ -84,17 +85,13 @@ def start_mixture_build(
     Raises:
         ConfigError: a bad source, record or tokenizer, named ``data.mixture.sources.<name>.<key>``.
     """
-    from halyard.train.trainer.background_build import BackgroundBuild, start_background_build
-
     check_data_section(config, init=init)
     prepared: dict[str, PreparedData] = {}
     builds: dict[str, BackgroundBuild] = {}
     try:
         for name, source in source_data_configs(config, run_dir).items():
-            start = functools.partial(start_background_build, source, run_dir, init=init)
-            prepared[name], build = _named(name, start)
-            assert isinstance(build, BackgroundBuild), "a source is built as one"
-            builds[name] = build
+            start = functools.partial(start_source_build, source, run_dir, init=init)
+            prepared[name], builds[name] = _named(name, start)
     except BaseException:
         MixtureBuild(builds).close()
         raise
@@ -139,7 +136,7 @@ class MixtureBuild:
             with log.data_wait_timer():
                 return next(batches)
         except DataInputError as error:
-            raise ConfigError(in_source_terms(one_line(str(_in_config_terms(error))), "<name>")) from error
+            raise ConfigError(in_source_terms(one_line(str(config_error_for(error))), "<name>")) from error
 
     def close(self) -> None:
         """Stop every source's build that is still running (see `BackgroundBuild.close`)."""
