@@ -3,6 +3,7 @@ sources and tokenizer to build from, and the token cache builder's arguments."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -92,23 +93,19 @@ def sources_and_tokenizer(config: DataConfig, work_dir: Path, init: str) -> tupl
     return list(config.sources), tokenizer
 
 
+EXAMPLE_FORMAT_KEYS = {"kind": "format"}
+"""`ExampleFormat` fields the ``data:`` section names otherwise (its other fields keep their names there)."""
+EXAMPLE_FORMAT_ONLY = ("tokenizer_template", "template_bos_token", "template_eos_token")
+"""`ExampleFormat` fields with no ``data:`` key: ``build_cache`` fills them in from the tokenizer folder."""
+
+
 def example_format_of(config: DataConfig) -> ExampleFormat:
-    """The cache's `ExampleFormat` from the ``data:`` section (``format`` and the chat/prompt fields)."""
-    return ExampleFormat(
-        kind=config.format,
-        messages_field=config.messages_field,
-        role_field=config.role_field,
-        content_field=config.content_field,
-        prompt_field=config.prompt_field,
-        completion_field=config.completion_field,
-        chosen_field=config.chosen_field,
-        rejected_field=config.rejected_field,
-        chat_template=config.chat_template,
-        system_marker=config.system_marker,
-        user_marker=config.user_marker,
-        assistant_marker=config.assistant_marker,
-        end_of_turn=config.end_of_turn,
-    )
+    """The cache's `ExampleFormat` from the ``data:`` section: each of its fields from the key of the same name
+    (``kind`` from ``format``)."""
+    names = [
+        field.name for field in dataclasses.fields(ExampleFormat) if field.name not in EXAMPLE_FORMAT_ONLY
+    ]
+    return ExampleFormat(**{name: getattr(config, EXAMPLE_FORMAT_KEYS.get(name, name)) for name in names})
 
 
 def build_options(config: DataConfig, run_dir: Path) -> dict[str, Any]:
