@@ -49,7 +49,8 @@ import numpy as np
 from halyard.models import model_config
 from halyard.shard import Layout, MeshSpec, global_batch_from_local, use_layout
 from halyard.train.objectives.lm_loss import lm_loss_fn
-from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
+from halyard.train.optim.config import AdamWConfig
+from halyard.train.optim.schedule_config import ConstantScheduleConfig
 from halyard.train.step import TrainState, init_state, make_train_step
 
 RESULTS = Path(__file__).parent / "results" / "scaling.json"

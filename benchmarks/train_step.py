@@ -64,7 +64,8 @@ from benchmark_models import MODELS, BenchmarkModel
 from gpt2_baselines import torch_matmul_flops
 
 from halyard.train.objectives.lm_loss import lm_loss_fn
-from halyard.train.optim import AdamWConfig, ConstantScheduleConfig
+from halyard.train.optim.config import AdamWConfig
+from halyard.train.optim.schedule_config import ConstantScheduleConfig
 from halyard.train.perf.peaks import measure_matmul_flops
 from halyard.train.step import init_state, make_train_step
 

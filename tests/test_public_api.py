@@ -147,3 +147,11 @@ def test_guides_and_readmes_import_halyard_train_from_its_public_entry_points() 
             if imports and words[1] not in ENTRY_MODULES:
                 found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not found, "import these from halyard.train instead:\n" + "\n".join(found)
+
+
+def test_halyard_train_keeps_a_small_public_surface_with_what_users_type() -> None:
+    exports = json.loads(SNAPSHOT.read_text())["halyard-train"]["exports"]
+    assert sum(len(names) for names in exports.values()) <= 40, "halyard-train exports more than ~40 names"
+    wanted = {"Trainer", "TrainConfig", "parse_config", "load_run_model", "load_run_config", "load_hf_model"}
+    assert wanted <= set(exports["halyard.train"])
+    assert set(current_api()["halyard-train"]["exports"]["halyard.train"]) == set(exports["halyard.train"])

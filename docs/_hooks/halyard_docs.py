@@ -268,7 +268,7 @@ def config_reference() -> str:
     import dataclasses
 
     from halyard.models import ModelConfig
-    from halyard.train.optim import OptimizerConfig
+    from halyard.train.optim.config import OptimizerConfig
     from halyard.train.run_config import TrainConfig
     from halyard.train.trackers.config import TrackerConfig
 

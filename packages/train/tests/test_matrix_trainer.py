@@ -22,7 +22,7 @@ from matrix_cells import (
 )
 
 from halyard.models import registered_models
-from halyard.train.optim import OptimizerConfig
+from halyard.train.optim.config import OptimizerConfig
 
 
 @pytest.fixture(scope="module")

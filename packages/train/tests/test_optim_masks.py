@@ -11,15 +11,10 @@ import pytest
 
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Embedding, Linear
-from halyard.train.optim import (
-    adamw,
-    default_weight_decay_mask,
-    map_parameters,
-    matrix_dimension_numbers,
-    muon,
-    muon_labels,
-    scale_by_multipliers,
-)
+from halyard.train.optim.multipliers import scale_by_multipliers
+from halyard.train.optim.muon import matrix_dimension_numbers, muon_labels
+from halyard.train.optim.optimizers import adamw, muon
+from halyard.train.optim.paths import default_weight_decay_mask, map_parameters
 
 Embed, Mlp, Vocab, Layers = Axis("embed", 4), Axis("mlp", 6), Axis("vocab", 10), Axis("layers", 2)
 Heads, HeadSize = Axis("heads", 2), Axis("head_size", 3)
@@ -75,7 +70,7 @@ def test_mask_has_the_leaf_structure_of_the_params():
 def test_weight_decay_applies_exactly_where_the_mask_says():
     params = model_tree()
     zero_grads = jax.tree.map(jnp.zeros_like, params)
-    optimizer = adamw(1.0, weight_decay=0.5)
+    optimizer = adamw(1.0, weight_decay=0.5, max_grad_norm=None)
     updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
     decays = jax.tree.leaves(default_weight_decay_mask(params))
     for update, param, decayed in zip(jax.tree.leaves(updates), jax.tree.leaves(params), decays, strict=True):
@@ -99,7 +94,9 @@ def test_multipliers_from_a_tree_and_from_a_function_scale_updates():
 def test_multipliers_inside_an_optimizer():
     params = {"a": jnp.ones(3), "b": jnp.ones(3)}
     grads = {"a": jnp.ones(3), "b": jnp.ones(3)}
-    optimizer = adamw(0.1, lr_multipliers=lambda name, _: 3.0 if name == "a" else 1.0)
+    optimizer = adamw(
+        0.1, lr_multipliers=lambda name, _: 3.0 if name == "a" else 1.0, weight_decay=0.0, max_grad_norm=None
+    )
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
     np.testing.assert_allclose(updates["a"], 3 * np.asarray(updates["b"]), rtol=1e-6)
 
@@ -127,7 +124,7 @@ def test_muon_groups_and_matrix_layout_follow_linear_in_and_out():
 @pytest.mark.parametrize("bad", [0.0, -1.0])
 def test_bad_clip_norm_is_refused(bad):
     with pytest.raises(ValueError, match="max_grad_norm"):
-        adamw(0.1, max_grad_norm=bad)
+        adamw(0.1, max_grad_norm=bad, weight_decay=0.0)
 
 
 def test_muon_updates_a_whole_model_tree_under_jit():
@@ -139,7 +136,7 @@ def test_muon_updates_a_whole_model_tree_under_jit():
     grads["up_proj"] = eqx.tree_at(
         lambda linear: linear.weight.array, grads["up_proj"], grads["up_proj"].weight.array * row_scales
     )
-    optimizer = muon(0.1)
+    optimizer = muon(0.1, weight_decay=0.0, max_grad_norm=None)
     updates, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
     assert jax.tree.structure(updates) == jax.tree.structure(params)
     # the Linear weight was orthogonalised: near-equal singular values, unlike its gradient's ...

@@ -9,7 +9,9 @@ import optax
 import pytest
 
 from halyard.named import Axis, NamedArray
-from halyard.train.optim import AdamWConfig, LionConfig, adamw, lion, warmup_decay_schedule
+from halyard.train.optim.config import AdamWConfig, LionConfig
+from halyard.train.optim.optimizers import adamw, lion
+from halyard.train.optim.schedules import warmup_decay_schedule
 
 STEPS = 5
 
@@ -72,7 +74,7 @@ def test_adamw_matches_numpy(kind):
     peak, weight_decay, max_norm, b1, b2, eps = 0.1, 0.3, 0.5, 0.9, 0.95, 1e-8
     schedule = warmup_decay_schedule(peak, total_steps=STEPS, warmup_steps=2, shape="cosine")
     final, gradients = run_optax(
-        adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, max_grad_norm=max_norm),
+        adamw(schedule, beta1=b1, beta2=b2, epsilon=eps, weight_decay=weight_decay, max_grad_norm=max_norm),
         make_params(kind),
     )
 
@@ -100,7 +102,8 @@ def test_adamw_matches_numpy(kind):
 def test_lion_matches_numpy(kind):
     learning_rate, weight_decay, b1, b2 = 0.05, 0.5, 0.9, 0.99
     final, gradients = run_optax(
-        lion(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay), make_params(kind)
+        lion(learning_rate, beta1=b1, beta2=b2, weight_decay=weight_decay, max_grad_norm=None),
+        make_params(kind),
     )
 
     params = flat(make_params(kind))
@@ -120,7 +123,7 @@ def test_adamw_config_builds_the_same_optimizer_as_the_function():
     params = make_params("named")
     from_config, _ = run_optax(config.build(total_steps=STEPS), params)
     schedule = config.schedule.build(0.01, STEPS)
-    from_function, _ = run_optax(adamw(schedule, b2=0.99, weight_decay=0.2), params)
+    from_function, _ = run_optax(adamw(schedule, beta2=0.99, weight_decay=0.2, max_grad_norm=None), params)
     for a, b in zip(from_config, from_function, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -129,7 +132,9 @@ def test_lion_config_uses_its_betas():
     params = make_params("dict")
     config = LionConfig(learning_rate=0.01, beta1=0.5, max_grad_norm=None, weight_decay=0.0)
     from_config, _ = run_optax(config.build(total_steps=STEPS), params)
-    from_function, _ = run_optax(lion(config.schedule.build(0.01, STEPS), b1=0.5), params)
+    from_function, _ = run_optax(
+        lion(config.schedule.build(0.01, STEPS), beta1=0.5, weight_decay=0.0, max_grad_norm=None), params
+    )
     for a, b in zip(from_config, from_function, strict=True):
         np.testing.assert_array_equal(a, b)
 

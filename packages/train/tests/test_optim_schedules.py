@@ -10,14 +10,14 @@ import pytest
 
 from halyard.train.config.errors import ConfigError
 from halyard.train.config.parse import parse_config
-from halyard.train.optim import (
+from halyard.train.optim.config import OptimizerConfig
+from halyard.train.optim.schedule_config import (
     ConstantScheduleConfig,
     CosineScheduleConfig,
     LinearScheduleConfig,
-    OptimizerConfig,
     WSDScheduleConfig,
-    warmup_decay_schedule,
 )
+from halyard.train.optim.schedules import warmup_decay_schedule
 
 PEAK, TOTAL = 2.0, 20
 

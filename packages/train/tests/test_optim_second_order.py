@@ -9,14 +9,10 @@ import optax
 import pytest
 
 from halyard.named import Axis, NamedArray
-from halyard.train.optim import (
-    MuonConfig,
-    SophiaHConfig,
-    hutchinson_diagonal_hessian,
-    muon,
-    sophia_h,
-    warmup_decay_schedule,
-)
+from halyard.train.optim.config import MuonConfig, SophiaHConfig
+from halyard.train.optim.optimizers import muon, sophia_h
+from halyard.train.optim.schedules import warmup_decay_schedule
+from halyard.train.optim.sophia import hutchinson_diagonal_hessian
 
 STEPS = 100
 
@@ -56,7 +52,9 @@ def test_sophia_update_is_clipped_preconditioned_momentum():
     curvature = jnp.array([4.0, 0.5, 100.0])
     params = {"x": jnp.array([1.0, 1.0, 1.0])}
     loss = lambda p: 0.5 * jnp.sum(curvature * p["x"] ** 2)
-    optimizer = sophia_h(1.0, b1=0.5, b2=0.5, gamma=1.0, clip_threshold=2.0, weight_decay=0.0)
+    optimizer = sophia_h(
+        1.0, beta1=0.5, beta2=0.5, gamma=1.0, clip_threshold=2.0, weight_decay=0.0, max_grad_norm=None
+    )
     grads = jax.grad(loss)(params)
     updates, _ = optimizer.update(grads, optimizer.init(params), params, loss_fn=loss)
     # momentum 0.5 * g, Hessian EMA 0.5 * curvature (a diagonal Hessian is estimated exactly)
@@ -66,7 +64,7 @@ def test_sophia_update_is_clipped_preconditioned_momentum():
 
 def test_sophia_without_loss_fn_says_how_to_call_it():
     params = {"x": jnp.ones(2)}
-    optimizer = sophia_h(0.1)
+    optimizer = sophia_h(0.1, weight_decay=0.0, max_grad_norm=None)
     with pytest.raises(ValueError, match="loss_fn=lambda p: loss"):
         optimizer.update(params, optimizer.init(params), params)
 
@@ -82,7 +80,7 @@ def test_sophia_beats_sgd_on_an_ill_conditioned_quadratic():
 
     initial = float(loss(params))
     sgd = best_sgd_loss(loss, params, [0.5, 1.0, 1.5, 1.9])  # 2 / max curvature is the stability limit
-    sophia = final_loss(sophia_h(0.5, gamma=1.0, weight_decay=0.0), loss, params)
+    sophia = final_loss(sophia_h(0.5, gamma=1.0, weight_decay=0.0, max_grad_norm=None), loss, params)
     assert sophia < 0.5 * sgd < initial
 
 
@@ -110,7 +108,7 @@ def test_muon_beats_sgd_on_ill_conditioned_least_squares():
     params, loss = least_squares_problem()
     sgd = best_sgd_loss(loss, params, [1.0, 3.0, 10.0, 15.0])  # diverges above ~20
     schedule = warmup_decay_schedule(1.0, STEPS, shape="linear")
-    muon_loss = final_loss(muon(schedule, weight_decay=0.0), loss, params)
+    muon_loss = final_loss(muon(schedule, weight_decay=0.0, max_grad_norm=None), loss, params)
     assert muon_loss < 0.2 * sgd
 
 
@@ -121,7 +119,7 @@ def test_muon_update_of_a_matrix_is_orthogonal_up_to_scale():
     gradient = left[:, :4] @ np.diag([100.0, 10.0, 1.0, 0.1]) @ right
     params = {"w": jnp.zeros((8, 4)), "bias": jnp.zeros(4)}
     grads = {"w": jnp.asarray(gradient, jnp.float32), "bias": jnp.ones(4)}
-    transform = muon(0.5, nesterov=False)
+    transform = muon(0.5, nesterov=False, weight_decay=0.0, max_grad_norm=None)
     updates, _ = transform.update(grads, transform.init(params), params)
     singular_values = np.linalg.svd(np.asarray(updates["w"]), compute_uv=False)
     assert singular_values.max() / singular_values.min() < 2.0  # the gradient's ratio was 1000

@@ -7,7 +7,7 @@ import pytest
 
 from halyard.models import model_config
 from halyard.shard import Layout, MeshSpec
-from halyard.train.optim import AdamWConfig, LionConfig, MuonConfig, SophiaHConfig
+from halyard.train.optim.config import AdamWConfig, LionConfig, MuonConfig, SophiaHConfig
 from halyard.train.step import init_state
 
 MODEL = model_config(

@@ -12,7 +12,8 @@ import pytest
 from trainer_fixtures import load_config, write_config
 
 import halyard.train.run.setup as run_setup
-from halyard.train.optim import AdamWConfig, LinearScheduleConfig, OptimizerConfig
+from halyard.train.optim.config import AdamWConfig, OptimizerConfig
+from halyard.train.optim.schedule_config import LinearScheduleConfig
 from halyard.train.step import TrainState, init_state, make_train_step
 from halyard.train.trainer.trainer import Trainer
 

@@ -141,8 +141,9 @@ def _sophia_state(opt_state):
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_sophia_gets_the_token_mean_loss_of_the_first_microbatch(accumulation: int) -> None:
-    from halyard.train.optim import SophiaHConfig, hutchinson_diagonal_hessian
+    from halyard.train.optim.config import SophiaHConfig
     from halyard.train.optim.schedule_config import ConstantScheduleConfig
+    from halyard.train.optim.sophia import hutchinson_diagonal_hessian
 
     config = SophiaHConfig(learning_rate=1e-2, schedule=ConstantScheduleConfig(), max_grad_norm=None)
     optimizer = config.build(total_steps=4)

@@ -23,15 +23,11 @@ if TYPE_CHECKING:
     from halyard.train.corpora.tokenizer import train_bpe_tokenizer
     from halyard.train.eval_config import EvalConfig
     from halyard.train.objectives.config import DpoConfig
-    from halyard.train.optim import (
-        AdamWConfig,
+    from halyard.train.optim.config import AdamWConfig, LionConfig, MuonConfig, OptimizerConfig, SophiaHConfig
+    from halyard.train.optim.schedule_config import (
         ConstantScheduleConfig,
         CosineScheduleConfig,
         LinearScheduleConfig,
-        LionConfig,
-        MuonConfig,
-        OptimizerConfig,
-        SophiaHConfig,
         WSDScheduleConfig,
     )
     from halyard.train.run.loading import LoadedModel, load_hf_model, load_run_config, load_run_model
@@ -60,15 +56,15 @@ _WHERE = {
     "DpoConfig": "halyard.train.objectives.config",
     "ConfigError": "halyard.train.config.errors",
     "parse_config": "halyard.train.config.parse",
-    "OptimizerConfig": "halyard.train.optim",
-    "AdamWConfig": "halyard.train.optim",
-    "LionConfig": "halyard.train.optim",
-    "SophiaHConfig": "halyard.train.optim",
-    "MuonConfig": "halyard.train.optim",
-    "ConstantScheduleConfig": "halyard.train.optim",
-    "CosineScheduleConfig": "halyard.train.optim",
-    "LinearScheduleConfig": "halyard.train.optim",
-    "WSDScheduleConfig": "halyard.train.optim",
+    "OptimizerConfig": "halyard.train.optim.config",
+    "AdamWConfig": "halyard.train.optim.config",
+    "LionConfig": "halyard.train.optim.config",
+    "SophiaHConfig": "halyard.train.optim.config",
+    "MuonConfig": "halyard.train.optim.config",
+    "ConstantScheduleConfig": "halyard.train.optim.schedule_config",
+    "CosineScheduleConfig": "halyard.train.optim.schedule_config",
+    "LinearScheduleConfig": "halyard.train.optim.schedule_config",
+    "WSDScheduleConfig": "halyard.train.optim.schedule_config",
     "JsonlTrackerConfig": "halyard.train.trackers.config",
     "TensorBoardTrackerConfig": "halyard.train.trackers.config",
     "WandbTrackerConfig": "halyard.train.trackers.config",

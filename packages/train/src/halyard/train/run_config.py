@@ -15,7 +15,7 @@ from halyard.shard import MeshSpec
 from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
-from halyard.train.optim import AdamWConfig, OptimizerConfig
+from halyard.train.optim.config import AdamWConfig, OptimizerConfig
 from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig
 
 INIT_MODES = ("auto", "scratch", "resume")

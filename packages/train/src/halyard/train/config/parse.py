@@ -49,7 +49,8 @@ def parse_config(
 
     Args:
         config_class: the root config dataclass (frozen; sections are nested dataclasses, polymorphic
-            sections are `draccus.ChoiceRegistry` subclasses).
+            sections are `halyard.train.config.choices.choice_section` bases or any class answering the choice
+            protocol).
         argv: command-line arguments without the program name (e.g. `sys.argv[1:]`).
         config_path: a YAML file applied before any `--config` files of `argv`.
         prog: program name shown by `--help`.

@@ -2,7 +2,3 @@
 step schedule of weights), per-source training and validation losses, and resuming with changed weights
 only when ``data.allow_mixture_change`` says so (packages/train/README.md, "Mixtures"). The sources' caches
 and the mixed batches are assembled in halyard.train.data_assembly (mixture_build, mixture_batches)."""
-
-from halyard.train.mixture.config import MixtureConfig
-
-__all__ = ["MixtureConfig"]

@@ -1,4 +1,4 @@
-"""Optimizer configs, chosen by `type:` (adamw | lion | sophia_h | muon), each with `build(...)`.
+"""Optimizer configs, chosen by `type:` (adamw | lion | sophia_h | muon): each one's fields ARE its signature.
 
     optimizer:
       type: adamw
@@ -6,27 +6,33 @@
       weight_decay: 0.1
       schedule: {type: wsd, warmup: 0.01, decay: 0.2}
 
-`config.build(total_steps)` returns an `optax.GradientTransformationExtraArgs`; the trainer calls
-`update(grads, state, params, loss_fn=...)` (only Sophia-H uses `loss_fn`, the others ignore it).
+A hyperparameter is written once, as a field with its default and meaning: the YAML key, the keyword of the
+Python functions (`halyard.train.optim.optimizers.adamw(1e-3, beta2=0.99)`) and the keyword of the direction
+it configures (`scale_by_sophia_h(beta1=...)`) are that field's name. `config.build(total_steps)` returns an
+`optax.GradientTransformationExtraArgs`; the trainer calls `update(grads, state, params, loss_fn=...)` (only
+Sophia-H uses `loss_fn`, the others ignore it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import draccus
 import optax
 
-from halyard.train.optim import optimizers
+from halyard.train.config.choices import choice_section, register
+from halyard.train.optim.chain import DecayMask, with_common_steps
 from halyard.train.optim.multipliers import MultiplierFn
-from halyard.train.optim.optimizers import DecayMask
+from halyard.train.optim.muon import scale_by_muon_or_adam
 from halyard.train.optim.paths import default_weight_decay_mask
 from halyard.train.optim.schedule_config import CosineScheduleConfig, ScheduleConfig
+from halyard.train.optim.sophia import scale_by_sophia_h
 
 
+@choice_section
 @dataclass(frozen=True)
-class OptimizerConfig(draccus.ChoiceRegistry):
+class OptimizerConfig:
     """Settings shared by every optimizer (`type:` selects the algorithm)."""
 
     learning_rate: float = 3e-4
@@ -66,19 +72,37 @@ class OptimizerConfig(draccus.ChoiceRegistry):
         if schedule is None:
             assert total_steps is not None
             schedule = self.learning_rate_schedule(total_steps)
-        return self._build(
-            schedule,
+        return self.transformation(schedule, lr_multipliers=lr_multipliers, decay_mask=decay_mask)
+
+    def transformation(
+        self,
+        learning_rate: optax.ScalarOrSchedule,
+        *,
+        lr_multipliers: Any | MultiplierFn | None = None,
+        decay_mask: DecayMask = default_weight_decay_mask,
+    ) -> optax.GradientTransformationExtraArgs:
+        """This optimizer at ``learning_rate`` (a float or a schedule; ``self.learning_rate`` and
+        ``self.schedule`` are not read): clipping, the direction, weight decay, the rate, the multipliers."""
+        return with_common_steps(
+            self.direction(),
+            learning_rate,
             weight_decay=self.weight_decay,
             decay_mask=decay_mask,
             lr_multipliers=lr_multipliers,
             max_grad_norm=self.max_grad_norm,
         )
 
-    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
+    def direction(self) -> optax.GradientTransformation:
+        """The update direction before the learning rate, from this type's own fields."""
         raise TypeError(f"{type(self).__name__} is the base class; pick an optimizer with `type:`.")
 
+    def own_settings(self) -> dict[str, Any]:
+        """This type's own fields (those the shared base does not have), by name."""
+        shared = {f.name for f in dataclasses.fields(OptimizerConfig)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in shared}
 
-@OptimizerConfig.register_subclass("adamw")
+
+@register(OptimizerConfig, "adamw")
 @dataclass(frozen=True)
 class AdamWConfig(OptimizerConfig):
     """AdamW."""
@@ -90,11 +114,11 @@ class AdamWConfig(OptimizerConfig):
     epsilon: float = 1e-8
     """Added to the root of the second moment."""
 
-    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
-        return optimizers.adamw(learning_rate, b1=self.beta1, b2=self.beta2, eps=self.epsilon, **common)
+    def direction(self) -> optax.GradientTransformation:
+        return optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon)
 
 
-@OptimizerConfig.register_subclass("lion")
+@register(OptimizerConfig, "lion")
 @dataclass(frozen=True)
 class LionConfig(OptimizerConfig):
     """Lion: sign of interpolated momentum (use a 3-10x smaller learning rate and larger decay than AdamW)."""
@@ -104,11 +128,11 @@ class LionConfig(OptimizerConfig):
     beta2: float = 0.99
     """Decay of the momentum."""
 
-    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
-        return optimizers.lion(learning_rate, b1=self.beta1, b2=self.beta2, **common)
+    def direction(self) -> optax.GradientTransformation:
+        return optax.scale_by_lion(b1=self.beta1, b2=self.beta2)
 
 
-@OptimizerConfig.register_subclass("sophia_h")
+@register(OptimizerConfig, "sophia_h")
 @dataclass(frozen=True)
 class SophiaHConfig(OptimizerConfig):
     """Sophia-H: momentum over a Hutchinson diagonal-Hessian estimate, clipped per coordinate."""
@@ -128,21 +152,11 @@ class SophiaHConfig(OptimizerConfig):
     seed: int = 0
     """Seed of the estimator's random signs."""
 
-    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
-        return optimizers.sophia_h(
-            learning_rate,
-            b1=self.beta1,
-            b2=self.beta2,
-            gamma=self.gamma,
-            eps=self.epsilon,
-            clip_threshold=self.clip_threshold,
-            update_interval=self.update_interval,
-            seed=self.seed,
-            **common,
-        )
+    def direction(self) -> optax.GradientTransformation:
+        return scale_by_sophia_h(**self.own_settings())
 
 
-@OptimizerConfig.register_subclass("muon")
+@register(OptimizerConfig, "muon")
 @dataclass(frozen=True)
 class MuonConfig(OptimizerConfig):
     """Muon for weight matrices (Newton-Schulz orthogonalised momentum), AdamW for the other parameters."""
@@ -162,15 +176,5 @@ class MuonConfig(OptimizerConfig):
     adam_epsilon: float = 1e-8
     """AdamW epsilon for non-matrix parameters."""
 
-    def _build(self, learning_rate: optax.Schedule, **common: Any) -> optax.GradientTransformationExtraArgs:
-        return optimizers.muon(
-            learning_rate,
-            beta=self.beta,
-            ns_steps=self.ns_steps,
-            nesterov=self.nesterov,
-            rms_scale=self.rms_scale,
-            adam_b1=self.adam_beta1,
-            adam_b2=self.adam_beta2,
-            adam_eps=self.adam_epsilon,
-            **common,
-        )
+    def direction(self) -> optax.GradientTransformation:
+        return scale_by_muon_or_adam(**self.own_settings())

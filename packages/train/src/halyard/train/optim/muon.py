@@ -123,23 +123,25 @@ def _as_tuple(axes: int | tuple[int, ...] | Any) -> tuple[int, ...]:
 
 
 def scale_by_muon_or_adam(
-    beta: float = 0.95,
-    ns_steps: int = 5,
-    nesterov: bool = True,
-    rms_scale: float = 0.2,
-    adam_b1: float = 0.9,
-    adam_b2: float = 0.95,
-    adam_eps: float = 1e-8,
+    *,
+    beta: float,
+    ns_steps: int,
+    nesterov: bool,
+    rms_scale: float,
+    adam_beta1: float,
+    adam_beta2: float,
+    adam_epsilon: float,
     labels: Any = muon_labels,
 ) -> optax.GradientTransformationExtraArgs:
-    """Muon's direction for matrices and Adam's for everything else (learning rate chained on later).
+    """Muon's direction for matrices and Adam's for everything else (learning rate chained on later); the
+    settings are `MuonConfig`'s fields, where their defaults live.
 
     Args:
         beta: Muon momentum decay.
         ns_steps: Newton-Schulz iterations.
         nesterov: use Nesterov momentum for Muon.
         rms_scale: see `scale_by_matrix_shape`.
-        adam_b1, adam_b2, adam_eps: Adam's settings for the non-matrix parameters.
+        adam_beta1, adam_beta2, adam_epsilon: Adam's settings for the non-matrix parameters.
         labels: a function `params -> tree of "muon" | "adam"` (default `muon_labels`), or such a tree.
     """
     matrices = optax.chain(
@@ -148,5 +150,5 @@ def scale_by_muon_or_adam(
         ),
         scale_by_matrix_shape(rms_scale),
     )
-    others = optax.scale_by_adam(b1=adam_b1, b2=adam_b2, eps=adam_eps)
+    others = optax.scale_by_adam(b1=adam_beta1, b2=adam_beta2, eps=adam_epsilon)
     return optax.multi_transform({MUON_LABEL: matrices, ADAM_LABEL: others}, labels)

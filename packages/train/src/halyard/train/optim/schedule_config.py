@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import draccus
 import optax
 
+from halyard.train.config.choices import choice_section, register
 from halyard.train.optim.schedules import steps_from, warmup_constant_schedule, warmup_decay_schedule
 
 
+@choice_section
 @dataclass(frozen=True)
-class ScheduleConfig(draccus.ChoiceRegistry):
+class ScheduleConfig:
     """How the learning rate moves over the run (`type:` selects the shape)."""
 
     warmup: float = 0.01
@@ -34,7 +35,7 @@ class ScheduleConfig(draccus.ChoiceRegistry):
         return steps_from(self.warmup, total_steps, "schedule.warmup")
 
 
-@ScheduleConfig.register_subclass("constant")
+@register(ScheduleConfig, "constant")
 @dataclass(frozen=True)
 class ConstantScheduleConfig(ScheduleConfig):
     """Warmup, then the peak learning rate until the end."""
@@ -43,7 +44,7 @@ class ConstantScheduleConfig(ScheduleConfig):
         return warmup_constant_schedule(peak_learning_rate, total_steps, self.warmup_steps(total_steps))
 
 
-@ScheduleConfig.register_subclass("cosine")
+@register(ScheduleConfig, "cosine")
 @dataclass(frozen=True)
 class CosineScheduleConfig(ScheduleConfig):
     """Warmup, then a cosine decay to `min_lr_ratio * peak` at the last step."""
@@ -61,7 +62,7 @@ class CosineScheduleConfig(ScheduleConfig):
         )
 
 
-@ScheduleConfig.register_subclass("linear")
+@register(ScheduleConfig, "linear")
 @dataclass(frozen=True)
 class LinearScheduleConfig(ScheduleConfig):
     """Warmup, then a linear decay to `min_lr_ratio * peak` at the last step."""
@@ -79,7 +80,7 @@ class LinearScheduleConfig(ScheduleConfig):
         )
 
 
-@ScheduleConfig.register_subclass("wsd")
+@register(ScheduleConfig, "wsd")
 @dataclass(frozen=True)
 class WSDScheduleConfig(ScheduleConfig):
     """Warmup-stable-decay: warmup, hold the peak, then decay over the final `decay` part of the run."""

@@ -4,8 +4,8 @@ Liu et al. 2023, "Sophia: A Scalable Stochastic Second-order Optimizer for Langu
 Algorithm 3 with the Hutchinson estimator: every `update_interval` steps draw Rademacher `u`, estimate
 `h_hat = u * (H u)` with one Hessian-vector product of the loss, and keep an EMA `h`; every step
 
-    m = b1 * m + (1 - b1) * g
-    update = clip(m / max(gamma * h, eps), -clip_threshold, clip_threshold)
+    m = beta1 * m + (1 - beta1) * g
+    update = clip(m / max(gamma * h, epsilon), -clip_threshold, clip_threshold)
 
 (the learning rate and weight decay are chained on afterwards). The Hessian refreshed at a step is used in
 that same step, so the first update is already preconditioned.
@@ -64,21 +64,23 @@ def hutchinson_diagonal_hessian(loss_fn: Callable[[Any], jax.Array], params: Any
 
 
 def scale_by_sophia_h(
-    b1: float = 0.965,
-    b2: float = 0.99,
-    gamma: float = 0.01,
-    eps: float = 1e-12,
-    clip_threshold: float = 1.0,
-    update_interval: int = 10,
-    seed: int = 0,
+    *,
+    beta1: float,
+    beta2: float,
+    gamma: float,
+    epsilon: float,
+    clip_threshold: float,
+    update_interval: int,
+    seed: int,
 ) -> optax.GradientTransformationExtraArgs:
-    """Sophia-H's direction (before learning rate and weight decay); needs `loss_fn=` in `update`.
+    """Sophia-H's direction (before learning rate and weight decay); needs `loss_fn=` in `update`. The
+    settings are `SophiaHConfig`'s fields, where their defaults live.
 
     Args:
-        b1: momentum decay.
-        b2: decay of the Hessian EMA (applied once per refresh, i.e. every `update_interval` steps).
+        beta1: momentum decay.
+        beta2: decay of the Hessian EMA (applied once per refresh, i.e. every `update_interval` steps).
         gamma: scale of the Hessian in the denominator (the paper's rho); larger is more conservative.
-        eps: floor of the denominator (where the curvature is ~0 or negative the update is clipped sign).
+        epsilon: floor of the denominator (where the curvature is ~0 or negative the update is clipped sign).
         clip_threshold: per-coordinate bound of the update (1 in the paper; the learning rate scales it).
         update_interval: refresh the Hessian estimate every this many steps (the paper's k, 10).
         seed: seed of the Rademacher vectors.
@@ -107,16 +109,16 @@ def scale_by_sophia_h(
                 "sophia_h needs the parameters and the loss for its Hessian estimate: call "
                 "optimizer.update(grads, state, params, loss_fn=lambda p: loss(p, batch))."
             )
-        momentum = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.momentum, grads)
+        momentum = jax.tree.map(lambda m, g: beta1 * m + (1 - beta1) * g, state.momentum, grads)
         key, estimate_key = jax.random.split(state.key)
 
         def refreshed(hessian: Any) -> Any:
             estimate = hutchinson_diagonal_hessian(loss_fn, params, estimate_key)
-            return jax.tree.map(lambda h, e: b2 * h + (1 - b2) * e.astype(h.dtype), hessian, estimate)
+            return jax.tree.map(lambda h, e: beta2 * h + (1 - beta2) * e.astype(h.dtype), hessian, estimate)
 
         hessian = jax.lax.cond(state.steps % update_interval == 0, refreshed, lambda h: h, state.hessian)
         updates = jax.tree.map(
-            lambda m, h: jnp.clip(m / jnp.maximum(gamma * h, eps), -clip_threshold, clip_threshold),
+            lambda m, h: jnp.clip(m / jnp.maximum(gamma * h, epsilon), -clip_threshold, clip_threshold),
             momentum,
             hessian,
         )

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import draccus
-
+from halyard.train.config.choices import choice_section, register
 from halyard.train.trackers.base import Tracker
 from halyard.train.trackers.jsonl import JsonlTracker
 from halyard.train.trackers.multi import MultiTracker
@@ -23,8 +22,9 @@ from halyard.train.trackers.tensorboard import TensorBoardTracker
 from halyard.train.trackers.wandb_tracker import WandbTracker
 
 
+@choice_section
 @dataclass(frozen=True)
-class TrackerConfig(draccus.ChoiceRegistry):
+class TrackerConfig:
     """Where metrics go (`type:` selects the tracker)."""
 
     def build(
@@ -44,7 +44,7 @@ class TrackerConfig(draccus.ChoiceRegistry):
         raise TypeError(f"{type(self).__name__} is the base class; pick a tracker with `type:`.")
 
 
-@TrackerConfig.register_subclass("jsonl")
+@register(TrackerConfig, "jsonl")
 @dataclass(frozen=True)
 class JsonlTrackerConfig(TrackerConfig):
     """One JSON line per logged step, in the run directory."""
@@ -56,7 +56,7 @@ class JsonlTrackerConfig(TrackerConfig):
         return JsonlTracker(Path(run_dir) / self.filename, resume_step=resume_step)
 
 
-@TrackerConfig.register_subclass("tensorboard")
+@register(TrackerConfig, "tensorboard")
 @dataclass(frozen=True)
 class TensorBoardTrackerConfig(TrackerConfig):
     """TensorBoard event files (tensorboardX), in a folder of the run directory."""
@@ -68,7 +68,7 @@ class TensorBoardTrackerConfig(TrackerConfig):
         return TensorBoardTracker(Path(run_dir) / self.subdir, hyperparameters=hyperparameters)
 
 
-@TrackerConfig.register_subclass("wandb")
+@register(TrackerConfig, "wandb")
 @dataclass(frozen=True)
 class WandbTrackerConfig(TrackerConfig):
     """Weights & Biases; the run id is kept in the run directory so a resumed run continues it."""
