@@ -4,6 +4,7 @@ XLA reads XLA_FLAGS when jax initialises its backend, so this must run before an
 """
 
 import os
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0 compiles them in
@@ -17,6 +18,12 @@ os.environ.setdefault(
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + os.environ["HALYARD_TEST_XLA_COMPILE_FLAGS"]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Hundreds of tests start a Python process (`halyard train`, kill -9 and resume, multi-process runs); each
+# imports jax, numpy and transformers, about 3 s more when they are compiled from source each time
+# (PYTHONDONTWRITEBYTECODE set in the environment, or packages installed without bytecode). Bytecode is
+# written on first import, for these processes and the test workers alike.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
