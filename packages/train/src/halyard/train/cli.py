@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib import import_module
+from importlib import import_module, metadata
 
 from halyard.train.builtin_configs import builtin_configs, config_summary, resolve_config_paths
-from halyard.train.config.parse import parse_config
 from halyard.train.user_errors import DEBUG_FLAG, report_user_errors
 
 __all__ = ["builtin_configs", "main", "resolve_config_paths", "train_main"]
 
 SUBCOMMANDS = {
+    "train": "halyard.train.commands.train:train_command",
     "cache": "halyard.data.cli:run_command",
     "generate": "halyard.train.commands.generate:generate_main",
     "export": "halyard.train.commands.export:export_main",
@@ -56,8 +56,6 @@ commands:
 
 def installed_versions() -> str:
     """One line per installed ``halyard-*`` distribution, sorted: its name and version."""
-    from importlib import metadata
-
     found = {}
     for distribution in metadata.distributions():
         name = (distribution.metadata["Name"] or "").lower().replace("_", "-")
@@ -66,28 +64,9 @@ def installed_versions() -> str:
     return "\n".join(f"{name} {version}" for name, version in sorted(found.items()))
 
 
-@report_user_errors
-def _run_training(argv: Sequence[str]) -> int:
-    from halyard.shard import initialize
-    from halyard.train.commands.config_show import PRINT_CONFIG_FLAG, print_config
-    from halyard.train.run_config import TrainConfig
-
-    if PRINT_CONFIG_FLAG in argv:  # the resolved config with every meaning, instead of training
-        return print_config([arg for arg in argv if arg != PRINT_CONFIG_FLAG])
-    config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
-    initialize()
-    from halyard.train.trainer.trainer import Trainer
-
-    result = Trainer(config).fit()
-    if result.last_metrics:
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
-        print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
-    return 0
-
-
 def train_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``train``."""
-    return _run_training(sys.argv[1:] if argv is None else argv)
+    return _run_subcommand("train", sys.argv[1:] if argv is None else argv)
 
 
 def _list_configs() -> int:
@@ -97,6 +76,12 @@ def _list_configs() -> int:
     if configs:
         print(f"\n(files in {configs[0][1].parent}; `halyard config show NAME` prints one resolved)")
     return 0
+
+
+def _run_subcommand(command: str, argv: Sequence[str]) -> int:
+    """Import the module of ``command`` (`SUBCOMMANDS`) and run it on ``argv``; a user's mistake is one line."""
+    module, function = SUBCOMMANDS[command].split(":")
+    return report_user_errors(getattr(import_module(module), function))(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,13 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in ("--version", "-V"):
         print(installed_versions())
         return 0
-    if command == "train":
-        return _run_training(rest)
     if command == "configs":
         return _list_configs()
     if command in SUBCOMMANDS:
-        module, function = SUBCOMMANDS[command].split(":")
-        return report_user_errors(getattr(import_module(module), function))(rest)
+        return _run_subcommand(command, rest)
     print(f"halyard: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

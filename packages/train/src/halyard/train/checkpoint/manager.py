@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from halyard.train.checkpoint.commit_marker import (
     DamagedCheckpointError,
@@ -384,6 +385,4 @@ def _delete_checkpoint(step_dir: Path) -> None:
 
 def _sync_processes(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 Broadcast = Callable[[bool], bool]
 
@@ -22,7 +23,6 @@ def broadcast_from_process_zero(decision: bool) -> bool:
     """
     if jax.process_count() == 1:
         return decision
-    from jax.experimental import multihost_utils
 
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.bool_)))
 
@@ -35,6 +35,5 @@ def true_on_any_process(value: bool) -> bool:
     """
     if jax.process_count() == 1:
         return value
-    from jax.experimental import multihost_utils
 
     return bool(np.any(multihost_utils.process_allgather(np.asarray(value, dtype=np.bool_))))

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from halyard.train.config.errors import ConfigError
+from halyard.train.data_assembly.run_data import prepare_data
+from halyard.train.mixture.config import mixture_sources
+from halyard.train.objectives.lm_evaluate import Evaluator
+from halyard.train.run.loading import load_run_config, load_run_model
 
 
 def _positive_int(text: str) -> int:
@@ -87,11 +91,6 @@ def validation_main(run: str, step: int | None) -> int:
     Raises:
         ConfigError: the run has no validation split, no config.yaml or no such checkpoint.
     """
-    from halyard.train.data_assembly.run_data import prepare_data
-    from halyard.train.mixture.config import mixture_sources
-    from halyard.train.objectives.lm_evaluate import Evaluator
-    from halyard.train.run.loading import load_run_config, load_run_model
-
     config = load_run_config(run)
     sources = mixture_sources(config.data).values() or [config.data]  # a mixture: any source's split
     if max(source.validation_fraction for source in sources) <= 0:

@@ -6,7 +6,10 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from halyard.export import DEFAULT_MAX_SHARD_BYTES, export_hf, export_peft_adapter
+from halyard.models.lora import merge_lora, without_lora
 from halyard.train.config.errors import ConfigError
+from halyard.train.run.loading import load_run_config, load_run_model
 
 LORA_EXPORTS = ("merge", "adapter", "base")
 """What ``halyard export --lora`` writes of a LoRA run."""
@@ -29,10 +32,6 @@ def export_main(argv: Sequence[str]) -> int:
         "adapter (a PEFT adapter folder for the base) or base (the frozen base alone)",
     )
     args = parser.parse_args(argv)
-
-    from halyard.export import DEFAULT_MAX_SHARD_BYTES, export_hf, export_peft_adapter
-    from halyard.models.lora import merge_lora, without_lora
-    from halyard.train.run.loading import load_run_config, load_run_model
 
     config = load_run_config(args.run)
     if args.lora != "merge" and not config.lora.enabled:

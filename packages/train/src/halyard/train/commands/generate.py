@@ -6,6 +6,13 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax
+import numpy as np
+
+from halyard.models.sampling import SamplingConfig, generate
+from halyard.train.data_assembly.tokenizer import load_run_tokenizer
+from halyard.train.run.loading import load_run_model
+
 
 def generate_main(argv: Sequence[str]) -> int:
     """Continue a prompt with the latest checkpoint of a run."""
@@ -21,13 +28,6 @@ def generate_main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     args = parser.parse_args(argv)
-
-    import jax
-    import numpy as np
-
-    from halyard.models.sampling import SamplingConfig, generate
-    from halyard.train.data_assembly.tokenizer import load_run_tokenizer
-    from halyard.train.run.loading import load_run_model
 
     loaded = load_run_model(Path(args.run), args.step)
     tokenizer = load_run_tokenizer(loaded.tokenizer)

@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 END_OF_TEXT = "<|endoftext|>"
 
 
@@ -30,8 +32,6 @@ def train_bpe_tokenizer(shards: list[Path], out_path: str | Path, vocab_size: in
     Raises:
         ValueError: ``vocab_size`` is too small to hold the byte alphabet.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     out = Path(out_path)
     if out.exists():
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 def slowest_process(seconds: float) -> float:
@@ -13,7 +14,6 @@ def slowest_process(seconds: float) -> float:
     """
     if jax.process_count() == 1:
         return seconds
-    from jax.experimental import multihost_utils
 
     return float(np.max(multihost_utils.process_allgather(np.asarray(seconds, dtype=np.float64))))
 
@@ -22,6 +22,5 @@ def from_process_zero(value: float) -> float:
     """Process 0's ``value`` on every process (a collective), e.g. a peak each process measured alone."""
     if jax.process_count() == 1:
         return value
-    from jax.experimental import multihost_utils
 
     return float(multihost_utils.broadcast_one_to_all(np.asarray(value, dtype=np.float64)))

@@ -11,6 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+from jax._src import xla_bridge
+
+from halyard.shard import MESH_AXES
 from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.config.errors import ConfigError, exit_on_config_error
 from halyard.train.config.parse import parse_config
@@ -146,8 +150,6 @@ def _count(number: int) -> str:
 
 
 def _mesh_device_count(mesh: object) -> int:
-    from halyard.shard import MESH_AXES
-
     sizes = [getattr(mesh, axis) for axis in MESH_AXES]
     return math.prod(sizes) if -1 not in sizes else 8
 
@@ -158,9 +160,6 @@ def _simulated_devices(count: int) -> list | None:
     XLA reads the device count when jax initialises its backends, so it is set here if that has not
     happened yet.
     """
-    import jax
-    from jax._src import xla_bridge
-
     if not xla_bridge.backends_are_initialized():
         os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), count)
         jax.config.update("jax_platforms", "cpu")

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from halyard.export import import_hf, read_hf_config
 from halyard.models import CausalLM
 from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
@@ -108,8 +109,6 @@ def load_hf_model(folder: str | Path) -> LoadedModel:
     Raises:
         HfConversionError: a missing config.json or weights, or an unsupported architecture.
     """
-    from halyard.export import import_hf, read_hf_config
-
     _, info = read_hf_config(folder)
     _, model = import_hf(folder)
     return LoadedModel(model, str(folder), vocab_size=info.vocab_size)

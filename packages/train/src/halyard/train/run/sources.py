@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 
+from halyard.export import import_hf, read_hf_config
 from halyard.models import ModelConfig
 from halyard.shard import Layout
 from halyard.train.checkpoint.discovery import resolve_checkpoint
@@ -41,7 +42,6 @@ def model_config_of(config: TrainConfig) -> Any:
     init = config.trainer.init
     if not init.startswith("hf:"):
         return config.model
-    from halyard.export import read_hf_config
 
     model_config, _ = as_config_error(
         f"trainer.init={init}",
@@ -55,8 +55,6 @@ def model_config_of(config: TrainConfig) -> Any:
 def hf_model(config: TrainConfig, layout: Layout, mesh: Any) -> Any:
     """The model of ``trainer.init: hf:FOLDER``, read straight into ``layout`` on ``mesh``, with the
     ``model:`` section's `run_settings`."""
-    from halyard.export import import_hf
-
     _, model = import_hf(
         config.trainer.init.removeprefix("hf:"),
         layout=layout,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from tqdm import tqdm
 
 from halyard.shard import is_main_process
 from halyard.train.config.flatten import flatten_config
@@ -86,8 +87,6 @@ class MetricsLog:
         """(requests, hits) of the persistent compilation cache before the run (the summary counts the run's)."""
         self._bar = None
         if self.main and config.trainer.progress:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=config.trainer.steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def before_step(self) -> None:

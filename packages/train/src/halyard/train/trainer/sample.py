@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from halyard.models.sampling import SamplingConfig, generate
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.run_config import TrainerConfig
 from halyard.train.step import TrainState
@@ -19,8 +20,6 @@ def sample_text(state: TrainState, tokenizer_path: str, config: TrainerConfig) -
         tokenizer_path: the run's tokenizer (a tokenizer.json or a folder).
         config: the ``trainer:`` section.
     """
-    from halyard.models.sampling import SamplingConfig, generate
-
     tokenizer = load_run_tokenizer(tokenizer_path)
     prompt = tokenizer.encode(config.sample_prompt or "").ids or [0]
     sampling = SamplingConfig(
