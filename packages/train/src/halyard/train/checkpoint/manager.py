@@ -24,6 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from halyard.train.checkpoint.array_writing import pytree_handler
 from halyard.train.checkpoint.commit_marker import (
     DamagedCheckpointError,
     read_commit_marker,
@@ -102,7 +103,7 @@ class CheckpointManager:
         self.verify_checksums = verify_checksums
         check_niceness(writer_niceness)
         self.writer_niceness = writer_niceness
-        self._checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=compress))
+        self._checkpointer = ocp.AsyncCheckpointer(pytree_handler(compress=compress))
         existing = scan_checkpoints(self.directory, warn=False).complete
         self._last_save_step: int | None = max(existing) if existing else None
         self._last_save_time = clock()
