@@ -181,8 +181,8 @@ class MetricsLog:
         finally:
             self._excluded_seconds += self.clock() - started
 
-    def close(self) -> dict[str, float]:
-        """Finish the trackers; return (and print) the goodput summary."""
+    def close(self, *, quiet: bool = False) -> dict[str, float]:
+        """Finish the trackers; return (and print and log, unless ``quiet``: no step ran) the goodput summary."""
         summary = {k: float(v) for k, v in self.goodput.summary().items()}
         summary["peak_flops_per_device"] = self.peak.flops_per_second
         requests, hits = (now - before for now, before in zip(cache_counts(), self.cache_counts_at_start))
@@ -191,9 +191,10 @@ class MetricsLog:
         if self._bar is not None:
             self._bar.close()
         if self.tracker is not None:
-            self.tracker.log_summary(summary)
+            if not quiet:
+                self.tracker.log_summary(summary)
             self.tracker.finish()
-        if self.main:
+        if self.main and not quiet:
             print(self.goodput.summary_text(), flush=True)
             print(f"MFU is measured against {self.peak.describe()}", flush=True)
             directory = cache_directory()
