@@ -9,6 +9,17 @@ from __future__ import annotations
 import sys
 from typing import Any, NoReturn
 
+from halyard.train.checkpoint.process_agreement import true_on_any_process
+
+
+def signalled_on_any_process(preemption: Any) -> bool:
+    """Whether a signal arrived on any process (a collective: every process calls it at the same point).
+
+    The polls outside the step loop read the flag itself, not ``requested_on_any_process``, whose calls a
+    test's flag may count as steps.
+    """
+    return true_on_any_process(bool(getattr(preemption, "requested", False)))
+
 
 class RunInterrupted(SystemExit):
     """The run stopped on a signal; `report` prints the line saying where (once, after the cleanup)."""

@@ -31,7 +31,12 @@ from halyard.train.run.sources import load_lora_base
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
 from halyard.train.trainer.compilation_cache import cache_counts, use_compilation_cache
-from halyard.train.trainer.interruption import RunInterrupted, before_steps, stop_run
+from halyard.train.trainer.interruption import (
+    RunInterrupted,
+    before_steps,
+    signalled_on_any_process,
+    stop_run,
+)
 from halyard.train.trainer.out_of_memory import out_of_memory_advice
 from halyard.train.trainer.preflight import check_before_data, check_init_source
 from halyard.train.trainer.run_folder import RunFolder
@@ -124,11 +129,10 @@ class Trainer:
         cache_at_start = cache_counts()
         preemption = self._preemption or install_preemption_handler((signal.SIGTERM, signal.SIGINT))
         try:
-            if (
-                preemption.requested_on_any_process()
-            ):  # a signal while the run was set up: nothing written yet
+            if signalled_on_any_process(preemption):  # a signal while the run was set up: nothing written
                 stop_run(preemption, "before the run started; nothing was written", main=is_main_process())
             check_init_source(self.config, self.run_dir / "checkpoints")
+            self._say_what_the_learning_rate_does()
             # Bad input found before the first step (an empty corpus) leaves no half-made run folder behind.
             with RunFolder(self.run_dir, writes=is_main_process()) as folder:
                 session = start_session(self.setup, self.run_dir, goodput, self.clock)
@@ -156,12 +160,18 @@ class Trainer:
             state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
         )
 
+    def _say_what_the_learning_rate_does(self) -> None:
+        """Continuing a finished run: one line on the learning rate of the added steps (trainer.continue_schedule)."""
+        note = self.setup.schedule_note()
+        if note is not None and is_main_process():
+            print(note, flush=True)
+
     def _train_steps(
         self, session: TrainingSession, preemption: PreemptionFlag, folder: RunFolder
     ) -> TrainState:
         """Steps from the session's start to ``trainer.steps``: load, step, log, evaluate, checkpoint."""
         state, log = session.state, session.log
-        if preemption.requested_on_any_process():  # while the data, the state and the step were prepared
+        if signalled_on_any_process(preemption):  # while the data, the state and the step were prepared
             log.close(quiet=True)
             stop_run(preemption, before_steps(session.start_step), main=is_main_process())
         for step in range(session.start_step, self.config.trainer.steps):
@@ -193,7 +203,7 @@ class Trainer:
             session.save(final_step, state)
         with session.log.checkpoint_timer():
             session.manager.wait()
-        if preemption.requested_on_any_process():  # the last evaluation and the sample are skipped
+        if signalled_on_any_process(preemption):  # the last evaluation and the sample are skipped
             session.log.close()
             stop_run(preemption, f"at step {final_step}, the last; checkpoint saved", main=is_main_process())
         session.evaluate(final_step, state, final=True)
