@@ -28,6 +28,8 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     if preemption is not None and preemption.requested:  # before the processes join: this process alone
         stop_run(preemption, "before the run started; nothing was written", report=True)
+    initialize()
+    trainer = Trainer(config, preemption=preemption)  # checks the config (nothing is written yet)
     finished = finished_step(config)
     if finished is not None:  # nothing to train: no evaluation again, nothing written
         cfg = config.trainer
@@ -37,8 +39,7 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
             flush=True,
         )
         return 0
-    initialize()
-    result = Trainer(config, preemption=preemption).fit()
+    result = trainer.fit()
     if result.last_metrics and is_main_process():  # every process has them: one says it
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
         print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
