@@ -150,6 +150,7 @@ LAZY_HALYARD = {
     "halyard.train.user_errors": "the `halyard` CLI starts without importing jax (`halyard configs`, --help)",
     "halyard.train.trainer.harness_eval": "halyard.train.harness imports lm_eval, an optional install",
     "halyard.train.commands.evaluate": "halyard.train.harness imports lm_eval, an optional install",
+    "halyard.train.checkpoint.preemption": "`train` installs the Ctrl-C / SIGTERM handler before jax is imported",
 }
 """Modules of halyard-train that may import Halyard modules inside a function, and why."""
 

@@ -25,3 +25,7 @@ class TokenizerNotFoundError(DataInputError, FileNotFoundError):
 
 class SourceFormatError(DataInputError, ValueError):
     """A source that cannot be read as it is (unknown suffix, examples in a non-JSON file, empty folder)."""
+
+
+class NotEnoughTokensError(DataInputError, ValueError):
+    """A finished cache (or split) too small for one example of ``seq_len + 1`` tokens: an empty corpus."""

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import jax
 from jax.experimental import multihost_utils
 
+from halyard.shard.console import filter_gloo_connection_lines
+
 ENV_COORDINATOR = "HALYARD_COORDINATOR"
 """``host:port`` of process 0's coordinator service."""
 ENV_NUM_PROCESSES = "HALYARD_NUM_PROCESSES"
@@ -76,6 +78,7 @@ def initialize(
     initialization_timeout_s: int = 300,
     heartbeat_timeout_s: int | None = None,
     environ: Mapping[str, str] | None = None,
+    quiet_gloo: bool = True,
 ) -> ProcessInfo:
     """Join a multi-process run (``jax.distributed.initialize``), or run alone when there is none.
 
@@ -98,6 +101,9 @@ def initialize(
             error naming it ("Task 1 heartbeat timeout") instead of waiting forever. Default:
             ``HALYARD_HEARTBEAT_TIMEOUT_S`` from the environment, else 100.
         environ: the environment to read (default ``os.environ``).
+        quiet_gloo: with gloo's CPU collectives, keep its "Rank N is connected to M peer ranks" lines (one
+            per rank and communicator) off stdout: the ``halyard.shard`` logger gets them at debug level
+            (`halyard.shard.console`).
 
     Raises:
         ValueError: when only some of the three coordinates are given (names the missing ones and their
@@ -147,6 +153,8 @@ def initialize(
         initialization_timeout=initialization_timeout_s,
         heartbeat_timeout_seconds=heartbeat_timeout_s or DEFAULT_HEARTBEAT_TIMEOUT_S,
     )
+    if quiet_gloo and getattr(jax.config, "jax_cpu_collectives_implementation", None) == "gloo":
+        filter_gloo_connection_lines()
     return process_info(source)
 
 

@@ -12,11 +12,14 @@ checkpoint and exits with code 143.
 
 from __future__ import annotations
 
+import functools
+import signal
 import sys
 from collections.abc import Sequence
 from importlib import import_module, metadata
 
 from halyard.train.builtin_configs import builtin_configs, config_summary, resolve_config_paths
+from halyard.train.checkpoint.preemption import install_preemption_handler
 from halyard.train.user_errors import DEBUG_FLAG, report_user_errors
 
 __all__ = ["builtin_configs", "main", "resolve_config_paths", "train_main"]
@@ -81,7 +84,20 @@ def _list_configs() -> int:
 def _run_subcommand(command: str, argv: Sequence[str]) -> int:
     """Import the module of ``command`` (`SUBCOMMANDS`) and run it on ``argv``; a user's mistake is one line."""
     module, function = SUBCOMMANDS[command].split(":")
-    return report_user_errors(getattr(import_module(module), function))(argv)
+    if command != "train":
+        return report_user_errors(getattr(import_module(module), function))(argv)
+    # Before jax is imported (seconds): Ctrl-C or SIGTERM from the first moment asks the run to stop. Python's
+    # own KeyboardInterrupt could be raised inside jax's garbage-collection callback, which swallows it, and
+    # the run then trained on.
+    preemption = install_preemption_handler((signal.SIGTERM, signal.SIGINT))
+    try:
+        train = functools.partial(getattr(import_module(module), function), preemption=preemption)
+        return report_user_errors(train)(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, without waiting for the checkpoint
+        print("interrupted again: stopped at once; the last complete checkpoint is kept", file=sys.stderr)
+        return 130
+    finally:
+        preemption.uninstall()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -138,6 +138,8 @@ class TrainerConfig:
     """Run directory: resolved config, checkpoints, metrics, tracker files."""
     steps: int = 1000
     """The final step: a resumed run continues to it."""
+    continue_schedule: str = "hold"
+    """When a finished run continues to a higher steps: hold (the learning rate stays where the finished schedule ended) or restart (the schedule runs again over the added steps: its warmup, then its decay). A run resumed before its end keeps its schedule."""
     batch_size: int = 8
     """Global batch size in sequences (across all processes and microbatches)."""
     accumulation: int = 1
@@ -204,6 +206,8 @@ class TrainerConfig:
             )
         if self.nonfinite not in ("skip", "stop"):
             raise ValueError(f"trainer.nonfinite={self.nonfinite!r}: use skip or stop")
+        if self.continue_schedule not in ("hold", "restart"):
+            raise ValueError(f"trainer.continue_schedule={self.continue_schedule!r}: use hold or restart")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"trainer.objective={self.objective!r}: use one of {', '.join(OBJECTIVES)}")
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -121,13 +123,15 @@ def _run_pool(
     poll_seconds: float,
 ) -> None:
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         max_workers=num_workers,
         mp_context=context,
         initializer=_initialize_worker,
         initargs=(processor_path, threads, niceness),
-    ) as pool:
-        pending: set[Future[int]] = {pool.submit(_run_job, job) for job in jobs}
+    )
+    with pool:
+        with _stop_signals_blocked():  # the workers start at the first submit, inheriting the mask
+            pending: set[Future[int]] = {pool.submit(_run_job, job) for job in jobs}
         try:
             while pending:
                 done, pending = wait(pending, timeout=poll_seconds, return_when=FIRST_COMPLETED)
@@ -147,7 +151,20 @@ def _run_pool(
             # Stopped (or failed): do not wait for the shards in flight, which may take minutes; their
             # committed chunks stay and a later build resumes them. The executor has no public way to
             # end its workers before Python 3.14 (terminate_workers); it then fails the pending futures
-            # itself (cancelling them first makes its manager thread raise InvalidStateError).
+            # itself (cancelling them first makes its manager thread raise InvalidStateError). SIGKILL:
+            # the workers block SIGTERM.
             for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
+                process.kill()
             raise
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread meanwhile, so that worker processes started here block them
+    for good (a signal mask is inherited): a Ctrl-C or SIGTERM sent to the whole process group then reaches
+    the parent alone, which stops the build (or, training, saves first) instead of workers dying mid-import."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

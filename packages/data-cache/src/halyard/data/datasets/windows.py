@@ -8,6 +8,7 @@ from halyard.data.cache.reader import TokenCache
 from halyard.data.datasets.manifest import DataManifest
 from halyard.data.datasets.permutation import FeistelPermutation
 from halyard.data.datasets.split import WindowSplit
+from halyard.data.errors import NotEnoughTokensError
 
 SHUFFLES = ("none", "feistel", "era")
 
@@ -116,13 +117,13 @@ class LMDataset:
         """Examples per epoch; waits for the finished cache.
 
         Raises:
-            ValueError: the finished cache holds no complete window.
+            NotEnoughTokensError: the finished cache holds no complete window (a `ValueError` too).
         """
         if not self.cache.is_finished:
             self.cache.wait_until_finished()
         count = self.available_examples()
         if count == 0:
-            raise ValueError(
+            raise NotEnoughTokensError(
                 f"the cache at {self.cache.root} holds {self.cache.num_tokens} tokens: not one window of "
                 f"seq_len + 1 = {self.seq_len + 1} tokens in split {self.split.split!r}; add data or lower seq_len"
             )

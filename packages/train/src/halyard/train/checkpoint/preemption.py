@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from halyard.train.checkpoint.process_agreement import true_on_any_process
-
 PREEMPTION_EXIT_CODE = 143
 """Exit status after a preemption save: 128 + SIGTERM (15), what a process killed by SIGTERM reports,
 so schedulers (Slurm, Kubernetes) treat it as the preemption it was."""
@@ -55,14 +53,25 @@ class PreemptionFlag:
         by that signal reports (143 when no signal reached this process, e.g. only another process's did)."""
         return 128 + self.signal_number if self.signal_number is not None else PREEMPTION_EXIT_CODE
 
-    def requested_on_any_process(self, agree: Callable[[bool], bool] = true_on_any_process) -> bool:
+    def requested_on_any_process(self, agree: Callable[[bool], bool] | None = None) -> bool:
         """Whether any process received the signal, agreed on by all (call it on every process together).
 
         Args:
             agree: the collective that combines the processes' flags; the default is a no-op with one
                 process and an all-gather otherwise.
         """
+        if agree is None:
+            # Here, not at the top: `train` installs the handler before jax is imported (jax's import takes
+            # seconds, and a Ctrl-C during it must stop the run too).
+            from halyard.train.checkpoint.process_agreement import true_on_any_process
+
+            agree = true_on_any_process
         return agree(self.requested)
+
+    @property
+    def signal_name(self) -> str | None:
+        """The name of the signal that arrived (``SIGINT``, ``SIGTERM``), or None."""
+        return signal.Signals(self.signal_number).name if self.signal_number is not None else None
 
     def uninstall(self) -> None:
         """Put back the signal handlers that were there before `install_preemption_handler`."""

@@ -4,22 +4,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from halyard.shard import initialize
+from halyard.shard import initialize, is_main_process
 from halyard.train.builtin_configs import resolve_config_paths
+from halyard.train.checkpoint.preemption import PreemptionFlag
 from halyard.train.commands.config_show import PRINT_CONFIG_FLAG, print_config
 from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
+from halyard.train.trainer.interruption import stop_run
+from halyard.train.trainer.preflight import finished_step
 from halyard.train.trainer.trainer import Trainer
 
 
-def train_command(argv: Sequence[str]) -> int:
-    """Train from ``--config CONFIG [--section.key value ...]`` and print the last metrics."""
+def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = None) -> int:
+    """Train from ``--config CONFIG [--section.key value ...]`` and print the last metrics.
+
+    Args:
+        argv: the command line after ``train``.
+        preemption: the Ctrl-C / SIGTERM flag, installed before this module was imported (default: the
+            Trainer installs its own).
+    """
     if PRINT_CONFIG_FLAG in argv:  # the resolved config with every meaning, instead of training
         return print_config([arg for arg in argv if arg != PRINT_CONFIG_FLAG])
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
+    if preemption is not None and preemption.requested:  # before the processes join: this process alone
+        stop_run(preemption, "before the run started; nothing was written", report=True)
     initialize()
-    result = Trainer(config).fit()
-    if result.last_metrics:
+    trainer = Trainer(config, preemption=preemption)  # checks the config (nothing is written yet)
+    finished = finished_step(config)
+    if finished is not None:  # nothing to train: no evaluation again, nothing written
+        cfg = config.trainer
+        print(
+            f"{cfg.run_dir} is finished: its latest checkpoint is step {finished} (trainer.steps={cfg.steps}); "
+            "nothing to do. Raise trainer.steps to train it further",
+            flush=True,
+        )
+        return 0
+    result = trainer.fit()
+    if result.last_metrics and is_main_process():  # every process has them: one says it
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
         print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
     return 0

@@ -17,6 +17,7 @@ from halyard.data import (
     TokenizerNotFoundError,
     UnreadableShardError,
 )
+from halyard.data.errors import NotEnoughTokensError
 from halyard.shard import process_index
 from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
 from halyard.train.config.errors import ConfigError
@@ -27,6 +28,7 @@ _CONFIG_KEYS = (
     (MissingFieldError, "data.text_field"),
     (BadRecordError, "data.strict"),
     (CacheMismatchError, "data.cache_dir (another folder, or delete this one)"),
+    (NotEnoughTokensError, "data.sources (more text) or data.seq_len"),
     (ExampleError, "data.format and its field names"),
     ((SourceNotFoundError, SourceFormatError, UnreadableShardError), "data.sources"),
     ((TokenizerLoadError, TokenizerNotFoundError), "data.tokenizer"),

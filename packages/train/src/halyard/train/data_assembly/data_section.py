@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from halyard.data import ExampleFormat
+from halyard.data import DataInputError, ExampleFormat
+from halyard.data.sources import expand_urls
 from halyard.train.config.errors import ConfigError
 from halyard.train.corpora.python_stdlib import BUILTIN_CORPORA, write_python_stdlib_corpus
 from halyard.train.corpora.tokenizer import train_bpe_tokenizer
@@ -49,6 +50,7 @@ def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
         return config.tokenizer or hf_tokenizer_folder(init)
     if not config.sources:
         raise ConfigError("data.sources is empty: give paths/URLs of text shards, or data.builtin_corpus")
+    _check_sources_hold_data(config.sources)
     tokenizer = config.tokenizer or hf_tokenizer_folder(init)
     if tokenizer is None:
         raise ConfigError(
@@ -56,6 +58,25 @@ def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
             "trainer.init: hf:FOLDER with FOLDER holding tokenizer.json)"
         )
     return tokenizer
+
+
+def _check_sources_hold_data(sources: list[str]) -> None:
+    """Refuse sources that are all empty local files, before any file of the run is written.
+
+    Raises:
+        ConfigError: naming ``data.sources`` and the empty files.
+    """
+    try:
+        files = expand_urls(list(sources))
+    except DataInputError:
+        return  # a pattern matching no file: the build reports it on every process, in the run config's terms
+    local = [Path(file) for file in files if "://" not in file]
+    if len(local) == len(files) and all(path.is_file() and path.stat().st_size == 0 for path in local):
+        shown = ", ".join(str(path) for path in local[:3]) + (", ..." if len(local) > 3 else "")
+        raise ConfigError(
+            f"data.sources: every file is empty ({len(local)}: {shown}); there is nothing to train on. Point "
+            "data.sources at files that hold text"
+        )
 
 
 def _check_mixture_sources(config: DataConfig, init: str) -> str:

@@ -24,6 +24,7 @@ from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
+from halyard.train.run.schedule_plan import SchedulePlan, run_schedule_plan
 from halyard.train.run.sources import model_config_of, source_model
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState, init_state, make_train_step
@@ -58,17 +59,30 @@ class RunSetup:
         # The model's shape: the `model:` section, or the config.json of `trainer.init=hf:PATH`.
         self.model_config: Any = model_config_of(config)
 
+    @cached_property
+    def schedule_plan(self) -> SchedulePlan:
+        """The steps the schedule spans: ``trainer.steps``, or, continuing a finished run, what
+        ``trainer.continue_schedule`` says (read from the run folder's latest checkpoint)."""
+        return run_schedule_plan(self.config)
+
     @property
     def schedule_steps(self) -> int:
-        """The optimizer steps the schedule spans: ``trainer.steps`` (at least 1)."""
-        return max(self.config.trainer.steps, 1)
+        """The optimizer steps the schedule's last segment spans: ``trainer.steps`` for a run started anew."""
+        return self.schedule_plan.last_length
 
     @cached_property
     def schedule(self) -> optax.Schedule:
         """The learning rate as a function of the optimizer's update count."""
         return as_config_error(
-            "optimizer.schedule", lambda: self.config.optimizer.learning_rate_schedule(self.schedule_steps)
+            "optimizer.schedule",
+            lambda: self.schedule_plan.schedule(self.config.optimizer.learning_rate_schedule),
         )
+
+    def schedule_note(self) -> str | None:
+        """One line on what the learning rate does when the run continues a finished schedule, else None."""
+        cfg = self.config.trainer
+        peak = self.config.optimizer.learning_rate
+        return self.schedule_plan.describe(self.schedule, cfg.steps, cfg.continue_schedule, peak)
 
     @cached_property
     def optimizer(self) -> optax.GradientTransformationExtraArgs:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from halyard.shard import is_main_process
 from halyard.train.config.flatten import flatten_config
@@ -23,6 +22,7 @@ from halyard.train.perf.peaks import device_peak_flops
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.config import build_trackers
 from halyard.train.trainer.compilation_cache import cache_counts, cache_directory
+from halyard.train.trainer.progress import StepProgress
 
 
 class MetricsLog:
@@ -85,9 +85,9 @@ class MetricsLog:
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self.cache_counts_at_start = cache_counts()
         """(requests, hits) of the persistent compilation cache before the run (the summary counts the run's)."""
-        self._bar = None
+        self._bar: StepProgress | None = None
         if self.main and config.trainer.progress:
-            self._bar = tqdm(total=config.trainer.steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self._bar = StepProgress(config.trainer.steps, start_step)
 
     def before_step(self) -> None:
         if self._window_start is None:
@@ -116,8 +116,10 @@ class MetricsLog:
             self._flush()
             self._window_start = now
             self._excluded_seconds = 0.0
-        if self._bar is not None:
-            self._bar.update(1)
+        if self._bar is not None and fetch:
+            self._bar.completed_through(step)
+        elif self._bar is not None:
+            self._bar.dispatched(step, metrics)
         return fetch
 
     def _flush(self) -> None:
@@ -181,8 +183,8 @@ class MetricsLog:
         finally:
             self._excluded_seconds += self.clock() - started
 
-    def close(self) -> dict[str, float]:
-        """Finish the trackers; return (and print) the goodput summary."""
+    def close(self, *, quiet: bool = False) -> dict[str, float]:
+        """Finish the trackers; return (and print and log, unless ``quiet``: no step ran) the goodput summary."""
         summary = {k: float(v) for k, v in self.goodput.summary().items()}
         summary["peak_flops_per_device"] = self.peak.flops_per_second
         requests, hits = (now - before for now, before in zip(cache_counts(), self.cache_counts_at_start))
@@ -191,9 +193,10 @@ class MetricsLog:
         if self._bar is not None:
             self._bar.close()
         if self.tracker is not None:
-            self.tracker.log_summary(summary)
+            if not quiet:
+                self.tracker.log_summary(summary)
             self.tracker.finish()
-        if self.main:
+        if self.main and not quiet:
             print(self.goodput.summary_text(), flush=True)
             print(f"MFU is measured against {self.peak.describe()}", flush=True)
             directory = cache_directory()

@@ -78,6 +78,16 @@ def check_model_fits_data(model_config: Any, data: PreparedData) -> None:
         )
 
 
+def finished_step(config: TrainConfig) -> int | None:
+    """The step of the run folder's latest checkpoint when it is at ``trainer.steps`` or beyond (the run has
+    nothing left to train), else None."""
+    checkpoints = Path(config.trainer.run_dir) / "checkpoints"
+    if config.trainer.init == "scratch" or not checkpoints.is_dir():
+        return None
+    latest = latest_complete(checkpoints)
+    return latest if latest is not None and latest >= config.trainer.steps else None
+
+
 def check_init_source(config: TrainConfig, checkpoints: Path) -> None:
     """Check that ``trainer.init`` can start: resume has a checkpoint, scratch has none, a named checkpoint
     exists and is complete.

@@ -31,8 +31,15 @@ from halyard.train.run.sources import load_lora_base
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
 from halyard.train.trainer.compilation_cache import cache_counts, use_compilation_cache
+from halyard.train.trainer.interruption import (
+    RunInterrupted,
+    before_steps,
+    signalled_on_any_process,
+    stop_run,
+)
 from halyard.train.trainer.out_of_memory import out_of_memory_advice
 from halyard.train.trainer.preflight import check_before_data, check_init_source
+from halyard.train.trainer.run_folder import RunFolder
 from halyard.train.trainer.sample import sample_text
 from halyard.train.trainer.session import TrainingSession, start_session
 from halyard.train.user_errors import RunFailure
@@ -114,27 +121,37 @@ class Trainer:
         """Train to ``trainer.steps`` (resuming when a checkpoint exists) and return the final state.
 
         Raises:
-            SystemExit: with code 143 (SIGTERM) or 130 (Ctrl-C) after saving, when preemption was requested.
+            SystemExit: with code 143 (SIGTERM) or 130 (Ctrl-C) after saving, when preemption was requested;
+                before the first step, at once (nothing is saved).
             NonFiniteLossError: with ``trainer.nonfinite=stop`` (or too many skipped steps).
         """
         goodput = Goodput(self.clock)  # started now: time to the first step includes data and state setup
         cache_at_start = cache_counts()
-        check_init_source(self.config, self.run_dir / "checkpoints")
-        if is_main_process():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
         preemption = self._preemption or install_preemption_handler((signal.SIGTERM, signal.SIGINT))
-        session = start_session(self.setup, self.run_dir, goodput, self.clock)
-        session.log.cache_counts_at_start = cache_at_start
         try:
-            # Activation sharding constraints in model code (halyard.shard.constrain) follow this run's layout
-            # (part of jit's cache key, so the step compiles with them); without it FSDP runs ~2x slower.
-            with use_layout(self.layout, self.mesh), session.loader:
-                state = self._train_steps(session, preemption)
-            sample = self._finish(session, state)
+            if signalled_on_any_process(preemption):  # a signal while the run was set up: nothing written
+                stop_run(preemption, "before the run started; nothing was written", main=is_main_process())
+            check_init_source(self.config, self.run_dir / "checkpoints")
+            self._say_what_the_learning_rate_does()
+            # Bad input found before the first step (an empty corpus) leaves no half-made run folder behind.
+            with RunFolder(self.run_dir, writes=is_main_process()) as folder:
+                session = start_session(self.setup, self.run_dir, goodput, self.clock)
+                session.log.cache_counts_at_start = cache_at_start
+                try:
+                    # Activation sharding constraints in model code (halyard.shard.constrain) follow this run's
+                    # layout (part of jit's cache key, so the step compiles with them); without it FSDP runs ~2x
+                    # slower.
+                    with use_layout(self.layout, self.mesh), session.loader:
+                        state = self._train_steps(session, preemption, folder)
+                    sample = self._finish(session, state, preemption)
+                finally:
+                    session.close()
+        except RunInterrupted as interrupted:
+            interrupted.report()  # last, after what closing the session printed
+            raise
         finally:
             if self._preemption is None:  # the handlers fit installed: Ctrl-C interrupts again afterwards
                 preemption.uninstall()
-            session.close()
         summary = session.log.close()
         if is_main_process():  # the loss against the step, for a look instead of a read of metrics.jsonl
             write_run_plot(self.run_dir)
@@ -143,9 +160,20 @@ class Trainer:
             state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
         )
 
-    def _train_steps(self, session: TrainingSession, preemption: PreemptionFlag) -> TrainState:
+    def _say_what_the_learning_rate_does(self) -> None:
+        """Continuing a finished run: one line on the learning rate of the added steps (trainer.continue_schedule)."""
+        note = self.setup.schedule_note()
+        if note is not None and is_main_process():
+            print(note, flush=True)
+
+    def _train_steps(
+        self, session: TrainingSession, preemption: PreemptionFlag, folder: RunFolder
+    ) -> TrainState:
         """Steps from the session's start to ``trainer.steps``: load, step, log, evaluate, checkpoint."""
         state, log = session.state, session.log
+        if signalled_on_any_process(preemption):  # while the data, the state and the step were prepared
+            log.close(quiet=True)
+            stop_run(preemption, before_steps(session.start_step), main=is_main_process())
         for step in range(session.start_step, self.config.trainer.steps):
             local = session.build.next_batch(session.loader, log)
             batch = session.add_reference(global_batch_from_local(local, self.mesh, layout=self.layout))
@@ -157,15 +185,17 @@ class Trainer:
                 session.profile.after_step(step, metrics)
                 fetched = log.after_step(step + 1, metrics, tokens=session.tokens_per_step)
             self._apply_nonfinite_policy(metrics, state, fetched=fetched)
+            folder.keep()
             session.evaluate(step + 1, state)
             if preemption.requested_on_any_process():
                 session.save(step + 1, state, wait=True)
                 log.close()
-                raise SystemExit(preemption.exit_code)
+                where = f"at step {step + 1}; checkpoint saved; run the same command to resume"
+                stop_run(preemption, where, main=is_main_process())
             session.save(step + 1, state, only_when_due=True)
         return state
 
-    def _finish(self, session: TrainingSession, state: TrainState) -> str | None:
+    def _finish(self, session: TrainingSession, state: TrainState, preemption: PreemptionFlag) -> str | None:
         """After the last step: the final checkpoint (waited for), the evaluations that did not run at this
         step, and the sample of ``trainer.sample_prompt`` (printed, and returned)."""
         final_step = int(state.step)
@@ -173,6 +203,9 @@ class Trainer:
             session.save(final_step, state)
         with session.log.checkpoint_timer():
             session.manager.wait()
+        if signalled_on_any_process(preemption):  # the last evaluation and the sample are skipped
+            session.log.close()
+            stop_run(preemption, f"at step {final_step}, the last; checkpoint saved", main=is_main_process())
         session.evaluate(final_step, state, final=True)
         cfg = self.config.trainer
         if not cfg.sample_prompt:
