@@ -79,6 +79,12 @@ class PreemptionFlag:
             signal.signal(signal_number, handler)
         self._previous_handlers.clear()
 
+    def reinstall(self) -> None:
+        """Take the signals back after a library replaced their handlers (``jax.distributed.initialize``
+        installs its own SIGTERM handler, which would otherwise swallow a preemption)."""
+        for signal_number in self._previous_handlers:
+            signal.signal(signal_number, self._handle)
+
     def _handle(self, signal_number: int, frame: FrameType | None) -> None:
         if signal_number == signal.SIGINT and self.requested:
             # Ctrl-C twice: the user does not want to wait for the save.

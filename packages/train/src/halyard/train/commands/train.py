@@ -29,6 +29,8 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
     if preemption is not None and preemption.requested:  # before the processes join: this process alone
         stop_run(preemption, "before the run started; nothing was written", report=True)
     initialize()
+    if preemption is not None:
+        preemption.reinstall()  # jax.distributed's own SIGTERM handler replaced it in a multi-process run
     trainer = Trainer(config, preemption=preemption)  # checks the config (nothing is written yet)
     finished = finished_step(config)
     if finished is not None:  # nothing to train: no evaluation again, nothing written
