@@ -111,7 +111,10 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint_resumable(tmp_path: Pat
     assert np.array_equal(np.asarray(restored.state["w"]), np.full(SIZE, float(step), np.float32))
     # Training resumes from there and saves step 2 again, replacing what the crash left.
     if step == 1:
-        with CheckpointManager(root) as manager, pytest.warns(UserWarning, match="Replacing the incomplete"):
+        with (
+            CheckpointManager(root) as manager,
+            pytest.warns(DamagedCheckpointWarning, match="replacing the incomplete"),
+        ):
             manager.save(2, {"w": jnp.full(SIZE, 2.5)}, wait=True)
         assert latest_complete(root) == 2
 

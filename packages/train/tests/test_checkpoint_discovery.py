@@ -132,7 +132,9 @@ def test_a_failed_background_write_is_raised_and_leaves_the_previous_checkpoint(
         with pytest.warns(DamagedCheckpointWarning):
             assert manager.latest_step() == 1
         # The next save replaces the incomplete directory of the failed one.
-        with pytest.warns(UserWarning, match="Replacing the incomplete checkpoint"):
+        with pytest.warns(
+            DamagedCheckpointWarning, match="step 2: replacing the incomplete checkpoint .*interrupted"
+        ):
             manager.save(2, state(2), wait=True)
         assert manager.latest_step() == 2
 

@@ -3,6 +3,8 @@ traceback; config errors are found before any data is tokenized (issue 18)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -36,10 +38,14 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """The YAML of a 2-step run that has finished (a checkpoint at step 2)."""
+    """The YAML of a 4-step run that has finished (checkpoints at steps 2 and 4); what it printed is in
+    ``train.out`` beside it."""
     folder = tmp_path_factory.mktemp("finished")
-    config = write_config(folder / "run.yaml", folder / "run", cache_dir, trainer={"steps": 2})
-    assert main(["train", "--config", str(config)]) == 0
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, trainer={"steps": 4})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        assert main(["train", "--config", str(config)]) == 0
+    (folder / "train.out").write_text(printed.getvalue())
     return config
 
 
@@ -151,7 +157,7 @@ def test_checkpoints_missing_damaged_and_of_other_data(
     assert code == 2 and "No complete checkpoint" in err and "fresh" in err
 
     # The finished run, continued with another batch size: its checkpoint is for other data.
-    code, err = fails(capsys, train(finished_run, "--trainer.steps", "4", "--trainer.batch_size", "16"))
+    code, err = fails(capsys, train(finished_run, "--trainer.steps", "6", "--trainer.batch_size", "16"))
     assert code == 2 and "written for different data" in err and "batch_size" in err
     assert "trainer.init=checkpoint:" in err
 
@@ -162,6 +168,26 @@ def test_checkpoints_missing_damaged_and_of_other_data(
     victim.write_bytes(b"\0" * victim.stat().st_size)
     code, err = fails(capsys, train(fresh, "--trainer.init", f"checkpoint:{damaged}"))
     assert code == 1 and "damaged" in err and str(damaged) in err
+
+
+def test_a_damaged_checkpoint_is_one_line_and_the_run_falls_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path, cache_dir: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run.parent / "run", run)
+    step_4 = run / "checkpoints" / "step_00000004"
+    victim = max((p for p in step_4.rglob("*") if p.is_file() and "array" in str(p)), key=os.path.getsize)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, other content
+    victim.write_bytes(bytes(data))
+    config = write_config(tmp_path / "run.yaml", run, cache_dir, trainer={"steps": 6})
+    capsys.readouterr()
+    assert main(train(config)) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "step 4" in line or "step_0" in line]
+    assert lines and all(line.startswith("warning: checkpoint step 4") for line in lines), lines
+    found, saved = lines
+    assert str(victim.relative_to(step_4)) in found and "failed its xxh3_64 checksum" in found
+    assert "fell back to step 2" in found and "interrupted" not in saved and "damaged" in saved
 
 
 def test_out_of_memory_names_the_knobs(

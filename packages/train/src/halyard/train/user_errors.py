@@ -7,15 +7,20 @@ was written for other data, an impossible mesh or schedule); 1 means the run fai
 damaged checkpoint, a checkpoint write, a non-finite loss, out of memory). Any other exception is a bug
 and keeps its traceback. ``HALYARD_DEBUG=1`` (or ``--debug`` on the command line) shows the traceback of
 every error.
+
+Halyard's own warnings (a damaged checkpoint skipped, ...) print as one line ``warning: <message>``
+while a command runs, without Python's file:line and source line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from halyard.train.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 
@@ -84,8 +89,28 @@ def debug_requested(argv: Sequence[str]) -> tuple[bool, list[str]]:
     return environment or len(rest) != len(argv), rest
 
 
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside: a warning of a Halyard category prints as ``warning: <message>`` on one line (others as
+    Python prints them)."""
+    show = warnings.showwarning
+
+    def show_one_line(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if not category.__module__.startswith("halyard."):
+            show(message, category, *args, **kwargs)
+            return
+        print(f"warning: {one_line(str(message))}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show_one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
 def report_user_errors(main: Callable[[list[str]], int]) -> Callable[[Sequence[str]], int]:
-    """Wrap a command's ``main(argv) -> exit code``: anticipated errors print one line and exit.
+    """Wrap a command's ``main(argv) -> exit code``: anticipated errors print one line and exit, Halyard's
+    warnings one line each (`one_line_warnings`).
 
     ``--debug`` is taken out of ``argv`` before ``main`` sees it.
 
@@ -100,7 +125,8 @@ def report_user_errors(main: Callable[[list[str]], int]) -> Callable[[Sequence[s
     def wrapped(argv: Sequence[str]) -> int:
         debug, rest = debug_requested(argv)
         try:
-            return main(rest)
+            with one_line_warnings():
+                return main(rest)
         except Exception as error:
             code = exit_code_of(error)
             if debug or code is None:

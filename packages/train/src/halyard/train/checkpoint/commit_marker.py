@@ -55,6 +55,11 @@ class DamagedCheckpointError(RuntimeError):
         self.path = path
         self.reason = reason
 
+    @property
+    def finding(self) -> str:
+        """What is wrong, without advice: for a message that goes on to say what was done about it."""
+        return self.reason
+
 
 class ChecksumMismatchError(DamagedCheckpointError):
     """A file of a complete-looking checkpoint whose content differs from what was saved.
@@ -80,6 +85,15 @@ class ChecksumMismatchError(DamagedCheckpointError):
         self.file = file
         self.expected = expected
         self.actual = actual
+
+    @property
+    def finding(self) -> str:
+        """Which file failed its checksum (inside the step directory), and both checksums."""
+        file = self.file.relative_to(self.path) if self.file.is_relative_to(self.path) else self.file
+        return (
+            f"{file} failed its {CHECKSUM_ALGORITHM} checksum: it could not be read back as saved "
+            f"({self.actual} now, {self.expected} at the save)"
+        )
 
 
 class UnverifiedCheckpointWarning(UserWarning):

@@ -18,6 +18,8 @@ from pathlib import Path
 STEP_DIRECTORY_PREFIX = "step_"
 ARRAYS_DIRECTORY = "arrays"
 COMMIT_MARKER = "halyard_checkpoint.json"
+UNREADABLE_MARKER = COMMIT_MARKER + ".unreadable"
+"""The commit marker of a checkpoint set aside after it failed verification on restore."""
 
 _STEP_DIRECTORY = re.compile(r"^step_(\d+)$")
 

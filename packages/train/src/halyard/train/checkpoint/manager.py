@@ -37,7 +37,12 @@ from halyard.train.checkpoint.discovery import (
     scan_checkpoints,
 )
 from halyard.train.checkpoint.durable_files import fsync_directory
-from halyard.train.checkpoint.layout import ARRAYS_DIRECTORY, COMMIT_MARKER, step_directory
+from halyard.train.checkpoint.layout import (
+    ARRAYS_DIRECTORY,
+    COMMIT_MARKER,
+    UNREADABLE_MARKER,
+    step_directory,
+)
 from halyard.train.checkpoint.leaves import LeafRecord, flatten_for_save
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.checkpoint.process_agreement import Broadcast, broadcast_from_process_zero
@@ -166,9 +171,7 @@ class CheckpointManager:
             return False
         arrays, records = flatten_for_save(state)
         if self._process_index == 0 and step_dir.exists():
-            warnings.warn(
-                f"Replacing the incomplete checkpoint {step_dir} (left by an interrupted save)", stacklevel=2
-            )
+            warnings.warn(_replacing(step, step_dir), DamagedCheckpointWarning, stacklevel=2)
             shutil.rmtree(step_dir)
         _sync_processes(f"halyard_checkpoint_prepare_{step}")
         self._last_save_step, self._last_save_time = step, self._clock()
@@ -288,7 +291,7 @@ class CheckpointManager:
         steps = sorted(self.complete_steps(), reverse=True)
         if not steps:
             raise CheckpointNotFoundError(f"No complete checkpoint under {self.directory} to restore")
-        first_error: DamagedCheckpointError | None = None
+        skipped: list[tuple[int, DamagedCheckpointError]] = []
         for step in steps:
             try:
                 restored = restore(
@@ -300,21 +303,23 @@ class CheckpointManager:
                     verify_checksums=self.verify_checksums,
                 )
             except DamagedCheckpointError as error:
+                if self._process_index == 0:
+                    marker = error.path / COMMIT_MARKER
+                    marker.replace(marker.with_name(UNREADABLE_MARKER))
+                skipped.append((step, error))
+                continue
+            for damaged, found in skipped:
                 warnings.warn(
-                    f"Skipping {error}; restoring the previous complete checkpoint instead",
+                    f"checkpoint step {damaged}: {found.finding}; fell back to step {step} (step {damaged} is "
+                    f"kept aside in {found.path}, its {COMMIT_MARKER} renamed {UNREADABLE_MARKER}, until the "
+                    "run saves that step again)",
                     DamagedCheckpointWarning,
                     stacklevel=3,
                 )
-                if self._process_index == 0:
-                    marker = error.path / COMMIT_MARKER
-                    marker.replace(marker.with_name(COMMIT_MARKER + ".unreadable"))
-                first_error = first_error or error
-            else:
-                if first_error is not None:  # the skipped steps are due again
-                    self._last_save_step = step
-                return restored
-        assert first_error is not None
-        raise first_error
+            if skipped:  # the skipped steps are due again
+                self._last_save_step = step
+            return restored
+        raise skipped[0][1]
 
     def restore_weights(
         self,
@@ -366,6 +371,17 @@ def _as_json(extra_metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         raise TypeError(
             f"extra_metadata must be JSON-serialisable (dicts, lists, str, numbers): {error}"
         ) from error
+
+
+def _replacing(step: int, step_dir: Path) -> str:
+    """What saving ``step`` over the incomplete ``step_dir`` replaces: a copy set aside as damaged, or what
+    an interrupted save left."""
+    if (step_dir / UNREADABLE_MARKER).exists():
+        return (
+            f"checkpoint step {step}: replacing the damaged copy kept aside in {step_dir} (it failed "
+            "verification when the run resumed) with a new save"
+        )
+    return f"checkpoint step {step}: replacing the incomplete checkpoint {step_dir} (left by an interrupted save)"
 
 
 def _is_complete(step_dir: Path) -> bool:
