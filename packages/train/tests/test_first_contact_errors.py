@@ -170,6 +170,35 @@ def test_checkpoints_missing_damaged_and_of_other_data(
     assert code == 1 and "damaged" in err and str(damaged) in err
 
 
+def test_export_and_generate_name_their_own_options_and_the_steps_there_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path
+) -> None:
+    run = finished_run.parent / "run"
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    code, err = fails(capsys, ["export", "--run", str(run), "--out", str(out)])
+    assert code == 2 and f"--out {out} already holds a model" in err and "pass --overwrite" in err
+    assert "overwrite=True" not in err and [path.name for path in out.iterdir()] == ["config.json"]
+
+    code, err = fails(capsys, ["generate", "--run", str(run), "--step", "7", "--prompt", "def "])
+    assert err == f"error: --step 7: no checkpoint at step 7 in {run}; available: 2, 4" and code == 2
+
+
+def test_generate_separates_several_samples_and_shows_its_defaults(
+    capsys: pytest.CaptureFixture[str], finished_run: Path
+) -> None:
+    prompts = ["--prompt", "def ", "--prompt", "class "]
+    assert (
+        main(["generate", "--run", str(finished_run.parent / "run"), *prompts, "--max-new-tokens", "4"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("--- prompt 1 of 2 ---\ndef ") and "\n--- prompt 2 of 2 ---\nclass " in out, out
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "(default: 64)" in capsys.readouterr().out
+
+
 def test_a_damaged_checkpoint_is_one_line_and_the_run_falls_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path, cache_dir: Path
 ) -> None:

@@ -109,7 +109,7 @@ def test_bad_input_is_one_line(
         line = _error_line(capsys, ["eval", *argv])
         assert line.startswith("error: ") and expected in line, (argv, line)
     line = _error_line(capsys, ["eval", "--run", str(run["run"]), "--step", "7", *tasks])
-    assert line == f"error: --step 7: {run['run']} has checkpoints at steps 2"
+    assert line == f"error: --step 7: no checkpoint at step 7 in {run['run']}; available: 2"
 
     monkeypatch.setitem(sys.modules, "lm_eval.utils", None)  # as if lm-eval were not installed
     line = _error_line(capsys, ["eval", "--run", str(run["run"]), *tasks])

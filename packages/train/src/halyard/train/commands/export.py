@@ -13,6 +13,8 @@ from halyard.train.run.loading import load_run_config, load_run_model
 
 LORA_EXPORTS = ("merge", "adapter", "base")
 """What ``halyard export --lora`` writes of a LoRA run."""
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that makes a folder a PEFT adapter (what `export_peft_adapter` refuses to write over)."""
 
 
 def export_main(argv: Sequence[str]) -> int:
@@ -38,6 +40,8 @@ def export_main(argv: Sequence[str]) -> int:
         raise ConfigError(
             f"--lora {args.lora}: {args.run} trained no adapters (lora.rank is 0); leave --lora out"
         )
+    if not args.overwrite:
+        _refuse_an_earlier_export(Path(args.out), adapter=args.lora == "adapter")
     loaded = load_run_model(args.run, args.step)
     if args.lora == "adapter":
         init = config.trainer.init
@@ -57,3 +61,23 @@ def export_main(argv: Sequence[str]) -> int:
     )
     print(f"wrote {folder} from step {loaded.step} of {args.run}")
     return 0
+
+
+def _refuse_an_earlier_export(out: Path, *, adapter: bool) -> None:
+    """Before any weights are read: ``out`` must not hold a model (or an adapter) already.
+
+    Raises:
+        ConfigError: naming the files there and ``--overwrite``.
+    """
+    names = {ADAPTER_CONFIG} if adapter else {"config.json"}
+    found = sorted(
+        path.name
+        for path in (out.iterdir() if out.is_dir() else ())
+        if path.name in names or (not adapter and path.name.startswith("model"))
+    )
+    if found:
+        what = "an adapter" if adapter else "a model"
+        raise ConfigError(
+            f"--out {out} already holds {what} ({', '.join(found)}): choose an empty folder, or pass "
+            "--overwrite to replace it"
+        )

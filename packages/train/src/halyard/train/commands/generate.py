@@ -15,17 +15,23 @@ from halyard.train.run.loading import load_run_model
 
 
 def generate_main(argv: Sequence[str]) -> int:
-    """Continue a prompt with the latest checkpoint of a run."""
+    """Continue prompts with a run's checkpoint; several prompts print one after another, each under a
+    ``--- prompt N of M ---`` line."""
     parser = argparse.ArgumentParser(prog="halyard generate", description=generate_main.__doc__)
     parser.add_argument("--run", required=True, help="the run folder (trainer.run_dir)")
     parser.add_argument(
-        "--prompt", action="append", required=True, help="text to continue (repeat for a batch)"
+        "--prompt", action="append", required=True, help="text to continue (repeat for several)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest (default: all)")
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample from the likeliest tokens holding this much probability (default: all)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the sampling key's seed (default: 0)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     args = parser.parse_args(argv)
 
@@ -36,6 +42,9 @@ def generate_main(argv: Sequence[str]) -> int:
     )
     prompts = [tokenizer.encode(p).ids or [0] for p in args.prompt]
     result = generate(jax.device_get(loaded.model), prompts, sampling, key=jax.random.key(args.seed))
-    for prompt, row, length in zip(args.prompt, np.asarray(result.tokens), np.asarray(result.lengths)):
+    rows = zip(args.prompt, np.asarray(result.tokens), np.asarray(result.lengths))
+    for number, (prompt, row, length) in enumerate(rows, start=1):
+        if len(args.prompt) > 1:
+            print(f"--- prompt {number} of {len(args.prompt)} ---")
         print(prompt + tokenizer.decode(row[:length].tolist()))  # stop tokens end a row; padding follows
     return 0

@@ -77,7 +77,9 @@ def checkpoint_step(run_dir: Path, manager: CheckpointManager, step: int | None)
             f"--config {run_dir / 'config.yaml'}), or evaluate a Hugging Face folder with --hf"
         )
     if step is not None and step not in steps:
-        raise ConfigError(f"--step {step}: {run_dir} has checkpoints at steps {', '.join(map(str, steps))}")
+        raise ConfigError(
+            f"--step {step}: no checkpoint at step {step} in {run_dir}; available: {', '.join(map(str, steps))}"
+        )
     return steps[-1] if step is None else step
 
 
