@@ -185,6 +185,16 @@ def test_export_and_generate_name_their_own_options_and_the_steps_there_are(
     assert err == f"error: --step 7: no checkpoint at step 7 in {run}; available: 2, 4" and code == 2
 
 
+def test_cache_info_reads_the_folder_data_cache_dir_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path, cache_dir: Path
+) -> None:
+    # The documented default of data.cache_dir is <run_dir>/cache; the token cache is in its tokens/.
+    assert main(["cache", "info", str(cache_dir)]) == 0
+    assert "documents: 30" in capsys.readouterr().out
+    code, err = fails(capsys, ["cache", "info", str(tmp_path)])
+    assert code == 2 and f"no token cache in {tmp_path}" in err
+
+
 def test_generate_separates_several_samples_and_shows_its_defaults(
     capsys: pytest.CaptureFixture[str], finished_run: Path
 ) -> None:

@@ -29,3 +29,7 @@ class SourceFormatError(DataInputError, ValueError):
 
 class NotEnoughTokensError(DataInputError, ValueError):
     """A finished cache (or split) too small for one example of ``seq_len + 1`` tokens: an empty corpus."""
+
+
+class CacheNotFoundError(DataInputError, FileNotFoundError):
+    """No token cache where one was asked for (no ledger.json in the folder); the message names the path."""

@@ -26,7 +26,7 @@ __all__ = ["builtin_configs", "main", "resolve_config_paths", "train_main"]
 
 SUBCOMMANDS = {
     "train": "halyard.train.commands.train:train_command",
-    "cache": "halyard.data.cli:run_command",
+    "cache": "halyard.train.commands.cache:cache_main",
     "generate": "halyard.train.commands.generate:generate_main",
     "export": "halyard.train.commands.export:export_main",
     "eval": "halyard.train.commands.evaluate:eval_main",
@@ -41,7 +41,8 @@ USAGE = """usage: halyard <command> [arguments]
 
 commands:
   train     train a model: halyard train --config demo [--trainer.steps 100 ...]
-  cache     build a token cache offline (python -m halyard.data build --help)
+  cache     build a token cache offline (halyard cache build --help), or describe one:
+            halyard cache info runs/demo/cache (a run's data.cache_dir; the cache itself is in tokens/)
   generate  continue a prompt with a run's checkpoint: halyard generate --run runs/demo --prompt "def "
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo;
             lm-evaluation-harness tasks: halyard eval --run runs/demo --tasks hellaswag [--limit 100]

@@ -35,7 +35,7 @@ class DataConfig:
     tokenizer_vocab_size: int = 4096
     """Vocabulary size of the tokenizer trained for a `builtin_corpus`."""
     cache_dir: str | None = None
-    """Where the token cache lives (default: <run_dir>/cache). A cache built with another tokenizer is refused."""
+    """Folder of the run's data files (default: <run_dir>/cache): the token cache in <cache_dir>/tokens (`halyard cache info` reads either folder), and a builtin_corpus's files and tokenizer. A cache built with other data or another tokenizer is refused."""
     text_field: str = "text"
     """JSON key / parquet column holding the text."""
     seq_len: int = 256

@@ -17,6 +17,7 @@ import numpy as np
 from halyard.data.cache.build_status import BuildStatus, BuildStatusReader
 from halyard.data.cache.layout import chunk_mask_path, chunk_paths
 from halyard.data.cache.ledger import ShardProgress, fingerprint, load_cache_ledger
+from halyard.data.errors import CacheNotFoundError
 
 _ENDS_CACHED = 64
 
@@ -72,11 +73,12 @@ class TokenCache:
             timeout: seconds a read may wait for unwritten tokens before ``TimeoutError`` (None: forever).
 
         Raises:
-            FileNotFoundError: no cache ledger at ``path`` (names the path and how to build one).
+            CacheNotFoundError: no cache ledger at ``path`` (a ``FileNotFoundError`` naming the path and how
+                to build one).
         """
         ledger = load_cache_ledger(path)
         if ledger is None:
-            raise FileNotFoundError(
+            raise CacheNotFoundError(
                 f"no token cache at {path!r} (no ledger.json); build one with "
                 "halyard.data.build_cache(...) or `python -m halyard.data build --out ...`"
             )

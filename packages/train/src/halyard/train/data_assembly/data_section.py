@@ -15,11 +15,19 @@ from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 from halyard.train.mixture.config import in_source_terms, mixture_sources
 from halyard.train.run_config import DataConfig
 
+TOKEN_CACHE_FOLDER = "tokens"
+"""The token cache's folder inside the run's data folder (`work_dir_of`)."""
+
 
 def work_dir_of(config: DataConfig, run_dir: Path) -> Path:
     """The folder of the run's data files (corpus, tokenizer, token cache): ``data.cache_dir``, else
     ``<run_dir>/cache``."""
     return Path(config.cache_dir) if config.cache_dir else run_dir / "cache"
+
+
+def token_cache_of(config: DataConfig, run_dir: Path) -> Path:
+    """The token cache of one source's ``data:`` section: ``<data.cache_dir or run_dir/cache>/tokens``."""
+    return work_dir_of(config, run_dir) / TOKEN_CACHE_FOLDER
 
 
 def hf_tokenizer_folder(init: str) -> str | None:

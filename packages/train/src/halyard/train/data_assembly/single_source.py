@@ -10,7 +10,12 @@ from halyard.data import BuildHandle, TokenCache, build_cache
 from halyard.shard import process_count, process_index
 from halyard.train.data_assembly.background_build import BackgroundBuild
 from halyard.train.data_assembly.data_errors import agreeing, config_error_for
-from halyard.train.data_assembly.data_section import build_options, sources_and_tokenizer, work_dir_of
+from halyard.train.data_assembly.data_section import (
+    build_options,
+    sources_and_tokenizer,
+    token_cache_of,
+    work_dir_of,
+)
 from halyard.train.data_assembly.datasets import PreparedData, open_datasets
 from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.run_config import DataConfig
@@ -28,7 +33,7 @@ def prepare_source(
         ConfigError: bad sources, records or tokenizer, named with the run config's key.
     """
     work_dir = work_dir_of(config, run_dir)
-    cache_path = str(work_dir / "tokens")
+    cache_path = str(token_cache_of(config, run_dir))
 
     def build() -> str:
         sources, tokenizer_path = sources_and_tokenizer(config, work_dir, init)
@@ -53,7 +58,7 @@ def start_source_build(
         RunFailure: another process failed to start its build (its own error names the cause).
     """
     work_dir = work_dir_of(config, run_dir)
-    cache_path = str(work_dir / "tokens")
+    cache_path = str(token_cache_of(config, run_dir))
     process, processes = process_index(), process_count()
     sources: list[Any] = []
     tokenizer_path = ""
