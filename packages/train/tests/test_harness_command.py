@@ -142,3 +142,25 @@ def test_model_args_name_one_source() -> None:
         HalyardLM.create_from_arg_string("run")
     with pytest.raises(ValueError, match="batch_size='auto': give a whole number"):
         HalyardLM.create_from_arg_string("run=runs/x", {"batch_size": "auto"})
+
+
+def test_a_task_whose_data_cannot_be_fetched_says_how_to_give_it_locally(
+    run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task reading its data from the Hugging Face Hub (as hellaswag does), with no hub to reach: offline
+    # mode fails at once where an unreachable network fails after a minute of retries.
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    task = (run["tasks"] / f"{TASK}.yaml").read_text().replace(f"task: {TASK}", "task: hub_choice")
+    task = (
+        task.split("dataset_path:")[0]
+        + "dataset_path: Rowan/hellaswag\ntest_split: test\n"
+        + (task.split("test_split: test\n")[1])
+    )
+    (folder / "hub_choice.yaml").write_text(task)
+    argv = ["eval", "--run", str(run["run"]), "--tasks", "hub_choice", "--include-path", str(folder)]
+    line = _error_line(capsys, [*argv, "--limit", "2"])
+    assert "the data of lm-eval task hub_choice could not be fetched" in line and "Rowan/hellaswag" in line
+    assert "HF_DATASETS_OFFLINE=1" in line and "dataset_path" in line and "HF_HOME" in line

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from halyard.train.config.errors import ConfigError
+from halyard.train.user_errors import one_line
 
 DEFAULT_BOOTSTRAP_ITERS = 100_000
 """lm-eval's default number of bootstrap resamples for the standard errors of non-mean metrics."""
@@ -83,19 +84,33 @@ def evaluate_tasks(
         manager: a `task_manager` for ``tasks`` built earlier (None: built now; indexing takes seconds).
 
     Raises:
-        ConfigError: see `task_manager`.
+        ConfigError: see `task_manager`; or a task's data could not be fetched (says how to give it locally).
     """
     import lm_eval
 
     manager = task_manager(tasks, include_path) if manager is None else manager
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        task_manager=manager,
-        limit=limit,
-        num_fewshot=num_fewshot,
-        log_samples=log_samples,
-        bootstrap_iters=bootstrap_iters,
-    )
+    try:
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            log_samples=log_samples,
+            bootstrap_iters=bootstrap_iters,
+        )
+    except ConnectionError as error:  # datasets' own, for a hub it cannot reach (or offline mode)
+        raise ConfigError(unfetched_data_message(tasks, error)) from error
     assert results is not None  # None only on a non-zero rank, and HalyardLM runs in one process
     return dict(results)
+
+
+def unfetched_data_message(tasks: Sequence[str], error: ConnectionError) -> str:
+    """What to do when the data of one of ``tasks`` could not be downloaded (``error``: what datasets said)."""
+    which = f"task {tasks[0]}" if len(tasks) == 1 else f"one of the tasks {', '.join(tasks)}"
+    return (
+        f"the data of lm-eval {which} could not be fetched: {one_line(str(error))}. Without network, give "
+        "lm-eval the data locally: copy a Hugging Face cache that holds it (HF_HOME or HF_DATASETS_CACHE) "
+        "from a machine with network and set HF_DATASETS_OFFLINE=1, or write a task YAML of your own whose "
+        "dataset_path names local files (--include-path DIR, eval.harness_include_path during training)"
+    )
