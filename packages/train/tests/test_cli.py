@@ -81,3 +81,11 @@ def test_generate_eval_and_export_use_a_runs_latest_checkpoint(
     with pytest.raises(SystemExit) as raised:
         main(["eval", "--run", str(tmp_path / "no-such-run")])
     assert raised.value.code == 2
+
+
+def test_a_sections_own_check_is_said_in_the_keys_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _exit_code_and_stderr(capsys, ["--config", "demo", "--trainer.batch_size", "0"])
+    assert (
+        code == 2
+        and err.strip() == "error: trainer.batch_size=0: must be at least 1 (set in the command line)"
+    )

@@ -197,9 +197,10 @@ class TrainerConfig:
                 f"trainer.init={self.init!r}: use one of {INIT_MODES} or checkpoint:PATH, weights:PATH, hf:PATH"
             )
         if self.steps < 0:
-            raise ValueError(f"trainer.steps must be >= 0, got {self.steps}")
-        if self.batch_size < 1 or self.accumulation < 1:
-            raise ValueError("trainer.batch_size and trainer.accumulation must be positive")
+            raise ValueError(f"trainer.steps={self.steps}: must be 0 or more")
+        for key, value in (("batch_size", self.batch_size), ("accumulation", self.accumulation)):
+            if value < 1:
+                raise ValueError(f"trainer.{key}={value}: must be at least 1")
         if self.batch_size % self.accumulation:
             raise ValueError(
                 f"trainer.batch_size={self.batch_size} is not divisible by trainer.accumulation={self.accumulation}"

@@ -8,6 +8,7 @@ draccus does the typed work (decoding dicts into dataclasses, `type:` choices, Y
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -109,13 +110,21 @@ def decode_config(
         origin = f" (set in {origins[key]})" if origins and key in origins else ""
         raise ConfigError(f"config key '{key}'{origin}: {error.message}{expected_text}.") from None
     except (ParsingError, TypeError, ValueError) as error:
-        # draccus wraps a section's own validation error (__post_init__); its message is the useful part.
-        reasons = [str(error)]
-        cause = error.__cause__ or error.__context__
-        while cause is not None and len(reasons) < 4:
-            reasons.append(str(cause))
-            cause = cause.__cause__ or cause.__context__
-        raise ConfigError(f"invalid config for {config_class.__name__}: {': '.join(reasons)}") from None
+        # draccus wraps a section's own check (__post_init__) in "Couldn't instantiate class ...": the
+        # section's message, which names the key, is all the user needs.
+        check = error
+        while check.__cause__ or check.__context__:
+            check = check.__cause__ or check.__context__  # type: ignore[assignment]
+        if check is error:
+            raise ConfigError(f"invalid config for {config_class.__name__}: {error}") from None
+        raise ConfigError(_with_origin(str(check), origins or {})) from None
+
+
+def _with_origin(message: str, origins: Mapping[str, str]) -> str:
+    """``message`` of a section's check (``trainer.batch_size=0: must be ...``) with where its key was set."""
+    match = re.match(r"([a-z_][\w.]*)=", message)
+    origin = origins.get(match[1]) if match else None
+    return f"{message} (set in {origin})" if origin else message
 
 
 def overrides_from_argv(argv: Sequence[str]) -> dict[str, Any]:
