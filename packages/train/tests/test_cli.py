@@ -89,3 +89,11 @@ def test_a_sections_own_check_is_said_in_the_keys_terms(capsys: pytest.CaptureFi
         code == 2
         and err.strip() == "error: trainer.batch_size=0: must be at least 1 (set in the command line)"
     )
+
+
+def test_an_unknown_config_name_lists_the_builtin_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["config", "show", "dmeo"])
+    err = capsys.readouterr().err.strip()
+    assert raised.value.code == 2 and err.startswith("error: --config dmeo: no such file") and "\n" not in err
+    assert "did you mean demo?" in err and f"built-in configs: {', '.join(sorted(builtin_configs()))}" in err
