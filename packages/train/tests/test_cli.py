@@ -97,3 +97,24 @@ def test_an_unknown_config_name_lists_the_builtin_ones(capsys: pytest.CaptureFix
     err = capsys.readouterr().err.strip()
     assert raised.value.code == 2 and err.startswith("error: --config dmeo: no such file") and "\n" not in err
     assert "did you mean demo?" in err and f"built-in configs: {', '.join(sorted(builtin_configs()))}" in err
+
+
+def test_help_says_which_defaults_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    from halyard.models import ModelConfig
+
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    families = sorted(ModelConfig.get_known_choices())
+    type_line = next(line for line in lines if line.startswith("  --model.type "))
+    assert type_line.split(" = ")[0].split(None, 1)[1].split(" | ") == families  # from the registry
+    header = next(line for line in lines if line.startswith("model: "))
+    assert not any(f"{family}," in header for family in families), header  # no copy of the list to go stale
+    llama = next(line for line in lines if line.startswith("model, type: llama:"))
+    assert "7B" not in llama.split(";")[0] and "defaults below are this config's" in llama, llama
+    mistral = next(line for line in lines if line.startswith("model, type: mistral:"))
+    assert "hidden_size=4096" in mistral and "num_layers=32" in mistral, (
+        mistral
+    )  # not llama's 128 and 2 above
+    cache_dir = next(line for line in lines if line.startswith("  --data.cache_dir "))
+    assert "<cache_dir>/tokens" in cache_dir and "<run_dir>/cache" in cache_dir

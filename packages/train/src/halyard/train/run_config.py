@@ -231,7 +231,7 @@ class TrainConfig:
     """A training run: model, data, optimizer, trainer, checkpoints and trackers."""
 
     model: ModelConfig = field(default_factory=_default_model)
-    """The model: `type:` names a family of halyard.models (gemma, gemma2, gemma3, gpt2, llama, mistral, mixtral, mup, olmo2, phi3, qwen2, qwen3), the other keys its shape and settings."""
+    """The model: `type:` names one of halyard.models' families (`type:` lists those registered), the other keys its shape and settings."""
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
     """The optimizer (`type:` adamw | lion | sophia_h | muon) with its schedule."""

@@ -151,18 +151,17 @@ class _Collector:
             ]
         for name in sorted(variants, key=lambda n: (n != default_name, n)):
             cls = variants[name]
-            instance = value if value is not None and type(value) is cls else _default_instance(cls)
-            title = f"{section}, type: {name}: {_first_sentence(class_summary(cls))}"
-            group = self.group(title)
+            instance = _shown_instance(value, cls)
+            group = self.group(f"{section}, type: {name}: {_variant_summary(cls, instance)}")
             self.fields(group, cls, instance, prefix, skip=common_names)
             parent = _parent_variant(name, variants, common)
-            if parent is not None:
+            if parent is not None:  # its defaults against those shown for the parent
                 scratch = _Collector()
                 inherited = HelpGroup("")
                 scratch.fields(
                     inherited,
                     variants[parent],
-                    _default_instance(variants[parent]),
+                    _shown_instance(value, variants[parent]),
                     prefix,
                     skip=common_names,
                 )
@@ -240,6 +239,25 @@ def _with_other_defaults(
         ):
             others.append(f"{variant_name}: {_yaml(getattr(instance, name))}")
     return dataclasses.replace(entry, default=f"{entry.default} ({', '.join(others)})") if others else entry
+
+
+def _shown_instance(value: Any, cls: type) -> Any:
+    """The defaults the help shows for type ``cls``: the config's own section when it is of that type (a run
+    config's default model), else the type's class defaults."""
+    return value if value is not None and type(value) is cls else _default_instance(cls)
+
+
+def _variant_summary(cls: type, shown: Any) -> str:
+    """A type's one-line summary; when the defaults shown are the config's, not the class's, it says so (and
+    moves the class's own, a ``(defaults: ...)`` remark of its summary, aside)."""
+    summary = _first_sentence(class_summary(cls))
+    own = _default_instance(cls)
+    if own is None or shown is None or _encode(shown) == _encode(own):
+        return summary
+    remark = re.search(r"\s*\(defaults: ([^)]*)\)", summary)
+    base = (summary[: remark.start()] + summary[remark.end() :] if remark else summary).rstrip(". ")
+    class_defaults = f": {remark[1]}" if remark else " differ"
+    return f"{base}; the defaults below are this config's ({cls.__name__}'s own{class_defaults})."
 
 
 def _common_ancestor(classes: list[type]) -> type | None:
