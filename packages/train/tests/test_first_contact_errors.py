@@ -229,6 +229,16 @@ def test_a_damaged_checkpoint_is_one_line_and_the_run_falls_back(
     assert "fell back to step 2" in found and "interrupted" not in saved and "damaged" in saved
 
 
+def test_a_cache_built_for_other_data_gives_advice_train_can_follow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finished_run: Path, cache_dir: Path
+) -> None:
+    shutil.copytree(cache_dir, tmp_path / "cache")
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
+    code, err = fails(capsys, train(config, "--data.text_field", "body"))
+    assert code == 2 and "text_field: 'text' -> 'body'" in err and "rebuild" not in err
+    assert f"delete {tmp_path / 'cache' / 'tokens'}" in err and "data.cache_dir" in err
+
+
 def test_out_of_memory_names_the_knobs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

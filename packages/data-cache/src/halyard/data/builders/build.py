@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,21 @@ class BuildStopped(Exception):
 
 
 class CacheMismatchError(DataInputError, ValueError):
-    """The folder holds a cache built with other settings (tokenizer, BOS/EOS policy, sources, chunk size)."""
+    """The folder holds a cache built with other settings (tokenizer, BOS/EOS policy, sources, chunk size).
+
+    Attributes:
+        folder: the cache folder.
+        differences: what differs, one line each: the message without its advice (which names
+            ``build_cache``'s arguments), for a caller that gives advice in its own terms.
+    """
+
+    def __init__(self, message: str, folder: str = "", differences: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.folder = folder
+        self.differences = list(differences)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its attributes (e.g. from a worker process)
+        return type(self), (str(self), self.folder, self.differences)
 
 
 @dataclass
@@ -202,7 +217,9 @@ def build_cache(
             raise CacheMismatchError(
                 f"{root} holds a cache built with other settings:\n  "
                 + "\n  ".join(differences)
-                + "\nUse another output folder, or pass rebuild=True (--rebuild) to delete it and build again."
+                + "\nUse another output folder, or pass rebuild=True (--rebuild) to delete it and build again.",
+                root,
+                differences,
             )
         _delete_cache(root)
         stored = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,25 @@ def config_error_for(error: DataInputError) -> ConfigError:
     key = next(key for kind, key in _CONFIG_KEYS if isinstance(error, kind))
     if isinstance(error, MissingFieldError) and error.option:  # the data: section's key has the same name
         key = f"data.{error.option}"
+    if isinstance(error, CacheMismatchError) and error.differences:  # its advice names build_cache's options
+        return ConfigError(
+            f"{error.folder} holds a token cache built with other settings: {'; '.join(_by_shard(error))}. "
+            f"To build it again for these settings, delete {error.folder} or set data.cache_dir to another "
+            "folder; to use it as it is, give the settings it was built with [run config: data.cache_dir]"
+        )
     return ConfigError(f"{one_line(str(error))} [run config: {key}]")
+
+
+def _by_shard(error: CacheMismatchError) -> list[str]:
+    """The differences, a change that every shard has once (``shards[*].text_field: ...``)."""
+    changes: dict[str, list[str]] = {}
+    for line in error.differences:
+        match = re.fullmatch(r"shards\[(\d+)\](.*)", line, flags=re.DOTALL)
+        changes.setdefault(f"shards[*]{match[2]}" if match else line, []).append(line)
+    return [
+        lines[0] if len(lines) == 1 else f"{change} ({len(lines)} shards)"
+        for change, lines in changes.items()
+    ]
 
 
 def agreeing(action: Callable[[], Any]) -> Any:
