@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -168,6 +169,16 @@ def test_checkpoints_missing_damaged_and_of_other_data(
     victim.write_bytes(b"\0" * victim.stat().st_size)
     code, err = fails(capsys, train(fresh, "--trainer.init", f"checkpoint:{damaged}"))
     assert code == 1 and "damaged" in err and str(damaged) in err
+
+
+def test_what_a_run_prints_is_true(finished_run: Path) -> None:
+    printed = (finished_run.parent / "train.out").read_text()
+    # data.shuffle=feistel (the default) permutes the whole cache: the first step waits for all of it.
+    assert "the first step waits for the whole cache (data.shuffle=feistel" in printed, printed
+    assert "as soon as its first batches" not in printed
+    peak = re.search(r"MFU is measured against cpu float32 peak ([\d.]+) ([kMGTP]?FLOP/s)", printed)
+    assert peak is not None, printed
+    assert 1 <= float(peak[1]) < 1000, peak[0]  # a unit that suits the number (not "0.0 TFLOP/s")
 
 
 def test_export_and_generate_name_their_own_options_and_the_steps_there_are(

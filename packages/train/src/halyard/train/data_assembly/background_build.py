@@ -2,7 +2,7 @@
 does), training starts as soon as its first batches exist, and a step that catches up with the build waits.
 
 What a batch holds never depends on how far the build got (``data.shuffle`` era or none; feistel waits for
-the whole cache), so a run started on a partial cache and resumed on the finished one has the same bits as
+the whole cache, and says so), so a run started on a partial cache and resumed on the finished one has the same bits as
 a run started on the finished cache.
 """
 
@@ -20,6 +20,20 @@ from halyard.shard import is_main_process
 from halyard.train.config.errors import ConfigError
 
 
+def when_training_starts(shuffle: str, era_windows: int) -> str:
+    """When the first step of a run whose cache is still being built can start, for ``data.shuffle``."""
+    if shuffle == "feistel":
+        return (
+            "the first step waits for the whole cache (data.shuffle=feistel permutes all of it; "
+            "data.shuffle=era starts on the first era)"
+        )
+    if shuffle == "era":
+        return (
+            f"training starts once its first era ({era_windows:,} sequences, data.era_windows) is tokenized"
+        )
+    return "training starts as soon as its first batches are tokenized"
+
+
 @dataclass
 class BackgroundBuild:
     """This process's view of the cache build that runs beside training.
@@ -30,12 +44,14 @@ class BackgroundBuild:
             process other than 0).
         in_config_terms: turns a data error into the one-line error naming the run config's key.
         clock: a monotonic seconds counter.
+        first_step: when the first step can start, in words (`when_training_starts`).
     """
 
     cache: TokenCache
     handle: BuildHandle | None
     in_config_terms: Callable[[DataInputError], ConfigError]
     clock: Callable[[], float] = time.monotonic
+    first_step: str = "training starts as soon as its first batches are tokenized"
     _started: float = field(init=False)
     _tokens_at_start: int = field(init=False)
     _reported_finished: bool = field(init=False, default=False)
@@ -49,7 +65,7 @@ class BackgroundBuild:
             shards = self.handle.shards
             print(
                 f"data: building the token cache in the background ({len(shards)} of {status.shards} shards "
-                f"on this process); training starts as soon as its first batches are tokenized",
+                f"on this process); {self.first_step}",
                 flush=True,
             )
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from halyard.data import BuildHandle, TokenCache, build_cache
 from halyard.shard import process_count, process_index
-from halyard.train.data_assembly.background_build import BackgroundBuild
+from halyard.train.data_assembly.background_build import BackgroundBuild, when_training_starts
 from halyard.train.data_assembly.data_errors import agreeing, config_error_for
 from halyard.train.data_assembly.data_section import (
     build_options,
@@ -93,4 +93,6 @@ def start_source_build(
 
     handle = agreeing(start)
     cache = handle.cache if handle is not None else TokenCache.open(cache_path)
-    return open_datasets(config, cache, tokenizer_path), BackgroundBuild(cache, handle, config_error_for)
+    starts = when_training_starts(config.shuffle, config.era_windows)
+    build = BackgroundBuild(cache, handle, config_error_for, first_step=starts)
+    return open_datasets(config, cache, tokenizer_path), build

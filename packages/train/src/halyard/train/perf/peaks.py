@@ -69,10 +69,19 @@ class PeakFlops:
     """The dtype the peak is for."""
 
     def describe(self) -> str:
-        """One line for logs: `"H100 SXM bfloat16 peak 989.0 TFLOP/s (table)"`."""
-        return (
-            f"{self.device_kind} {self.dtype} peak {self.flops_per_second / 1e12:.1f} TFLOP/s ({self.source})"
-        )
+        """One line for logs: `"H100 SXM bfloat16 peak 989 TFLOP/s (table)"`, `"cpu float32 peak 29.33
+        GFLOP/s (measured)"`."""
+        return f"{self.device_kind} {self.dtype} peak {flops_per_second_text(self.flops_per_second)} ({self.source})"
+
+
+def flops_per_second_text(value: float) -> str:
+    """``value`` FLOP/s to 4 significant digits, with the SI prefix that puts it between 1 and 1000:
+    ``29.33 GFLOP/s``."""
+    value = float(f"{value:.4g}")
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.4g} {prefix}FLOP/s"
+    return f"{value:.4g} FLOP/s"
 
 
 def table_key(device_kind: str) -> str | None:
