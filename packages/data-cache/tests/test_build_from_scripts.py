@@ -91,6 +91,23 @@ def test_a_guarded_script_builds(script_folder: Path) -> None:
     assert "documents: 40" in completed.stdout
 
 
+def test_a_script_read_from_standard_input_builds_in_its_own_process(script_folder: Path) -> None:
+    # `python - <<EOF`: no file for the workers to import the script from (their start would fail).
+    script = textwrap.dedent(SCRIPT.format(indent="    ")).replace(
+        "\n    cache =", "\nif __name__ == '__main__':\n    cache ="
+    )
+    completed = subprocess.run(
+        [sys.executable, "-"], input=script, cwd=script_folder, capture_output=True, text=True, timeout=180
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "documents: 40" in completed.stdout and "Traceback" not in completed.stderr
+    notes = [line for line in completed.stderr.splitlines() if "standard input" in line]
+    assert notes == [
+        "halyard.data: the main script was read from standard input (<stdin>), which builder worker processes "
+        "cannot import: tokenizing in this process instead"
+    ], completed.stderr
+
+
 def test_the_progress_bar_ends_with_the_builds_tokens_per_second(
     tmp_path: Path, tokenizer_path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -45,6 +46,19 @@ def refuse_while_importing_main(what: str = "build_cache") -> None:
             "top-level code under `if __name__ == '__main__':` (worker processes are started with "
             "'spawn' and import the main script again), or build in this process with num_workers=0."
         )
+
+
+def unimportable_main_script() -> str | None:
+    """The main script's name when ``spawn`` workers could not import it (read from standard input:
+    ``python - <<EOF``), else None (a file, a module run with ``-m``, ``-c``, an interactive session)."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return None
+    path = getattr(main, "__file__", None)
+    if path is None:  # spawn imports nothing in the workers
+        return None
+    original_dir = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or ""  # where spawn looks
+    return None if os.path.isfile(os.path.join(original_dir, path)) else path
 
 
 def _initialize_worker(processor_path: str, tokenizer_threads: int, niceness: int) -> None:
@@ -95,6 +109,16 @@ def run_local(
     """
     if not jobs:
         return
+    script = unimportable_main_script() if num_workers else None
+    if script is not None:
+        where = "was read from standard input" if script == "<stdin>" else "is no file"
+        print(
+            f"halyard.data: the main script {where} ({script}), which builder worker processes cannot import: "
+            "tokenizing in this process instead",
+            file=sys.stderr,
+            flush=True,
+        )
+        num_workers = 0
     if num_workers == 0:
         for job in jobs:
             build_shard(job, processor)
