@@ -33,3 +33,8 @@ class NotEnoughTokensError(DataInputError, ValueError):
 
 class CacheNotFoundError(DataInputError, FileNotFoundError):
     """No token cache where one was asked for (no ledger.json in the folder); the message names the path."""
+
+
+class RayStartError(DataInputError, RuntimeError):
+    """A local Ray that did not start; the message says why and what to do instead (build without Ray, or
+    start Ray and give its address)."""

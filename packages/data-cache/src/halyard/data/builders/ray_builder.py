@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from halyard.data.builders.shard_worker import ShardJob, build_shard
-from halyard.data.errors import DataInputError
+from halyard.data.errors import DataInputError, RayStartError
 from halyard.data.processing.processor import Processor
+
+LOCAL_RAY_START_SECONDS = 300.0
+"""How long a local Ray may take to start. Ray itself waits a fixed 30 s for the new node to register with
+its GCS (``ray/_private/node.py``), which a loaded machine misses: the node's agents are Python processes
+that start slowly there."""
 
 
 def _import_ray() -> Any:
@@ -53,6 +60,7 @@ def run_ray(
 
     Raises:
         ImportError: Ray is not installed (names the extra to install).
+        RayStartError: a local Ray did not start in `LOCAL_RAY_START_SECONDS`.
         the first exception a shard task raised.
     """
     ray = _import_ray()
@@ -60,7 +68,7 @@ def run_ray(
         if ray_address is not None:
             ray.init(address=ray_address)
         else:
-            ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
+            start_local_ray(num_workers)
     remote = ray.remote(num_cpus=1, max_retries=0)(_build_shard_task)
     processor_ref = ray.put(processor)
     in_flight_limit = num_workers or int(ray.cluster_resources().get("CPU", 1))
@@ -84,3 +92,57 @@ def run_ray(
         for reference in running:
             ray.cancel(reference, force=True)
         raise
+
+
+def start_local_ray(num_cpus: int | None, **options: Any) -> None:
+    """``ray.init`` a local Ray of ``num_cpus`` CPUs (None: all), waiting up to `LOCAL_RAY_START_SECONDS`
+    for its node to register instead of Ray's own 30 s.
+
+    Args:
+        num_cpus: CPUs the local Ray offers.
+        options: more ``ray.init`` keywords (they override the defaults: no dashboard, no worker logs).
+
+    Raises:
+        ImportError: Ray is not installed.
+        RayStartError: the local Ray did not start (its reason, and what to do instead).
+    """
+    ray = _import_ray()
+    started = time.monotonic()
+    try:
+        with _patient_node_registration(ray, LOCAL_RAY_START_SECONDS):
+            ray.init(**{"num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False, **options})
+    except Exception as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise RayStartError(
+            f"a local Ray did not start (after {time.monotonic() - started:.0f} s: {reason}); build without "
+            "Ray (the local builder), or start Ray yourself (`ray start --head`) and give its address "
+            "(ray_address=auto)"
+        ) from error
+
+
+@contextlib.contextmanager
+def _patient_node_registration(ray: Any, seconds: float) -> Iterator[None]:
+    """While active, each look-up of a node that Ray's start makes waits up to ``seconds`` for the node to
+    register, so Ray's fixed 30 s wait around it does not end first. A Ray without that function (another
+    version) is left as it is."""
+    services: Any = getattr(getattr(ray, "_private", None), "services", None)
+    get_node = getattr(services, "get_node", None)
+    if get_node is None:
+        yield
+        return
+
+    def patient_get_node(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:  # "not found": the node has not registered yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = patient_get_node
+    try:
+        yield
+    finally:
+        services.get_node = get_node

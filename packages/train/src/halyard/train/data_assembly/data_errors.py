@@ -18,7 +18,7 @@ from halyard.data import (
     TokenizerNotFoundError,
     UnreadableShardError,
 )
-from halyard.data.errors import NotEnoughTokensError
+from halyard.data.errors import NotEnoughTokensError, RayStartError
 from halyard.shard import process_index
 from halyard.train.checkpoint.process_agreement import broadcast_from_process_zero, true_on_any_process
 from halyard.train.config.errors import ConfigError
@@ -33,6 +33,7 @@ _CONFIG_KEYS = (
     (ExampleError, "data.format and its field names"),
     ((SourceNotFoundError, SourceFormatError, UnreadableShardError), "data.sources"),
     ((TokenizerLoadError, TokenizerNotFoundError), "data.tokenizer"),
+    (RayStartError, "data.builder=local, or data.ray_address=auto with a Ray you started"),
     (DataInputError, "data"),
 )
 
