@@ -200,7 +200,8 @@ for process_id in range(2):
     )
 outputs = [process.communicate(timeout=600)[0] for process in processes]
 for process_id, (process, output) in enumerate(zip(processes, outputs)):
-    print(f"process {process_id}: exit {process.returncode}; last line: {output.strip().splitlines()[-1]}")
+    lines = output.strip().splitlines()  # process 0 reports the run; the others print only their problems
+    print(f"process {process_id}: exit {process.returncode}; last line: {lines[-1] if lines else '(none)'}")
     assert process.returncode == 0, output[-3000:]
 two_losses = [record["loss"] for record in read_jsonl(two / "metrics.jsonl") if "loss" in record]
 np.testing.assert_allclose(two_losses, losses["fsdp"], rtol=2e-5)
