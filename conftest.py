@@ -53,6 +53,9 @@ SLOW_FILES_FIRST = frozenset(
         "test_every_host_builds.py",
         "test_lora_trainer.py",
         "test_family_gemma.py",
+        "test_cli_interrupts.py",
+        "test_readme_scripts.py",
+        "test_checkpoint_benchmark_smoke.py",
     }
 )
 

@@ -19,10 +19,12 @@ import threading
 
 logger = logging.getLogger("halyard.shard")
 
-_CONNECTED = re.compile(
-    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected number of connected peer ranks is : \1\n"
+_SENTENCE = re.compile(
+    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected number of connected peer ranks is : (\d+)"
 )
-_PREFIX = b"[Gloo]"
+_WORDS = re.compile(rb"\[Gloo\]|Rank|is connected to|peer ranks|Expected number of connected|is :|\d+|[\s.]")
+"""Gloo's vocabulary: a line made of these alone is connection lines its threads wrote into each other."""
+_MARKS = (b"[Gl", b"Rank", b"connected", b"peer ranks", b"Expected")
 _installed: _StdoutFilter | None = None
 
 
@@ -42,6 +44,7 @@ class _StdoutFilter:
     def __init__(self) -> None:
         sys.stdout.flush()
         self._console = os.dup(1)
+        self._mid_line = False
         read_end, write_end = os.pipe()
         os.dup2(write_end, 1)
         os.close(write_end)
@@ -58,26 +61,22 @@ class _StdoutFilter:
         os.close(read_end)
 
     def _write_through(self, data: bytes) -> bytes:
-        """Drop the complete connection lines of ``data``, write out what cannot belong to one, and return
-        the rest (a line of gloo's still arriving: its threads write lines in pieces, interleaved)."""
-        while (match := _CONNECTED.search(data)) is not None:
-            logger.debug("%s", match.group(0).decode(errors="replace").rstrip())
-            data = data[: match.start()] + data[match.end() :]
-        held = len(data)
-        start = data.find(_PREFIX)
-        while start != -1:
-            if b"\n" not in data[start:]:
-                held = start
-                break
-            start = data.find(_PREFIX, start + 1)
-        for size in range(min(len(_PREFIX) - 1, held), 0, -1):  # the start of "[Gloo]" at the very end
-            if data[:held].endswith(_PREFIX[:size]):
-                held -= size
-                break
-        self._write(data[:held])
-        return data[held:]
+        """Write out the complete lines of ``data`` but gloo's, and return the rest: a line still arriving
+        that may be gloo's (its threads write lines in pieces, into each other)."""
+        *lines, rest = data.split(b"\n")
+        for line in lines:
+            kept = _without_gloo(line)
+            self._write(kept or (b"\n" if self._mid_line else b""))  # a line of gloo's ended one of ours
+        if any(mark in rest for mark in _MARKS) or any(
+            rest.endswith(mark[:size]) for mark in (b"[Gloo]", b"Expected") for size in range(1, len(mark))
+        ):
+            return rest
+        self._write(rest)
+        return b""
 
     def _write(self, data: bytes) -> None:
+        if data:
+            self._mid_line = not data.endswith(b"\n")
         while data:
             data = data[os.write(self._console, data) :]
 
@@ -87,3 +86,16 @@ class _StdoutFilter:
             sys.stdout.flush()
         os.dup2(self._console, 1)  # the pipe's last writer here: the thread reads its end and stops
         self._thread.join(timeout=2)
+
+
+def _without_gloo(line: bytes) -> bytes:
+    """``line`` and its newline, or nothing where gloo wrote it; a rank connected to fewer peers than
+    expected is a problem and stays."""
+    clean = _SENTENCE.fullmatch(line.strip())
+    if clean is not None and clean.group(1) != clean.group(2):
+        return line + b"\n"
+    sentences_removed = _SENTENCE.sub(b"", line)
+    if (b"[Gloo]" in line or b"peer ranks" in line) and not _WORDS.sub(b"", sentences_removed):
+        logger.debug("%s", line.decode(errors="replace").strip())
+        return b""
+    return sentences_removed + b"\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from halyard.shard import initialize, is_main_process
+from halyard.shard import initialize
 from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.checkpoint.preemption import PreemptionFlag
 from halyard.train.commands.config_show import PRINT_CONFIG_FLAG, print_config
@@ -42,7 +42,7 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
         )
         return 0
     result = trainer.fit()
-    if result.last_metrics and is_main_process():  # every process has them: one says it
+    if result.last_metrics:  # the run's global figures, on every process's console (each host has its own)
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
         print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
     return 0
