@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import write_config
+from trainer_fixtures import fails, write_config
 
 from halyard.train.cli import main
 from halyard.train.corpora.python_stdlib import write_python_stdlib_corpus
@@ -20,16 +20,6 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tokenizer")
     shards = write_python_stdlib_corpus(folder / "corpus", 30)
     return train_bpe_tokenizer(shards, folder / "tokenizer.json", 512)
-
-
-def fails(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
-    """Run ``halyard ARGV`` in this process; return (exit code, stderr), checking the message is one line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as raised:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-    return int(raised.value.code), err
 
 
 def corpus_config(tmp_path: Path, tokenizer_file: Path, text: str) -> tuple[Path, Path]:

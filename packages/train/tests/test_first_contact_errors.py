@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from trainer_fixtures import load_config, start_processes, write_config
+from trainer_fixtures import fails, load_config, start_processes, write_config
 
 from halyard.train.cli import main
 from halyard.train.config.errors import ConfigError
@@ -48,17 +48,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> P
         assert main(["train", "--config", str(config)]) == 0
     (folder / "train.out").write_text(printed.getvalue())
     return config
-
-
-def fails(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
-    """Run ``halyard ARGV`` in this process; return (exit code, stderr), checking the message is one line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as raised:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert "Traceback" not in err
-    return int(raised.value.code), err
 
 
 def train(config: Path, *overrides: str) -> list[str]:

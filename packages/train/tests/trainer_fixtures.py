@@ -11,9 +11,10 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
-from halyard.train.cli import resolve_config_paths
+from halyard.train.cli import main, resolve_config_paths
 from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
 
@@ -156,3 +157,15 @@ def assert_bitwise_equal(a: Any, b: Any) -> None:
         assert np.array_equal(x, y), (
             f"max difference {np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))}"
         )
+
+
+def fails(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    """Run ``halyard ARGV`` in this process; return (exit code, stderr), checking the message is one line
+    without a traceback."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return int(raised.value.code), err
