@@ -26,7 +26,14 @@ BASE: dict[str, Any] = {
         "seq_len": 16,
         "num_workers": 0,
     },
-    "trainer": {"steps": STEPS, "batch_size": 8, "log_every": 1, "progress": False, "min_shard": 1},
+    "trainer": {
+        "steps": STEPS,
+        "batch_size": 8,
+        "log_every": 1,
+        "progress": False,
+        "min_shard": 1,
+        "plot": False,
+    },
     "checkpoint": {"every_steps": CHECKPOINT_EVERY, "every_seconds": None, "keep_last": 2},
     "trackers": [{"type": "jsonl"}],
 }

@@ -39,7 +39,9 @@ def test_fit_writes_the_loss_plot_and_plot_overlays_runs(
 ) -> None:
     run = tmp_path / "run"
     Trainer(
-        load_config(write_config(tmp_path / "run.yaml", run, tmp_path / "cache", trainer={"steps": 3}))
+        load_config(
+            write_config(tmp_path / "run.yaml", run, tmp_path / "cache", trainer={"steps": 3, "plot": True})
+        )
     ).fit()
     assert (run / PLOT_NAME).read_bytes().startswith(b"\x89PNG")
     other = tmp_path / "other"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import jax
 import pytest
 
+from halyard.train.perf import peaks
 from halyard.train.perf.goodput import Goodput
 from halyard.train.perf.mfu import mfu, transformer_train_flops_per_token
 from halyard.train.perf.peaks import (
@@ -71,6 +73,26 @@ def test_cpu_peak_is_measured_once_per_process_and_labelled():
     assert device_peak_flops(cpu, "float32") is first  # cached: no second benchmark
     clear_measured_peaks()
     assert device_peak_flops(cpu, "float32") is not first
+
+
+def test_a_measured_peak_is_kept_for_later_processes_of_the_machine(tmp_path, monkeypatch):
+    clear_measured_peaks()
+    cpu = jax.devices("cpu")[0]
+    first = device_peak_flops(cpu, "float32", kept_in=tmp_path / "cache")
+    kept = json.loads((tmp_path / "cache" / peaks.PEAKS_FILE).read_text())
+    assert list(kept.values()) == [first.flops_per_second]
+    clear_measured_peaks()  # as a new process: reads the folder instead of measuring
+
+    def measure_again(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(peaks, "measure_matmul_flops", measure_again)
+    assert device_peak_flops(cpu, "float32", kept_in=tmp_path / "cache") == first
+    with pytest.raises(AssertionError, match="measured again"):  # another dtype has no kept peak
+        device_peak_flops(cpu, "bfloat16", kept_in=tmp_path / "cache")
+    with pytest.raises(AssertionError, match="measured again"):  # a remote folder keeps nothing
+        device_peak_flops(cpu, "float32", kept_in="gs://bucket/cache")
+    clear_measured_peaks()
 
 
 def test_matmul_measurement_takes_the_fastest_run():

@@ -41,6 +41,7 @@ def test_same_config_twice_gives_identical_bits(tmp_path: Path, cache_dir: Path)
     assert (tmp_path / "first" / "config.yaml").exists()
     assert list((tmp_path / "first" / "profile").rglob("*.xplane.pb")), "no profiler trace written"
     assert not (tmp_path / "second" / "profile").exists()
+    assert not (tmp_path / "first" / "loss.png").exists()  # trainer.plot: false (the tiny runs' setting)
 
 
 def test_preempted_run_resumes_to_the_same_bits(tmp_path: Path, cache_dir: Path) -> None:

@@ -37,7 +37,7 @@ TINY = {
         "num_workers": 0,
     },
     "optimizer": {"type": "adamw", "learning_rate": 0.01, "schedule": {"type": "cosine", "warmup": 2}},
-    "trainer": {"steps": 6, "batch_size": 8, "log_every": 1, "progress": False},
+    "trainer": {"steps": 6, "batch_size": 8, "log_every": 1, "progress": False, "plot": False},
     "checkpoint": {"every_steps": 2, "every_seconds": None, "keep_last": 10},
     "trackers": [{"type": "jsonl"}],
 }

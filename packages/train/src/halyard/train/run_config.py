@@ -180,6 +180,8 @@ class TrainerConfig:
     """Sampling temperature for the sample (0: greedy); top-k 40 when above 0, seeded by trainer.seed."""
     progress: bool = True
     """Show a progress bar."""
+    plot: bool = True
+    """Write the loss against the step to <run_dir>/loss.png at the end (matplotlib, about a second)."""
     compilation_cache: str | None = "~/.cache/halyard/jax"
     """Folder of JAX's persistent compilation cache: a run that starts again (a resume, the next run of the same shapes) loads its compiled programs instead of compiling them (null: no cache; JAX_COMPILATION_CACHE_DIR, when set, wins)."""
     objective: str = "lm"

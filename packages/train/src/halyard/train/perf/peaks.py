@@ -16,15 +16,21 @@ Table values are the vendors' dense (no sparsity) peaks per chip, in FLOP/s:
 TPU `float32` equals `bfloat16` because XLA's default matmul precision on TPU runs f32 inputs as a single
 bf16 pass on the MXU. On GPUs, JAX's default precision uses TF32 for f32 matmuls on Ampere and later; ask
 for `tf32` when that is what runs. A device kind not in the table (and every CPU) gets a peak measured by a
-short jitted matmul benchmark, once per process, labelled `source="measured"`.
+short jitted matmul benchmark, once per process, labelled `source="measured"`; given a folder, the
+measurement is kept there (``measured-peaks.json``, keyed by device, dtype and CPU) and later processes on
+the same machine read it instead of measuring again.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -104,13 +110,18 @@ def _dtype_name(dtype: str | jnp.dtype | type) -> str:
 
 
 def device_peak_flops(
-    device: jax.Device | None = None, dtype: str | jnp.dtype | type = "bfloat16"
+    device: jax.Device | None = None,
+    dtype: str | jnp.dtype | type = "bfloat16",
+    *,
+    kept_in: str | os.PathLike[str] | None = None,
 ) -> PeakFlops:
     """The peak matmul FLOP/s of one device for `dtype`: from `PEAK_FLOPS`, else measured once.
 
     Args:
         device: the device (default: this process's first, `jax.local_devices()[0]`).
         dtype: the matmul input dtype (`bfloat16`, `float32`, `float16`, or `"tf32"` on GPUs).
+        kept_in: a local folder where measured peaks are kept for later processes on this machine (the
+            run's compilation cache folder); None, or a remote URL: measure in this process only.
 
     Raises:
         ValueError: a known accelerator without a table entry for `dtype`.
@@ -121,19 +132,75 @@ def device_peak_flops(
     if key is None:
         if name == "tf32":
             name = "float32"
-        return _measured_peak(device.platform, device.device_kind, name)
+        return _measured_peak(device.platform, device.device_kind, name, _local_folder(kept_in))
     if name not in PEAK_FLOPS[key]:
         raise ValueError(f"no {name} peak for {key} in PEAK_FLOPS; known: {', '.join(PEAK_FLOPS[key])}.")
     return PeakFlops(PEAK_FLOPS[key][name], "table", key, name)
 
 
+PEAKS_FILE = "measured-peaks.json"
+"""File name of the measured peaks kept in `device_peak_flops`'s ``kept_in`` folder."""
+
+
+def _local_folder(folder: str | os.PathLike[str] | None) -> Path | None:
+    if folder is None or "://" in str(folder):
+        return None
+    return Path(folder).expanduser()
+
+
+def _machine_key(platform_name: str, device_kind: str, dtype: str) -> str:
+    # The same home folder on machines with other CPUs (a shared file system) keeps one peak per CPU model.
+    return f"{platform_name}|{device_kind}|{dtype}|{platform.machine()}|{_cpu_model()}|{os.cpu_count()}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 @functools.cache
-def _measured_peak(platform: str, device_kind: str, dtype: str) -> PeakFlops:
+def _measured_peak(platform_name: str, device_kind: str, dtype: str, folder: Path | None) -> PeakFlops:
+    key = _machine_key(platform_name, device_kind, dtype)
+    kept = _read_peaks(folder).get(key)
+    if isinstance(kept, int | float) and kept > 0:
+        return PeakFlops(float(kept), "measured", device_kind, dtype)
     # A device of this process: a computation placed on another process's device does not run here, so
     # timing it measured nothing (process 1 of a 2-process run reported a peak ~5000x too high).
-    device = next(d for d in jax.local_devices() if d.platform == platform and d.device_kind == device_kind)
+    device = next(
+        d for d in jax.local_devices() if d.platform == platform_name and d.device_kind == device_kind
+    )
     flops = measure_matmul_flops(dtype, device=device)
+    if folder is not None:
+        _keep_peak(folder, key, flops)
     return PeakFlops(flops, "measured", device_kind, dtype)
+
+
+def _read_peaks(folder: Path | None) -> dict[str, object]:
+    if folder is None:
+        return {}
+    try:
+        kept = json.loads((folder / PEAKS_FILE).read_text())
+    except (OSError, ValueError):  # none yet, or a file another process is writing: measure
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _keep_peak(folder: Path, key: str, flops: float) -> None:
+    """Adds ``key`` to the folder's peaks file atomically (write aside, rename); a folder that cannot be
+    written keeps nothing."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = {**_read_peaks(folder), key: flops}
+        aside = folder / f".{PEAKS_FILE}.{os.getpid()}"
+        aside.write_text(json.dumps(kept, indent=1, sort_keys=True))
+        os.replace(aside, folder / PEAKS_FILE)
+    except OSError:
+        pass
 
 
 def clear_measured_peaks() -> None:

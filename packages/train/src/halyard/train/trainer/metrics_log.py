@@ -74,7 +74,7 @@ class MetricsLog:
         self.source_names = source_order(config.data.mixture)  # a mixture's per-source losses are named so
         # Every process reports the run's figures (global tokens, the slowest process's time, process 0's
         # peak), so all processes print the same tokens/s and MFU.
-        peak = device_peak_flops(jax.local_devices()[0], model_config.compute)
+        peak = device_peak_flops(jax.local_devices()[0], model_config.compute, kept_in=cache_directory())
         self.peak = dataclasses.replace(peak, flops_per_second=from_process_zero(peak.flops_per_second))
         self._window_start: float | None = None
         self._excluded_seconds = 0.0

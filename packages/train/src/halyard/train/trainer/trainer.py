@@ -153,7 +153,7 @@ class Trainer:
             if self._preemption is None:  # the handlers fit installed: Ctrl-C interrupts again afterwards
                 preemption.uninstall()
         summary = session.log.close()
-        if is_main_process():  # the loss against the step, for a look instead of a read of metrics.jsonl
+        if self.config.trainer.plot and is_main_process():  # a look instead of a read of metrics.jsonl
             write_run_plot(self.run_dir)
         log = session.log
         return FitResult(
