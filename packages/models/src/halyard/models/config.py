@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import jax
 import jax.numpy as jnp
 
+from halyard.models.attention.context_parallel import CONTEXT_PARALLEL
 from halyard.named.nn import REMAT_POLICIES
 
 if TYPE_CHECKING:
@@ -30,6 +31,10 @@ class ModelConfig(abc.ABC):
     Attributes:
         attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn``; changes
             numerics only within float tolerance and never the parameter tree.
+        context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how attention runs when the
+            mesh splits the sequence (``trainer.mesh.sequence`` > 1): K/V passed around a ring, K/V
+            all-gathered, or an all-to-all to heads (``auto``: ``ulysses`` where each device's heads and
+            KV heads divide by the split, else ``all_gather``); numerics within float tolerance.
         scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
             depth); ``False`` unrolls them (same parameters, same results).
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
@@ -56,6 +61,7 @@ class ModelConfig(abc.ABC):
     family: ClassVar[str] = ""
 
     attention_implementation: str = "auto"
+    context_parallel: str = "auto"
     scan_layers: bool = True
     remat: str = "save_dots"
     param_dtype: str = "float32"
@@ -73,6 +79,7 @@ class ModelConfig(abc.ABC):
             raise ValueError(f"{type(self).__name__}.eos_token_ids must be a list of token ids, got {ids!r}")
         object.__setattr__(self, "eos_token_ids", tuple(ids))  # a YAML list: hashable like the rest
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
+        _check_choice(self, "context_parallel", CONTEXT_PARALLEL)
         _check_choice(self, "remat", REMAT_POLICIES)
         if not isinstance(self.loss_full_logits_max_mib, int) or self.loss_full_logits_max_mib < 0:
             raise ValueError(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import halyard.named as hn
 from halyard.models.attention import AttentionMask
 from halyard.models.batch import LmBatch
+from halyard.models.context_order import balanced_batch
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.loss import next_token_loss
 from halyard.named import NamedArray
@@ -186,7 +187,17 @@ class CausalLM(eqx.Module):
             family's auxiliary terms (``load_balancing_loss``, ``router_z_loss`` for MoE).
         """
         model = self.in_compute_dtype()
-        mask = self.complete_mask(AttentionMask(causal=True, segment_ids=batch.segment_ids))
+        # Under context parallelism the positions are taken in the load-balanced order (context_order);
+        # the mask then reads each token's window index.
+        batch, window = balanced_batch(batch)
+        mask = self.complete_mask(
+            AttentionMask(
+                causal=True,
+                segment_ids=batch.segment_ids,
+                query_positions=window,
+                key_positions=None if window is None else window.rename({"pos": "key_pos"}),
+            )
+        )
         token_mask: dict[str, Any] = {"token_mask": batch.loss_mask} if self.decoder_takes_token_mask else {}
         softcap: dict[str, Any] = {} if self.logit_softcap is None else {"logit_softcap": self.logit_softcap}
         output = model.decoder(batch.tokens, mask=mask, positions=batch.positions, **token_mask)

@@ -22,6 +22,10 @@ _POS = ("sequence",)
 # Every ready-made layout starts with these: the batch claims its mesh axes before any weight rule.
 _COMMON: list[tuple[str, RuleValue]] = [("batch", _BATCH), ("pos", _POS), ("layers", _LAYERS)]
 _TENSOR: list[tuple[str, RuleValue]] = [(n, ("tensor",)) for n in ("heads", "kv_heads", "mlp", "vocab")]
+# Weights split over fsdp and sequence together (context parallelism never replicates the model: the
+# sequence devices share the weights as fsdp devices do, as torchtitan folds its context axis into FSDP);
+# over either alone where the pair does not divide. Activations keep both for the batch and positions.
+_SHARDED_WEIGHT: RuleValue = (("fsdp", "sequence"), "fsdp", "sequence")
 
 
 def _is_named(x: Any) -> bool:
@@ -127,10 +131,11 @@ class Layout:
 
     @classmethod
     def fsdp(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
-        """Batch split over the batch axes; each weight split over ``fsdp`` along its first dimension that
-        divides, trying ``embed``, then ``mlp``, heads, ``vocab`` (gathered just in time by XLA)."""
+        """Batch split over the batch axes; each weight split over ``fsdp`` (and ``sequence``, see
+        `_SHARDED_WEIGHT`) along its first dimension that divides, trying ``embed``, then ``mlp``, heads,
+        ``vocab`` (gathered just in time by XLA)."""
         weights = ("embed", "mlp", "heads", "kv_heads", "vocab", "experts", "head_size")
-        return cls(_COMMON + [(n, ("fsdp",)) for n in weights], min_shard, tolerance, "fsdp")
+        return cls(_COMMON + [(n, _SHARDED_WEIGHT) for n in weights], min_shard, tolerance, "fsdp")
 
     @classmethod
     def tensor_parallel(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
@@ -140,13 +145,14 @@ class Layout:
 
     @classmethod
     def fsdp_tensor(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
-        """Tensor parallel as in `tensor_parallel`, plus ``embed`` split over ``fsdp`` (2-D sharding)."""
-        return cls(_COMMON + _TENSOR + [("embed", ("fsdp",))], min_shard, tolerance, "fsdp_tensor")
+        """Tensor parallel as in `tensor_parallel`, plus ``embed`` split over ``fsdp`` and ``sequence`` (2-D
+        sharding)."""
+        return cls(_COMMON + _TENSOR + [("embed", _SHARDED_WEIGHT)], min_shard, tolerance, "fsdp_tensor")
 
     @classmethod
     def expert_parallel(cls, min_shard: int = 2**16, tolerance: float = 0.02) -> Layout:
         """`fsdp_tensor` plus the ``experts`` axis split over ``expert`` (the batch splits over it too)."""
-        rules = _COMMON + [("experts", ("expert",))] + _TENSOR + [("embed", ("fsdp",))]
+        rules = _COMMON + [("experts", ("expert",))] + _TENSOR + [("embed", _SHARDED_WEIGHT)]
         return cls(rules, min_shard, tolerance, "expert_parallel")
 
     @classmethod

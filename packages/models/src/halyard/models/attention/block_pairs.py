@@ -144,7 +144,7 @@ def _finish(state: Running) -> tuple[jax.Array, jax.Array]:
 def forward_pairs(
     static: Static, query: jax.Array, key: jax.Array, value: jax.Array, tokens: BlockTokens
 ) -> tuple[jax.Array, jax.Array]:
-    """Output ``[Q, B, h, g, q, d]`` (the query dtype) and log-sum-exp ``[Q, B, h, g, q]``."""
+    """Output ``[Q, B, h, g, q, d]`` and log-sum-exp ``[Q, B, h, g, q]``, both float32."""
     if static.pairs is not None:
         outputs, sums = [], []
         for query_index in range(query.shape[0]):
@@ -155,7 +155,7 @@ def forward_pairs(
             output, log_sum_exp = _finish(state)
             outputs.append(output)
             sums.append(log_sum_exp)
-        return jnp.stack(outputs).astype(query.dtype), jnp.stack(sums)
+        return jnp.stack(outputs), jnp.stack(sums)
 
     def one_query_block(query_index: jax.Array, query_block: jax.Array) -> tuple[jax.Array, jax.Array]:
         def one_key_block(state: Running, key_index: jax.Array) -> tuple[Running, None]:
@@ -173,7 +173,7 @@ def forward_pairs(
         return None, one_query_block(*xs)
 
     _, (output, log_sum_exp) = jax.lax.scan(body, None, (jnp.arange(query.shape[0]), query))
-    return output.astype(query.dtype), log_sum_exp
+    return output, log_sum_exp
 
 
 def _pair_gradients(

@@ -14,6 +14,11 @@ The ``auto`` rule:
 With a ``logit_softcap`` (Gemma 2), ``auto`` is always ``blocked``: ``xla`` and ``cudnn`` (both
 ``jax.nn.dot_product_attention``) cannot cap the logits, so only `SOFTCAP_IMPLEMENTATIONS` accept one.
 
+When the active layout splits ``pos`` over several devices (``trainer.mesh.sequence``), attention runs
+context-parallel (`halyard.models.attention.context_parallel`: ``ring``, ``all_gather``, ``ulysses``) with
+the blocked kernel on each device's share; ``context_parallel=None`` (a KV cache) or
+``implementation="reference"`` never splits.
+
 Switching implementation never changes parameters: every implementation computes the same function
 (tested against ``reference`` in values and gradients).
 """
@@ -25,6 +30,11 @@ import math
 import jax
 
 from halyard.models.attention.blocked import blocked_attention
+from halyard.models.attention.context_parallel import (
+    CONTEXT_PARALLEL,
+    context_parallel_attention,
+    context_split,
+)
 from halyard.models.attention.cudnn import cudnn_attention, cudnn_unsupported_reason
 from halyard.models.attention.layout import FlatAttention, flatten_inputs, unflatten_output
 from halyard.models.attention.mask import AttentionMask
@@ -54,6 +64,7 @@ def attention(
     scale: float | None = None,
     block_size: int | None = None,
     logit_softcap: float | None = None,
+    context_parallel: str | None = "auto",
 ) -> NamedArray:
     """Scaled dot-product attention over named axes, with grouped-query support.
 
@@ -70,6 +81,8 @@ def attention(
         block_size: queries and keys per block for ``blocked``; ``None``: `default_block_size`.
         logit_softcap: ``cap``: the scaled logits become ``cap * tanh(logits / cap)`` before the mask
             and the softmax (Gemma 2's ``attn_logit_softcapping``); None: no capping.
+        context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how to attend when the active
+            layout splits ``pos`` over several devices (see the module docstring); None: never split.
 
     Returns:
         ``(batch..., "pos", "heads", "head_size")`` in the query's axis order and dtype. Rows whose
@@ -86,6 +99,10 @@ def attention(
         )
     if not isinstance(mask, AttentionMask):
         raise TypeError(f"attention: mask must be an AttentionMask, got {type(mask).__name__}")
+    if context_parallel is not None and context_parallel not in CONTEXT_PARALLEL:
+        raise ValueError(
+            f"attention: unknown context_parallel {context_parallel!r}; choose one of {CONTEXT_PARALLEL} or None"
+        )
     logit_softcap = checked_softcap(logit_softcap, "attention")
     if logit_softcap is not None and implementation not in SOFTCAP_IMPLEMENTATIONS:
         raise ValueError(
@@ -99,6 +116,18 @@ def attention(
         chosen = choose_implementation(flat, logit_softcap=logit_softcap)
     else:
         chosen = implementation
+    split = context_split(query, key) if context_parallel is not None and chosen != "reference" else None
+    if split is not None and context_parallel is not None:
+        block_size = default_block_size() if block_size is None else block_size
+        output = context_parallel_attention(
+            flat,
+            split,
+            implementation=context_parallel,
+            scale=scale,
+            block_size=block_size,
+            logit_softcap=logit_softcap,
+        )
+        return unflatten_output(flat, output)
     if chosen == "reference":
         return reference_attention(query, key, value, mask, scale=scale, logit_softcap=logit_softcap)
     if chosen == "xla":

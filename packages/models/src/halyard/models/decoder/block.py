@@ -75,7 +75,7 @@ class DecoderBlock(eqx.Module):
             softcap=layout.attention_softcap, qk_norm=layout.qk_norm, norm_eps=layout.norm_eps,
             norm_offset=layout.norm_offset, init_std=std, out_init_std=out_std,
             query_init_std=layout.query_init_std, implementation=config.attention_implementation,
-            block_size=config.attention_block_size,
+            block_size=config.attention_block_size, context_parallel=config.context_parallel,
         )  # fmt: skip
         mlp: MLP | GatedMLP | MoeMLP
         if layout.mlp == "moe":

@@ -38,6 +38,8 @@ class SelfAttention(eqx.Module):
         softcap: ``cap * tanh(logits / cap)`` on the attention logits, or None (static).
         implementation: attention kernel name (static).
         block_size: queries and keys per block of the ``blocked`` kernel (static; None: 64 on CPU, else 128).
+        context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how attention runs when the
+            active layout splits ``pos`` over several devices (static; `halyard.models.attention`).
     """
 
     q_proj: Linear
@@ -51,6 +53,7 @@ class SelfAttention(eqx.Module):
     softcap: float | None = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
     block_size: int | None = eqx.field(static=True, default=None)
+    context_parallel: str = eqx.field(static=True, default="auto")
 
     @classmethod
     def init(
@@ -74,6 +77,7 @@ class SelfAttention(eqx.Module):
         implementation: str = "auto",
         query_init_std: float | None = None,
         block_size: int | None = None,
+        context_parallel: str = "auto",
         dtype: Any,
     ) -> SelfAttention:
         """Create the four projections (N(0, std**2) weights, zero biases).
@@ -93,6 +97,7 @@ class SelfAttention(eqx.Module):
                 ``norm_eps`` and ``norm_offset`` configure those norms.
             implementation: attention kernel (`halyard.models.attention.attention`).
             block_size: queries and keys per block of the ``blocked`` kernel (None: the backend's default).
+            context_parallel: attention over a sequence split across devices (`attention`'s argument).
             dtype: parameter dtype.
 
         Raises:
@@ -129,7 +134,7 @@ class SelfAttention(eqx.Module):
             k_norm = RMSNorm.init(k_axes, eps=norm_eps, offset=norm_offset, dtype=dtype)
         return cls(
             q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, max_position, scale, softcap, implementation,
-            block_size,
+            block_size, context_parallel,
         )  # fmt: skip
 
     def __call__(
@@ -180,6 +185,7 @@ class SelfAttention(eqx.Module):
             implementation=self.implementation,
             scale=self.scale,
             block_size=self.block_size,
+            context_parallel=None if cache is not None else self.context_parallel,  # decoding never splits
             **softcap,
         )
         return self.o_proj(constrain(attended)), cache

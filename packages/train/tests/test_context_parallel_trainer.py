@@ -1,0 +1,122 @@
+"""Context parallelism through `train`: a sequence split over ``trainer.mesh.sequence`` gives the 1-device
+run's losses within float tolerance (ring on sequence 4 x data 2; all_gather on sequence 2 x fsdp 2 x
+tensor 2; ulysses on sequence 2 x data 4), resumes bitwise on its own mesh, restores onto a mesh without a
+sequence split, and refuses in one line what cannot split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainer_fixtures import (
+    StopAfter,
+    assert_bitwise_equal,
+    fails,
+    load_config,
+    run_cli,
+    write_config,
+)
+
+from halyard.models.attention import dispatch
+from halyard.models.attention.context_parallel import choose_context_parallel
+from halyard.train.checkpoint.layout import step_directory
+from halyard.train.cli import train_main
+from halyard.train.trainer.trainer import Trainer
+
+STEPS = 20
+LOSS_TOLERANCE = 2e-4  # relative, over 20 steps: summation orders differ between the meshes
+RUN = {"trainer": {"steps": STEPS}, "checkpoint": {"every_steps": 10}}
+
+
+def losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> list[float]:
+    folder = tmp_path_factory.mktemp("one_device")
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **RUN)
+    result = run_cli(["--config", str(config)], devices=1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return losses(folder / "run")
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        ["--trainer.mesh.sequence", "4", "--model.context_parallel", "ring"],
+        ["--trainer.mesh.sequence", "2", "--trainer.mesh.fsdp", "2", "--trainer.mesh.tensor", "2",
+         "--trainer.mesh.data", "1", "--trainer.layout", "fsdp_tensor", "--trainer.min_shard", "1"],
+        ["--trainer.mesh.sequence", "2", "--model.context_parallel", "ulysses"],
+    ],
+    ids=["ring_sequence4_data2", "all_gather_sequence2_fsdp2_tensor2", "ulysses_sequence2_data4"],
+)  # fmt: skip
+def test_a_split_sequence_trains_like_one_device(
+    tmp_path: Path,
+    cache_dir: Path,
+    one_device: list[float],
+    mesh: list[str],
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+    traced: list[tuple[str, int]] = []
+    real = dispatch.context_parallel_attention
+
+    def recording(flat, split, *, implementation, **kwargs):  # type: ignore[no-untyped-def]
+        chosen = choose_context_parallel(flat, split) if implementation == "auto" else implementation
+        traced.append((chosen, split.size))
+        return real(flat, split, implementation=implementation, **kwargs)
+
+    monkeypatch.setattr(dispatch, "context_parallel_attention", recording)
+    assert train_main(["--config", str(config), *mesh]) == 0
+    implementation, size = request.node.callspec.id.split("_sequence")[0], int(mesh[1])
+    assert traced and set(traced) == {(implementation, size)}, traced
+    split = losses(tmp_path / "run")
+    assert len(split) == len(one_device) == STEPS
+    np.testing.assert_allclose(split, one_device, rtol=LOSS_TOLERANCE)
+    assert split[-1] < split[0]
+
+
+def test_a_context_parallel_run_resumes_bitwise_and_restores_without_the_split(
+    tmp_path: Path, cache_dir: Path, one_device: list[float]
+) -> None:
+    ring = ["--trainer.mesh.sequence", "4", "--model.context_parallel", "ring"]
+    whole = load_config(write_config(tmp_path / "whole.yaml", tmp_path / "whole", cache_dir, **RUN), *ring)
+    reference = Trainer(whole).fit()
+    split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir, **RUN), *ring)
+    with pytest.raises(SystemExit):
+        Trainer(split, preemption=StopAfter(10)).fit()
+    resumed = Trainer(split).fit()
+    assert_bitwise_equal(reference.state.params, resumed.state.params)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in reference.history][10:]
+    # The step-10 checkpoint on a mesh without a sequence split (8 data-parallel devices).
+    moved = write_config(tmp_path / "moved.yaml", tmp_path / "moved", cache_dir, **RUN)
+    checkpoint = step_directory(tmp_path / "split" / "checkpoints", 10)
+    assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
+    assert train_main(["--config", str(moved), "--trainer.init", f"checkpoint:{checkpoint}"]) == 0
+    np.testing.assert_allclose(losses(tmp_path / "moved"), one_device[10:], rtol=LOSS_TOLERANCE)
+
+
+def test_what_cannot_split_is_refused_in_one_line(
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir))
+    code, err = fails(
+        capsys, ["train", "--config", config, "--trainer.mesh.sequence", "4", "--data.seq_len", "36"]
+    )
+    assert code == 2 and "data.seq_len=36" in err and "multiple of 8" in err
+    code, err = fails(
+        capsys,
+        ["train", "--config", config, "--trainer.mesh.sequence", "4", "--model.context_parallel", "ulysses"],
+    )
+    assert code == 2 and "model.context_parallel=ulysses" in err and "kv heads (2)" in err
+    assert not (tmp_path / "run").exists()
