@@ -1,6 +1,7 @@
 """Peak memory of attention forward+backward: `blocked` vs `reference` (and `xla`) at one shape.
 
-Each implementation's training step (values and gradients of q, k, v) is compiled for the same shapes
+Each implementation's training step (values and gradients of q, k, v, the attention inside a 2-layer
+scan as the decoder runs it) is compiled for the same shapes
 and XLA's compiled memory analysis is read: temporaries plus arguments plus outputs is the peak the
 program needs. Nothing runs at full size unless ``--run`` is given, so the quadratic reference costs only
 its compile time. The goal is ``blocked / reference <= 1/4`` at sequence length 8192.
@@ -30,19 +31,26 @@ from halyard.named import Axis, NamedArray
 IMPLEMENTATIONS = ("reference", "xla", "blocked")
 
 
-def training_step(implementation: str, block_size: int):
-    """``(q, k, v) -> (dq, dk, dv)`` of ``sum(attention(q, k, v))`` under a causal mask."""
+def training_step(implementation: str, block_size: int, layers: int = 2):
+    """``(q, k, v) -> (dq, dk, dv)`` of ``sum(attention(...))`` under a causal mask, the attention run in a
+    ``lax.scan`` over ``layers`` (each scaling the queries by its own weight), as the decoder's layer stack
+    runs it: a scan hoists out whatever depends on the mask alone, which a kernel must not let grow with
+    the number of block pairs."""
 
     def loss(query: NamedArray, key: NamedArray, value: NamedArray) -> jax.Array:
-        output = attention(
-            query,
-            key,
-            value,
-            AttentionMask(causal=True),
-            implementation=implementation,
-            block_size=block_size,
-        )
-        return jnp.sum(output.array.astype(jnp.float32))
+        def layer(carry: jax.Array, weight: jax.Array) -> tuple[jax.Array, None]:
+            output = attention(
+                NamedArray(query.array * weight, query.axes),
+                key,
+                value,
+                AttentionMask(causal=True),
+                implementation=implementation,
+                block_size=block_size,
+            )
+            return carry + jnp.sum(output.array.astype(jnp.float32)), None
+
+        total, _ = jax.lax.scan(layer, jnp.zeros((), jnp.float32), jnp.linspace(0.5, 1.0, layers))
+        return total
 
     return jax.grad(loss, argnums=(0, 1, 2))
 

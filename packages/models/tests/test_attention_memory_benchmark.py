@@ -24,5 +24,6 @@ def test_quick_benchmark_writes_json_with_linear_memory_blocked(tmp_path: Path) 
     report = json.loads(output.read_text())
     assert set(report["implementations"]) == {"reference", "xla", "blocked"}
     assert report["shape"]["seq"] == 1024
-    # At 1024 tokens the reference's scores already dominate: blocked needs far less than a quarter.
-    assert report["blocked_to_reference_peak_ratio"] < 0.25
+    # At 1024 tokens the reference's scores already dominate: blocked needs a small fraction, also inside
+    # the benchmark's layer scan (0.12 when the scan hoisted every block pair's mask out of the loop).
+    assert report["blocked_to_reference_peak_ratio"] < 0.05

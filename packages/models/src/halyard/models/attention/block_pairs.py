@@ -141,10 +141,22 @@ def _finish(state: Running) -> tuple[jax.Array, jax.Array]:
     return output, log_sum_exp
 
 
+def _tied(arrays: tuple) -> tuple:
+    """``arrays`` unchanged, but each now depends on all of them.
+
+    Inside a scan over layers the block tokens (positions, segment ids) are the same for every layer, and
+    JAX's scan partial evaluation hoists whatever depends on them alone out of the loop, as residuals:
+    here, every block pair's mask and masked logits, stacked for all pairs (memory quadratic in the
+    sequence). Tied to the queries, nothing in the kernel is loop-invariant.
+    """
+    return jax.lax.optimization_barrier(arrays)
+
+
 def forward_pairs(
     static: Static, query: jax.Array, key: jax.Array, value: jax.Array, tokens: BlockTokens
 ) -> tuple[jax.Array, jax.Array]:
     """Output ``[Q, B, h, g, q, d]`` and log-sum-exp ``[Q, B, h, g, q]``, both float32."""
+    query, key, value, tokens = _tied((query, key, value, tokens))
     if static.pairs is not None:
         outputs, sums = [], []
         for query_index in range(query.shape[0]):
@@ -210,6 +222,7 @@ def backward_pairs(
     output_cotangent: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Float32 gradients of query ``[Q, B, h, g, q, d]``, key and value ``[K, B, h, k, d]``."""
+    query, key, value, tokens, output_cotangent = _tied((query, key, value, tokens, output_cotangent))
     output_cotangent = output_cotangent.astype(jnp.float32)
     # delta_i = sum_d dO_i * O_i: the softmax backward's row term, [Q, B, h, g, q].
     delta = jnp.sum(output_cotangent * output.astype(jnp.float32), axis=-1)
