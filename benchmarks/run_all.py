@@ -190,6 +190,29 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "context_parallel",
+        "context_parallel.py",
+        (
+            Figure(
+                "context parallel: activations x N / one device's (worst)",
+                "worst_activation_excess",
+                "close to 1",
+            ),
+            Figure(
+                "context parallel: collective bytes measured / theory (worst)",
+                "worst_measured_over_theory",
+                "~1.0",
+                lambda v: abs(v - 1) < 0.02,
+            ),
+            Figure(
+                "context parallel: load-balanced causal work max / min (worst)",
+                "worst_balanced_max_over_min",
+                "<= 1.05",
+                at_most(1.05),
+            ),
+        ),
+    ),
+    Benchmark(
         "mup_wider_is_better",
         "mup_wider_is_better.py",
         (

@@ -1,28 +1,34 @@
 """Context parallelism through `train`: a sequence split over ``trainer.mesh.sequence`` gives the 1-device
 run's losses within float tolerance (ring on sequence 4 x data 2; all_gather on sequence 2 x fsdp 2 x
-tensor 2; ulysses on sequence 2 x data 4), resumes bitwise on its own mesh, restores onto a mesh without a
-sequence split, and refuses in one line what cannot split."""
+tensor 2; ulysses on sequence 2 x data 4; 2 processes whose sequence axis spans both), resumes bitwise on
+its own mesh, restores onto a mesh without a sequence split, and refuses in one line what cannot split.
+The built-in long-context config plans to fit Llama 3.1 8B at 128k tokens on 8 H200s and trains from a
+Hugging Face folder at smoke size."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from trainer_fixtures import (
+    TINY,
     StopAfter,
     assert_bitwise_equal,
     fails,
     load_config,
     run_cli,
+    save_tiny_hf_llama,
+    start_processes,
     write_config,
 )
 
 from halyard.models.attention import dispatch
 from halyard.models.attention.context_parallel import choose_context_parallel
 from halyard.train.checkpoint.layout import step_directory
-from halyard.train.cli import train_main
+from halyard.train.cli import main, train_main
 from halyard.train.trainer.trainer import Trainer
 
 STEPS = 20
@@ -120,3 +126,56 @@ def test_what_cannot_split_is_refused_in_one_line(
     )
     assert code == 2 and "model.context_parallel=ulysses" in err and "kv heads (2)" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.multiprocess
+def test_a_sequence_split_across_two_processes_trains_like_one_device(
+    tmp_path: Path, cache_dir: Path, one_device: list[float]
+) -> None:
+    # 2 processes x 2 devices, all 4 on the sequence axis: every attention's ring or gather crosses them.
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+    mesh = ["--trainer.mesh.sequence", "4", "--trainer.mesh.data", "1", "--model.context_parallel", "ring"]
+    processes = start_processes(["--config", str(config), *mesh])
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    np.testing.assert_allclose(losses(tmp_path / "run"), one_device, rtol=LOSS_TOLERANCE)
+
+
+LLAMA_31_8B = Path(__file__).resolve().parents[2] / "export" / "tests" / "fixtures" / "hf-configs" / "llama"
+
+
+def test_the_long_context_config_fits_128k_tokens_of_llama_8b_on_8_h200(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "Llama-3.1-8B"  # the published config.json: shapes and RoPE scaling, no weights
+    folder.mkdir()
+    shutil.copy(LLAMA_31_8B / "Llama-3.1-8B.json", folder / "config.json")
+    argv = ["plan", "--config", "llama-8b-128k", "--accelerator", "H200", "--trainer.init", f"hf:{folder}"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "8 devices (mesh sequence=8)" in out and "131,072 tokens a step" not in out
+    assert "8 x 131072 = 1,048,576 tokens a step, accumulation 8" in out
+    assert "fits on H200" in out, out
+
+
+def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Path, cache_dir: Path) -> None:
+    # At smoke size: the tiny Llama's folder, 64-token sequences split over 4 devices x fsdp 2.
+    hf = save_tiny_hf_llama(tmp_path / "hf")
+    data = TINY["data"] | {"cache_dir": str(cache_dir), "seq_len": 64, "validation_fraction": 0}
+    argv = [
+        "--config",
+        "llama-8b-128k",
+        "--trainer.init",
+        f"hf:{hf}",
+        "--trainer.run_dir",
+        str(tmp_path / "run"),
+    ]
+    argv += [f"--data.{key}={value}" for key, value in data.items()] + ["--data.sources", "[]"]
+    argv += ["--trainer.mesh.sequence", "4", "--trainer.batch_size", "4", "--trainer.accumulation", "2"]
+    argv += ["--trainer.steps", "2", "--trainer.progress", "false", "--trainer.min_shard", "0"]
+    argv += ["--trainer.eval_every", "0", "--checkpoint.every_steps", "2", "--trainer.plot", "false"]
+    result = run_cli(argv)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished at step 2" in result.stdout, result.stdout[-2000:]
+    assert len(losses(tmp_path / "run")) == 2

@@ -12,7 +12,7 @@ print(layout.describe(params, mesh))
 
 from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_layout
 from halyard.shard.describe import format_spec
-from halyard.shard.global_batch import default_batch_axes, global_batch_from_local
+from halyard.shard.global_batch import batch_share, default_batch_axes, global_batch_from_local
 from halyard.shard.layout import PRESETS, Layout, LeafPlacement
 from halyard.shard.mesh import BATCH_AXES, DCN_AXES, MESH_AXES, MeshSpec, mesh_axis_sizes
 from halyard.shard.padding import check_divisible, pad_for
@@ -48,6 +48,7 @@ __all__ = [
     "ProcessInfo",
     "active_layout",
     "barrier",
+    "batch_share",
     "check_divisible",
     "constrain",
     "default_batch_axes",

@@ -38,6 +38,36 @@ def _local_batch_blocks(mesh: jax.sharding.Mesh, batch_axes: Sequence[str]) -> i
     return len({tuple(idx[c] for c in columns) for idx, device in positions.items() if device.id in local})
 
 
+def batch_share(
+    mesh: jax.sharding.Mesh, layout: Layout | None = None, *, batch_axes: Sequence[str] | None = None
+) -> tuple[int, int]:
+    """``(index, count)``: this process loads the ``index``-th of ``count`` equal consecutive slices of
+    each global batch, the rows its devices hold.
+
+    The batch splits over the batch mesh axes only: processes whose devices hold the same rows (when
+    another axis, ``sequence`` or ``tensor``, spans the processes) load the same slice, and a batch that
+    no batch axis splits across processes is loaded whole by every process (``count`` 1).
+
+    Raises:
+        ValueError: the processes' rows are not equal consecutive slices (a mesh `MeshSpec` did not build).
+    """
+    axes = tuple(batch_axes) if batch_axes is not None else default_batch_axes(mesh, layout)
+    columns = [mesh.axis_names.index(a) for a in axes]
+    shape = [mesh.devices.shape[c] for c in columns]
+    held: dict[int, set[int]] = {}
+    for index, device in np.ndenumerate(mesh.devices):
+        block = int(np.ravel_multi_index([index[c] for c in columns], shape)) if columns else 0
+        held.setdefault(device.process_index, set()).add(block)
+    slices = sorted({tuple(sorted(blocks)) for blocks in held.values()})
+    for blocks in slices:
+        if len(blocks) != len(slices[0]) or blocks != tuple(range(blocks[0], blocks[0] + len(blocks))):
+            raise ValueError(
+                f"the batch mesh axes {axes} give the processes rows that are not equal consecutive slices "
+                f"({[list(b) for b in slices]}); build the mesh with MeshSpec"
+            )
+    return slices.index(tuple(sorted(held[jax.process_index()]))), len(slices)
+
+
 def global_batch_from_local(
     local_rows: Any,
     mesh: jax.sharding.Mesh,

@@ -75,8 +75,9 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
 def _list_configs() -> int:
     configs = sorted(builtin_configs().items())
+    width = max((len(name) for name, _ in configs), default=0)
     for name, path in configs:
-        print(f"{name:12s} {config_summary(path)}")
+        print(f"{name:{width}s}  {config_summary(path)}")
     if configs:
         print(f"\n(files in {configs[0][1].parent}; `halyard config show NAME` prints one resolved)")
     return 0

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from halyard.data import PreferenceDataset
-from halyard.shard import Layout, global_batch_from_local, process_count, process_index
+from halyard.shard import Layout, batch_share, global_batch_from_local
 from halyard.train.objectives.dpo import dpo_loss_fn
 
 if TYPE_CHECKING:
@@ -51,8 +51,9 @@ class DpoEvaluator:
         started = time.monotonic()
         size = self.config.trainer.batch_size
         totals: dict[str, float] = {}
+        host_index, host_count = batch_share(self.mesh, self.layout)
         for index in range(self.config.trainer.eval_batches):
-            local = self.dataset.batch(index, size, host_index=process_index(), host_count=process_count())
+            local = self.dataset.batch(index, size, host_index=host_index, host_count=host_count)
             batch = self.add_reference(global_batch_from_local(local, self.mesh, layout=self.layout))
             loss_sum, stats = self._loss(model, batch)
             for name, value in {"loss": loss_sum, **stats}.items():

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from halyard.data import LMDataset
-from halyard.shard import Layout, global_batch_from_local, process_count, process_index
+from halyard.shard import Layout, batch_share, global_batch_from_local
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.run_config import TrainConfig
@@ -79,8 +79,9 @@ class Evaluator:
 
     def _batches(self, dataset: LMDataset) -> list[dict[str, np.ndarray]]:
         size = self.config.trainer.batch_size
+        host_index, host_count = batch_share(self.mesh, self.layout)
         return [
-            dataset.batch(i, size, host_index=process_index(), host_count=process_count())
+            dataset.batch(i, size, host_index=host_index, host_count=host_count)
             for i in range(self.config.trainer.eval_batches)
         ]
 

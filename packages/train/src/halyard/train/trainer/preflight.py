@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from halyard.data import DataInputError
-from halyard.shard import default_batch_axes, mesh_axis_sizes, process_count
+from halyard.named import Axis
+from halyard.shard import batch_share, default_batch_axes, mesh_axis_sizes
 from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.errors import ConfigError
@@ -142,8 +143,15 @@ def _check_context_parallel(config: TrainConfig, model_config: Any, mesh: Any, l
         )
     if getattr(model_config, "context_parallel", None) != "ulysses":
         return
-    head_split = math.prod(sizes[a] for a in layout.mesh_axes_for("heads", mesh))
     heads, kv_heads = model_config.shape.heads, model_config.shape.kv_heads
+    # how the layout splits the heads of an activation whose positions are split (not of a weight)
+    activation = (Axis("batch", 1), Axis("pos", config.data.seq_len), Axis("heads", heads))
+    head_split = math.prod(
+        sizes[a]
+        for dim in layout.placement(activation, mesh)
+        if dim.axis.name == "heads"
+        for a in dim.mesh_axes
+    )
     per_device = (heads // head_split, kv_heads // head_split)
     if heads % head_split or kv_heads % head_split or per_device[0] % parts or per_device[1] % parts:
         raise ConfigError(
@@ -173,7 +181,7 @@ def check_batch(config: TrainConfig, mesh: Any, layout: Any) -> None:
         ConfigError: naming ``trainer.batch_size`` and the multiple to use.
     """
     cfg = config.trainer
-    hosts = process_count()
+    hosts = batch_share(mesh, layout)[1]  # the processes that load different rows
     if cfg.batch_size % hosts:
         raise ConfigError(
             f"trainer.batch_size={cfg.batch_size} does not split over the {hosts} processes of this run; "

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from halyard.data import Loader
-from halyard.shard import is_main_process, process_count, process_index
+from halyard.shard import batch_share, is_main_process
 from halyard.train.checkpoint.manager import CheckpointManager, CheckpointWriteError
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.parse import save_resolved_config
@@ -157,6 +157,7 @@ def start_session(
     if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
         save_resolved_config(config, run_dir)
     step_fn = setup.train_step()
+    host_index, host_count = batch_share(setup.mesh, setup.layout)  # the rows this process's devices hold
     start_step = int(state.step)
     log = MetricsLog(
         config,
@@ -185,8 +186,8 @@ def start_session(
             cfg.batch_size,
             start_step=start_step,
             stop_step=cfg.steps,
-            host_index=process_index(),
-            host_count=process_count(),
+            host_index=host_index,
+            host_count=host_count,
         ),
         profile=ProfileWindow(run_dir, cfg.profile_start, cfg.profile_steps),
         tokens_per_step=cfg.batch_size * config.data.seq_len * sequences_per_example(config),
