@@ -157,6 +157,13 @@ def test_the_long_context_config_fits_128k_tokens_of_llama_8b_on_8_h200(
     assert "8 devices (mesh sequence=8)" in out and "131,072 tokens a step" not in out
     assert "8 x 131072 = 1,048,576 tokens a step, accumulation 8" in out
     assert "fits on H200" in out, out
+    # One sequence a device, the batch split 8 ways instead: 126 GiB of activations, and the advice says why.
+    assert main([*argv, "--trainer.mesh.sequence", "1", "--trainer.accumulation", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "DOES NOT FIT on H200" in out
+        and "split each sequence over more devices (trainer.mesh.sequence)" in out
+    )
 
 
 def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Path, cache_dir: Path) -> None:

@@ -27,6 +27,10 @@ CHILD_ENV = "HALYARD_PLAN_CHILD"
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
+LONG_SEQUENCE = 8192
+"""From this `data.seq_len` on, a step that does not fit is also told to split its sequences (context
+parallelism)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -119,6 +123,8 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
         knobs = ["raise trainer.accumulation"]
         knobs += ["set model.remat full"] if memory.remat != "full" else []
         knobs += ["trainer.layout fsdp"] if trainer.layout == "data_parallel" else []
+        if config.data.seq_len >= LONG_SEQUENCE:
+            knobs += ["split each sequence over more devices (trainer.mesh.sequence)"]
         knobs += ["lower trainer.batch_size or data.seq_len", "use more devices (--devices)"]
         lines.append(f"  to fit: {', '.join(knobs)}")
     lines += [
