@@ -7,7 +7,6 @@ Hugging Face folder at smoke size."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from trainer_fixtures import (
     assert_bitwise_equal,
     fails,
     load_config,
+    one_device_run,
     run_cli,
+    run_losses,
     save_tiny_hf_llama,
     start_processes,
     write_config,
@@ -36,11 +37,6 @@ LOSS_TOLERANCE = 2e-4  # relative, over 20 steps: summation orders differ betwee
 RUN = {"trainer": {"steps": STEPS}, "checkpoint": {"every_steps": 10}}
 
 
-def losses(run: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows if "loss" in row]
-
-
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("shared-cache")
@@ -48,11 +44,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> list[float]:
-    folder = tmp_path_factory.mktemp("one_device")
-    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **RUN)
-    result = run_cli(["--config", str(config)], devices=1)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return losses(folder / "run")
+    return run_losses(one_device_run(tmp_path_factory.mktemp("one_device"), cache_dir, **RUN))
 
 
 @pytest.mark.parametrize(
@@ -86,7 +78,7 @@ def test_a_split_sequence_trains_like_one_device(
     assert train_main(["--config", str(config), *mesh]) == 0
     implementation, size = request.node.callspec.id.split("_sequence")[0], int(mesh[1])
     assert traced and set(traced) == {(implementation, size)}, traced
-    split = losses(tmp_path / "run")
+    split = run_losses(tmp_path / "run")
     assert len(split) == len(one_device) == STEPS
     np.testing.assert_allclose(split, one_device, rtol=LOSS_TOLERANCE)
     assert split[-1] < split[0]
@@ -109,7 +101,7 @@ def test_a_context_parallel_run_resumes_bitwise_and_restores_without_the_split(
     checkpoint = step_directory(tmp_path / "split" / "checkpoints", 10)
     assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
     assert train_main(["--config", str(moved), "--trainer.init", f"checkpoint:{checkpoint}"]) == 0
-    np.testing.assert_allclose(losses(tmp_path / "moved"), one_device[10:], rtol=LOSS_TOLERANCE)
+    np.testing.assert_allclose(run_losses(tmp_path / "moved"), one_device[10:], rtol=LOSS_TOLERANCE)
 
 
 def test_what_cannot_split_is_refused_in_one_line(
@@ -139,7 +131,7 @@ def test_a_sequence_split_across_two_processes_trains_like_one_device(
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr[-3000:]
-    np.testing.assert_allclose(losses(tmp_path / "run"), one_device, rtol=LOSS_TOLERANCE)
+    np.testing.assert_allclose(run_losses(tmp_path / "run"), one_device, rtol=LOSS_TOLERANCE)
 
 
 LLAMA_31_8B = Path(__file__).resolve().parents[2] / "export" / "tests" / "fixtures" / "hf-configs" / "llama"
@@ -185,4 +177,4 @@ def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Pat
     result = run_cli(argv)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished at step 2" in result.stdout, result.stdout[-2000:]
-    assert len(losses(tmp_path / "run")) == 2
+    assert len(run_losses(tmp_path / "run")) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -169,3 +170,18 @@ def fails(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert "Traceback" not in err
     return int(raised.value.code), err
+
+
+def run_losses(run_dir: Path) -> list[float]:
+    """The training losses a run logged to ``run_dir/metrics.jsonl``, in step order."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def one_device_run(folder: Path, cache_dir: Path, **sections: dict[str, Any]) -> Path:
+    """The tiny run with ``sections`` trained by `train` in a fresh 1-device process: the reference that
+    runs on other meshes are compared with. Returns its run folder."""
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **sections)
+    result = run_cli(["--config", str(config)], devices=1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return folder / "run"

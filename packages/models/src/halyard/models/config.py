@@ -35,6 +35,11 @@ class ModelConfig(abc.ABC):
             mesh splits the sequence (``trainer.mesh.sequence`` > 1): K/V passed around a ring, K/V
             all-gathered, or an all-to-all to heads (``auto``: ``ulysses`` where each device's heads and
             KV heads divide by the split, else ``all_gather``); numerics within float tolerance.
+        pipeline_microbatches: when the mesh has a ``stage`` axis of size ``S`` > 1 (``trainer.mesh.stage``), the
+            layer stack runs as a pipeline over it (`halyard.models.decoder.pipeline`): each batch is cut
+            into this many microbatches (at least ``S``; more shrink the bubble ``(S-1)/(R M + S-1)``).
+        pipeline_repeats: ``R``, the pieces of the layer stack each stage holds (circular when above 1):
+            ``num_layers`` must divide by ``S * R``.
         scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
             depth); ``False`` unrolls them (same parameters, same results).
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
@@ -62,6 +67,8 @@ class ModelConfig(abc.ABC):
 
     attention_implementation: str = "auto"
     context_parallel: str = "auto"
+    pipeline_microbatches: int = 1
+    pipeline_repeats: int = 1
     scan_layers: bool = True
     remat: str = "save_dots"
     param_dtype: str = "float32"
@@ -81,6 +88,10 @@ class ModelConfig(abc.ABC):
         _check_choice(self, "attention_implementation", ATTENTION_IMPLEMENTATIONS)
         _check_choice(self, "context_parallel", CONTEXT_PARALLEL)
         _check_choice(self, "remat", REMAT_POLICIES)
+        for name in ("pipeline_microbatches", "pipeline_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int, got {value!r}")
         if not isinstance(self.loss_full_logits_max_mib, int) or self.loss_full_logits_max_mib < 0:
             raise ValueError(
                 f"{type(self).__name__}.loss_full_logits_max_mib must be a non-negative int, "

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from halyard.models.attention import AttentionMask
 from halyard.models.decoder.block import DecoderBlock, Norm, make_norm
 from halyard.models.decoder.config import DecoderConfig
+from halyard.models.decoder.pipeline import PipelineSchedule, pipeline_stages, run_pipelined
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.moe import load_balancing_loss, router_z_loss
 from halyard.models.model import CausalLM, DecoderOutput, default_positions
@@ -134,6 +135,24 @@ class Decoder(CausalLM):
             x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
+        if cache is None and (stages := pipeline_stages()) > 1:
+            config = self.config
+            if config.layout().mlp == "moe":
+                raise ValueError(
+                    f"{type(config).__name__}: mixture-of-experts layers do not run in a pipeline yet; "
+                    "use trainer.mesh.stage 1 (expert or FSDP parallelism instead)"
+                )
+            schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
+            x = run_pipelined(
+                self.layers,
+                constrain(x),
+                (mask, positions),
+                {"token_mask": token_mask},
+                schedule=schedule,
+                kinds=config.layer_kinds(),
+                unroll=not config.scan_layers,
+            )
+            return DecoderOutput(self.final_norm(x), jnp.zeros((), jnp.float32), {}, None, {})
         cache_args = () if cache is None else (cache.key, cache.value)
         x, (new_cache, layer_stats) = self.layers.scan(
             constrain(x),

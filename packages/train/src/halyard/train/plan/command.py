@@ -14,6 +14,7 @@ from typing import Any
 import jax
 from jax._src import xla_bridge
 
+from halyard.models.decoder.pipeline import PipelineSchedule
 from halyard.shard import MESH_AXES
 from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.config.errors import ConfigError, exit_on_config_error
@@ -99,6 +100,7 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
         f"precision params={model.params.name} compute={model.compute.name}",
         f"batch     {trainer.batch_size} x {seq_len} = {tokens:,} tokens a step, "
         f"accumulation {trainer.accumulation}",
+        *_pipeline_line(memory.mesh.get("stage", 1), model),
         "",
         "memory per device (XLA's memory analysis of the compiled step)",
         *(
@@ -138,6 +140,18 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
         "assignment, an estimate of the accelerator's)",
     ]
     return "\n".join(lines)
+
+
+def _pipeline_line(stages: int, model: Any) -> list[str]:
+    """The pipeline's schedule and bubble, when the mesh has a ``stage`` axis (each device's memory above is
+    one stage's)."""
+    if stages < 2:
+        return []
+    schedule = PipelineSchedule(stages, model.pipeline_repeats, model.pipeline_microbatches)
+    return [
+        f"pipeline  {stages} stages x {schedule.repeats} repeats, {schedule.microbatches} microbatches: "
+        f"{schedule.iterations} iterations, bubble {schedule.bubble:.1%} (each device holds one stage)"
+    ]
 
 
 def _row(name: str, size: int, note: str) -> str:

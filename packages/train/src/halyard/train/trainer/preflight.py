@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from halyard.data import DataInputError
-from halyard.named import Axis
 from halyard.shard import batch_share, default_batch_axes, mesh_axis_sizes
 from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
@@ -26,6 +25,7 @@ from halyard.train.lora.base import check_lora
 from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.harness_eval import check_harness
+from halyard.train.trainer.parallelism_checks import check_context_parallel, check_pipeline
 from halyard.train.user_errors import as_config_error, one_line
 
 
@@ -51,7 +51,8 @@ def check_shapes(setup: RunSetup) -> None:
     """
     config = setup.config
     _check_sequence_length(config, setup.model_config)
-    _check_context_parallel(config, setup.model_config, setup.mesh, setup.layout)
+    check_context_parallel(config, setup.model_config, setup.mesh, setup.layout)
+    check_pipeline(config, setup.model_config, setup.mesh, setup.layout)
     _check_schedule(setup)
     check_batch(config, setup.mesh, setup.layout)
     check_lora(config, setup.model_config)
@@ -126,37 +127,6 @@ def _check_sequence_length(config: TrainConfig, model_config: Any) -> None:
         raise ConfigError(
             f"data.seq_len={config.data.seq_len} exceeds model.max_position={max_position}; shorten "
             "data.seq_len or raise model.max_position"
-        )
-
-
-def _check_context_parallel(config: TrainConfig, model_config: Any, mesh: Any, layout: Any) -> None:
-    """A sequence split over ``trainer.mesh.sequence`` devices: the length cuts into the 2N load-balanced
-    chunks, and ``ulysses`` finds heads that divide."""
-    sizes = mesh_axis_sizes(mesh)
-    parts = sizes.get("sequence", 1)
-    if parts < 2:
-        return
-    if config.data.seq_len % (2 * parts):
-        raise ConfigError(
-            f"data.seq_len={config.data.seq_len} does not cut into the 2 x trainer.mesh.sequence = {2 * parts} "
-            f"equal chunks of load-balanced context parallelism; use a multiple of {2 * parts}"
-        )
-    if getattr(model_config, "context_parallel", None) != "ulysses":
-        return
-    heads, kv_heads = model_config.shape.heads, model_config.shape.kv_heads
-    # how the layout splits the heads of an activation whose positions are split (not of a weight)
-    activation = (Axis("batch", 1), Axis("pos", config.data.seq_len), Axis("heads", heads))
-    head_split = math.prod(
-        sizes[a]
-        for dim in layout.placement(activation, mesh)
-        if dim.axis.name == "heads"
-        for a in dim.mesh_axes
-    )
-    per_device = (heads // head_split, kv_heads // head_split)
-    if heads % head_split or kv_heads % head_split or per_device[0] % parts or per_device[1] % parts:
-        raise ConfigError(
-            f"model.context_parallel=ulysses needs the heads ({heads}) and kv heads ({kv_heads}) of each of the "
-            f"{head_split} tensor shards to divide by trainer.mesh.sequence={parts}; use all_gather or ring"
         )
 
 
