@@ -16,7 +16,10 @@ PACKAGE = "halyard.train"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("config",)),
-    ("components", ("user_errors", "checkpoint", "optim", "trackers", "perf", "corpora", "plot", "step")),
+    (
+        "components",
+        ("user_errors", "checkpoint", "optim", "trackers", "perf", "corpora", "plot", "step", "invariant"),
+    ),
     (
         "schema",
         (

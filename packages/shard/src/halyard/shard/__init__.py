@@ -10,7 +10,7 @@ print(layout.describe(params, mesh))
 ```
 """
 
-from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_layout
+from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_layout, without_layout
 from halyard.shard.describe import format_spec
 from halyard.shard.global_batch import batch_share, default_batch_axes, global_batch_from_local
 from halyard.shard.layout import PRESETS, Layout, LeafPlacement
@@ -65,4 +65,5 @@ __all__ = [
     "process_index",
     "process_info",
     "use_layout",
+    "without_layout",
 ]

@@ -61,6 +61,17 @@ def use_layout(layout: Layout, mesh: jax.sharding.Mesh) -> Iterator[ActiveLayout
         yield active
 
 
+@contextlib.contextmanager
+def without_layout() -> Iterator[None]:
+    """Make no layout active inside the ``with`` block: `constrain` returns its argument unchanged.
+
+    For code traced per device (inside ``jax.shard_map``), where a constraint naming mesh axes has no
+    meaning: the arrays there are already one device's.
+    """
+    with _ACTIVE(None):
+        yield
+
+
 def active_layout() -> ActiveLayout | None:
     """The layout and mesh made active by the innermost `use_layout`, or ``None``."""
     return _ACTIVE.value

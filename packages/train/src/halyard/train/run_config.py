@@ -184,6 +184,10 @@ class TrainerConfig:
     """Write the loss against the step to <run_dir>/loss.png at the end (matplotlib, about a second)."""
     compilation_cache: str | None = "~/.cache/halyard/jax"
     """Folder of JAX's persistent compilation cache: a run that starts again (a resume, the next run of the same shapes) loads its compiled programs instead of compiling them (null: no cache; JAX_COMPILATION_CACHE_DIR, when set, wins)."""
+    invariant: bool = False
+    """Bitwise-identical training on any split of the batch over the replica, data and fsdp mesh axes and any process count (docs/concepts/reproducibility.md): each microbatch is cut into trainer.invariant_slices slices computed alike and summed in one fixed order, norms taken on whole leaves. For adamw and lion; the tensor, sequence, stage and expert axes must be 1."""
+    invariant_slices: int = 0
+    """With trainer.invariant: slices per microbatch, a power of two; the devices on replica x data x fsdp must divide it. 0 takes the largest power of two that divides a microbatch's rows (batch_size / accumulation)."""
     objective: str = "lm"
     """What the run minimises: lm (next-token cross-entropy on the target tokens) or dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section)."""
 
@@ -207,12 +211,32 @@ class TrainerConfig:
             raise ValueError(
                 f"trainer.batch_size={self.batch_size} is not divisible by trainer.accumulation={self.accumulation}"
             )
+        self._check_invariant_slices()
         if self.nonfinite not in ("skip", "stop"):
             raise ValueError(f"trainer.nonfinite={self.nonfinite!r}: use skip or stop")
         if self.continue_schedule not in ("hold", "restart"):
             raise ValueError(f"trainer.continue_schedule={self.continue_schedule!r}: use hold or restart")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"trainer.objective={self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+
+    def _check_invariant_slices(self) -> None:
+        slices, rows = self.invariant_slices, self.batch_size // self.accumulation
+        if slices < 0 or slices & (slices - 1):
+            raise ValueError(
+                f"trainer.invariant_slices={slices}: use a power of two (1, 2, 4, ...) or 0 (auto)"
+            )
+        if rows % max(slices, 1):
+            raise ValueError(
+                f"trainer.invariant_slices={slices} does not divide the {rows} rows of a microbatch "
+                "(trainer.batch_size / trainer.accumulation)"
+            )
+
+    @property
+    def canonical_slices(self) -> int:
+        """The invariant step's slices per microbatch: ``invariant_slices``, or for 0 the largest power of two
+        dividing a microbatch's rows."""
+        rows = self.batch_size // self.accumulation
+        return self.invariant_slices or rows & -rows
 
 
 def _default_model() -> ModelConfig:

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from halyard.train.invariant import CanonicalSlices, canonical_norm, clip_to_norm, sliced_value_and_grad
+
 # loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
 # batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
 # too. Sums (not means) make accumulated gradients exactly the token mean over the whole batch.
@@ -71,6 +73,7 @@ def make_train_step(
     skip_nonfinite: bool = True,
     microbatch_sharding: Any = None,
     join: Callable[[Any, Any], Any] | None = None,
+    invariant: CanonicalSlices | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """Build ``train_step(state, batch, frozen=None) -> (state, metrics)``; jit it with the state donated.
 
@@ -89,6 +92,8 @@ def make_train_step(
             gets ``join(frozen, state.params)`` with ``frozen`` the step's third argument, which is
             neither differentiated nor updated, so gradients and optimizer state exist for
             ``state.params`` alone (and ``param_norm`` and ``update_norm`` are theirs).
+        invariant: canonical slices and norms (`halyard.train.invariant`): the same bits on any replica/data/
+            fsdp split; the step clips to ``invariant.max_grad_norm`` (the optimizer must not clip).
 
     Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
     model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
@@ -103,7 +108,7 @@ def make_train_step(
     means of the other stats of ``loss_fn``; floating metrics are float32 whatever the parameter dtype.
     """
 
-    gradients = _Gradients(loss_fn, join, accumulation, microbatch_sharding)
+    gradients = _Gradients(loss_fn, join, accumulation, microbatch_sharding, invariant)
 
     def train_step(
         state: TrainState, batch: dict[str, jax.Array], frozen: Any = None
@@ -117,7 +122,7 @@ def make_train_step(
         if isinstance(optimizer, optax.GradientTransformationExtraArgs):
             extra["loss_fn"] = gradients.first_microbatch_loss(batch, optimizer_key, frozen)
         params, opt_state, update = _update(
-            optimizer, grads, state, loss_sum / num_tokens, extra, skip_nonfinite
+            optimizer, grads, state, loss_sum / num_tokens, extra, skip_nonfinite, invariant
         )
         metrics = {
             "loss": update.pop("loss"),
@@ -147,13 +152,18 @@ def _update(
     loss: jax.Array,
     extra: dict[str, Any],
     skip_nonfinite: bool,
+    invariant: CanonicalSlices | None = None,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """``(params, optimizer state, metrics)`` after the optimizer's update of ``state`` by ``grads``; with
-    ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state."""
+    ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state.
+    With ``invariant`` every norm is `canonical_norm` and ``grads`` are clipped to ``invariant.max_grad_norm``."""
+    norm = optax.tree.norm if invariant is None else lambda tree: canonical_norm(tree, invariant.mesh)
+    grad_norm = norm(grads)
+    if invariant is not None and invariant.max_grad_norm is not None:
+        grads = clip_to_norm(grads, grad_norm, invariant.max_grad_norm)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.tree.norm(grads)
-    update_norm = optax.tree.norm(updates)
+    update_norm = norm(updates)
     # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
     # optimizer), which would poison every later step: skip those too.
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
@@ -164,7 +174,7 @@ def _update(
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,
-        "param_norm": optax.tree.norm(params),
+        "param_norm": norm(params),
         "update_norm": update_norm,
         "nonfinite": (~finite).astype(jnp.int32),
     }
@@ -183,12 +193,15 @@ class _Gradients:
         join: Callable[[Any, Any], Any] | None,
         accumulation: int,
         microbatch_sharding: Any,
+        invariant: CanonicalSlices | None = None,
     ) -> None:
         self.loss_fn = loss_fn
         self.join = join
         self.accumulation = accumulation
         self.microbatch_sharding = microbatch_sharding
         self.grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+        if invariant is not None:
+            self.grad_fn = sliced_value_and_grad(self.grad_fn, invariant)
 
     def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
         """``(loss sum in float32, stats)`` of ``batch``."""

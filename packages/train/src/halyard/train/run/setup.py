@@ -12,6 +12,7 @@ builds an optimizer).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -24,6 +25,7 @@ from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
+from halyard.train.run.canonical import canonical_slices
 from halyard.train.run.schedule_plan import SchedulePlan, run_schedule_plan
 from halyard.train.run.sources import model_config_of, source_model
 from halyard.train.run_config import TrainConfig
@@ -92,8 +94,11 @@ class RunSetup:
             abstract_model = jax.eval_shape(self.model_config.init, jax.random.PRNGKey(0))
             multipliers = lr_multipliers(self.model_config, abstract_model)
         schedule = self.schedule
+        optimizer = self.config.optimizer
+        if self.config.trainer.invariant:  # the invariant step clips, with its canonical norm
+            optimizer = dataclasses.replace(optimizer, max_grad_norm=None)
         return as_config_error(
-            "optimizer", lambda: self.config.optimizer.build(schedule=schedule, lr_multipliers=multipliers)
+            "optimizer", lambda: optimizer.build(schedule=schedule, lr_multipliers=multipliers)
         )
 
     def init_trained(self, key: jax.Array) -> Any:
@@ -143,11 +148,13 @@ class RunSetup:
         """The jitted train step ``(state, batch, frozen) -> (state, metrics)``: the state donated and kept in
         its shardings; ``frozen`` is a LoRA run's base, else None."""
         config = self.config
+        invariant = canonical_slices(config, self.mesh)
         step = make_train_step(
             lora_loss_fn(objective_loss_fn(config), config.lora),
             self.optimizer,
             accumulation=config.trainer.accumulation,
             learning_rate=self.schedule,
             join=join if config.lora.enabled else None,
+            invariant=invariant,
         )
         return jax.jit(step, donate_argnums=0, out_shardings=(self.abstract_state.shardings, None))

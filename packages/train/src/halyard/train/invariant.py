@@ -1,0 +1,146 @@
+"""The invariant step's arithmetic: the same bits on any split of the batch over the data-like mesh axes.
+
+A sum whose operands are split over devices is, by default, a local partial sum per device followed by an
+all-reduce, so its rounding depends on how many devices there are. Here every reduction that crosses
+rows of the batch has a fixed shape and a fixed order that the config alone decides:
+
+- the batch is cut into ``slices`` canonical slices of equal rows (a power of two); each slice's loss and
+  gradient is one iteration of the same scanned computation, on a device that holds the whole slice and
+  every weight (so no contraction is split over devices);
+- slice results are added in one pairwise tree over the slice index (adjacent pairs, level by level).
+  A device holds a contiguous block of slices, a power of two of them, so the tree's lower levels are its
+  own and the upper levels combine whole device blocks: the same tree on 1 device or on 64;
+- norms (the gradient norm for clipping and the logs, the parameter and update norms) are computed on
+  whole, gathered leaves.
+
+Elementwise optimizers (AdamW, Lion) then apply the same arithmetic to the same numbers on any sharding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from halyard.shard import BATCH_AXES, mesh_axis_sizes, without_layout
+
+GradFn = Callable[..., tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]
+"""``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)``."""
+
+
+@dataclass(frozen=True)
+class CanonicalSlices:
+    """How the invariant step cuts a (micro)batch and where it runs.
+
+    Args:
+        mesh: the run's mesh; only its batch axes (replica, data, fsdp, expert) may be larger than 1.
+        slices: canonical slices per (micro)batch, a power of two that the batch devices divide.
+        max_grad_norm: clip the gradients to this canonical global norm (None: no clipping).
+    """
+
+    mesh: jax.sharding.Mesh
+    slices: int
+    max_grad_norm: float | None = None
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the slices are spread over, in mesh order."""
+        return tuple(name for name in self.mesh.axis_names if name in BATCH_AXES)
+
+    @property
+    def batch_devices(self) -> int:
+        """Devices the slices are spread over (the product of the batch axes' sizes)."""
+        sizes = mesh_axis_sizes(self.mesh)
+        return math.prod(sizes[name] for name in self.batch_axes)
+
+
+def tree_sum(stacked: Any) -> Any:
+    """Sum every leaf of ``stacked`` over its leading axis ``[n, ...]`` in a fixed pairwise tree: adjacent
+    pairs ``(0, 1), (2, 3), ...`` first, then pairs of those, an odd last element carried up unchanged."""
+
+    def one(x: jax.Array) -> jax.Array:
+        while x.shape[0] > 1:
+            count = x.shape[0]
+            pairs = x[: count - count % 2].reshape((count // 2, 2) + x.shape[1:])
+            summed = pairs[:, 0] + pairs[:, 1]
+            x = jnp.concatenate([summed, x[count - 1 :]]) if count % 2 else summed
+        return x[0]
+
+    return jax.tree_util.tree_map(one, stacked)
+
+
+def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
+    """``grad_fn`` over a batch as the sum of its canonical slices' results, in the canonical order.
+
+    Args:
+        grad_fn: ``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)`` of one slice.
+        split: the slice count and the mesh. Slice ``i`` (rows ``i * R`` to ``(i + 1) * R`` of a batch of
+            ``slices * R`` rows) gets the key ``fold_in(key, i)``.
+
+    Returns:
+        The same signature for a whole batch ``[slices * R, ...]`` whose rows are split over the batch axes.
+    """
+    axes = split.batch_axes
+    local_slices = split.slices // split.batch_devices
+
+    def per_device(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any) -> Any:
+        first = jax.lax.axis_index(axes) * local_slices if axes else 0
+        rows = jax.tree_util.tree_map(lambda x: x.reshape((local_slices, -1) + x.shape[1:]), batch)
+
+        def one_slice(carry: None, inputs: tuple[jax.Array, dict[str, jax.Array]]) -> tuple[None, Any]:
+            index, slice_rows = inputs
+            (loss_sum, stats), grads = grad_fn(
+                params, slice_rows, jax.random.fold_in(key, first + index), frozen
+            )
+            return None, (loss_sum, stats, grads)
+
+        # The model's activation constraints name mesh axes; here each array is already one device's.
+        with without_layout():
+            _, stacked = jax.lax.scan(one_slice, None, (jnp.arange(local_slices), rows))
+        return jax.tree_util.tree_map(lambda x: x[None], tree_sum(stacked))
+
+    blocks = PartitionSpec(axes)
+    sharded = jax.shard_map(
+        per_device,
+        mesh=split.mesh,
+        in_specs=(PartitionSpec(), blocks, PartitionSpec(), PartitionSpec()),
+        out_specs=blocks,
+        check_vma=False,
+    )
+
+    def value_and_grad(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
+        loss_sum, stats, grads = tree_sum(sharded(params, batch, key, frozen))
+        return (loss_sum, stats), grads
+
+    return value_and_grad
+
+
+def canonical_norm(tree: Any, mesh: jax.sharding.Mesh) -> jax.Array:
+    """The global L2 norm of ``tree`` (float32), each leaf's squares summed whole on every device, the
+    leaves' sums added in tree order: the same bits however the leaves are sharded."""
+    leaves = jax.tree_util.tree_leaves(tree)
+
+    def norm(*whole: jax.Array) -> jax.Array:
+        total = jnp.zeros((), jnp.float32)
+        for leaf in whole:
+            total = total + jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+        return jnp.sqrt(total)
+
+    replicated = PartitionSpec()
+    return jax.shard_map(
+        norm, mesh=mesh, in_specs=(replicated,) * len(leaves), out_specs=replicated, check_vma=False
+    )(*leaves)
+
+
+def clip_to_norm(grads: Any, norm: jax.Array, max_norm: float) -> Any:
+    """``grads`` scaled to L2 norm ``max_norm`` when their ``norm`` is above it (optax's
+    ``clip_by_global_norm`` with a given norm); elementwise, so the same bits on any sharding."""
+    keep = norm < max_norm
+    return jax.tree_util.tree_map(
+        lambda g: jnp.where(keep, g, (g / norm.astype(g.dtype)) * jnp.asarray(max_norm, g.dtype)), grads
+    )
