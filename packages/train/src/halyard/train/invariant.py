@@ -10,10 +10,9 @@ rows of the batch has a fixed shape and a fixed order that the config alone deci
 - slice results are added in one pairwise tree over the slice index (adjacent pairs, level by level).
   A device holds a contiguous block of slices, a power of two of them, so the tree's lower levels are its
   own and the upper levels combine whole device blocks: the same tree on 1 device or on 64;
-- norms (the gradient norm for clipping and the logs, the parameter and update norms) are computed on
-  whole, gathered leaves.
-
-Elementwise optimizers (AdamW, Lion) then apply the same arithmetic to the same numbers on any sharding.
+- norms (the gradient norm for clipping and the logs, the parameter and update norms) and the optimizer's
+  update are computed on whole, gathered leaves (`on_whole_leaves`), so an elementwise optimizer (AdamW,
+  Lion) runs the same loops on the same numbers on any sharding.
 """
 
 from __future__ import annotations
@@ -120,21 +119,29 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
     return value_and_grad
 
 
+def on_whole_leaves(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
+    """``fn`` run on every device with whole (gathered) arguments, its results replicated.
+
+    Elementwise arithmetic is not shape-blind: a compiler vectorizes a loop over ``n`` elements and
+    finishes the rest one by one, and the two paths may round differently (a fused multiply-add in one
+    only), so an FSDP shard's update can differ in the last bit from the whole leaf's. On whole leaves
+    every mesh runs the same loops on the same numbers (each device computes all of it: the price).
+    """
+    replicated = PartitionSpec()
+    return jax.shard_map(fn, mesh=mesh, in_specs=replicated, out_specs=replicated, check_vma=False)
+
+
 def canonical_norm(tree: Any, mesh: jax.sharding.Mesh) -> jax.Array:
     """The global L2 norm of ``tree`` (float32), each leaf's squares summed whole on every device, the
     leaves' sums added in tree order: the same bits however the leaves are sharded."""
-    leaves = jax.tree_util.tree_leaves(tree)
 
-    def norm(*whole: jax.Array) -> jax.Array:
+    def norm(leaves: list[jax.Array]) -> jax.Array:
         total = jnp.zeros((), jnp.float32)
-        for leaf in whole:
+        for leaf in leaves:
             total = total + jnp.sum(jnp.square(leaf.astype(jnp.float32)))
         return jnp.sqrt(total)
 
-    replicated = PartitionSpec()
-    return jax.shard_map(
-        norm, mesh=mesh, in_specs=(replicated,) * len(leaves), out_specs=replicated, check_vma=False
-    )(*leaves)
+    return on_whole_leaves(norm, mesh)(jax.tree_util.tree_leaves(tree))
 
 
 def clip_to_norm(grads: Any, norm: jax.Array, max_norm: float) -> Any:

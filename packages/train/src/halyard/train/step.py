@@ -10,7 +10,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from halyard.train.invariant import CanonicalSlices, canonical_norm, clip_to_norm, sliced_value_and_grad
+from halyard.train.invariant import (
+    CanonicalSlices,
+    canonical_norm,
+    clip_to_norm,
+    on_whole_leaves,
+    sliced_value_and_grad,
+)
 
 # loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
 # batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
@@ -156,13 +162,20 @@ def _update(
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """``(params, optimizer state, metrics)`` after the optimizer's update of ``state`` by ``grads``; with
     ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state.
-    With ``invariant`` every norm is `canonical_norm` and ``grads`` are clipped to ``invariant.max_grad_norm``."""
+    With ``invariant`` every norm is `canonical_norm`, ``grads`` are clipped to ``invariant.max_grad_norm`` and the
+    update runs on whole leaves."""
     norm = optax.tree.norm if invariant is None else lambda tree: canonical_norm(tree, invariant.mesh)
     grad_norm = norm(grads)
     if invariant is not None and invariant.max_grad_norm is not None:
         grads = clip_to_norm(grads, grad_norm, invariant.max_grad_norm)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra)
-    params = optax.apply_updates(state.params, updates)
+
+    def apply(grads: Any, opt_state: Any, params: Any) -> tuple[Any, Any, Any]:
+        updates, opt_state = optimizer.update(grads, opt_state, params, **extra)
+        return optax.apply_updates(params, updates), opt_state, updates
+
+    if invariant is not None:
+        apply = on_whole_leaves(apply, invariant.mesh)
+    params, opt_state, updates = apply(grads, state.opt_state, state.params)
     update_norm = norm(updates)
     # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
     # optimizer), which would poison every later step: skip those too.

@@ -26,6 +26,7 @@ from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
 from halyard.train.run.canonical import canonical_slices
+from halyard.train.run.mesh_record import mesh_record
 from halyard.train.run.schedule_plan import SchedulePlan, run_schedule_plan
 from halyard.train.run.sources import model_config_of, source_model
 from halyard.train.run_config import TrainConfig
@@ -100,6 +101,10 @@ class RunSetup:
         return as_config_error(
             "optimizer", lambda: optimizer.build(schedule=schedule, lr_multipliers=multipliers)
         )
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What each checkpoint records for the next start: the schedule's segments and the mesh."""
+        return {**self.schedule_plan.metadata(), **mesh_record(self.config, self.mesh)}
 
     def init_trained(self, key: jax.Array) -> Any:
         """``key -> what the state trains``: the model, or a LoRA run's adapters."""

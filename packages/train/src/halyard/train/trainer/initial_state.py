@@ -7,11 +7,15 @@ from typing import Any
 
 import jax
 
+from halyard.shard import is_main_process
+from halyard.train.checkpoint.commit_marker import read_commit_marker
 from halyard.train.checkpoint.data_position import DataMismatchError
 from halyard.train.checkpoint.discovery import resolve_checkpoint
+from halyard.train.checkpoint.layout import step_directory
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.config.errors import ConfigError
 from halyard.train.mixture.resume import resume_data_position
+from halyard.train.run.mesh_record import mesh_record, resume_note
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import hf_model
 from halyard.train.step import TrainState, init_state
@@ -35,7 +39,9 @@ def initial_state(setup: RunSetup, manager: CheckpointManager, data_position: di
     if manager.latest_step() is not None:
         try:
             expected = resume_data_position(config, manager, data_position)  # a mixture's weights changed?
-            return manager.restore(None, abstract, shardings, expected_data=expected).state
+            state = manager.restore(None, abstract, shardings, expected_data=expected).state
+            _say_whether_the_mesh_change_is_bitwise(setup, manager, int(state.step))
+            return state
         except DataMismatchError as error:
             raise ConfigError(
                 f"{one_line(error.differences)} In the run config: give the original data, trainer.batch_size and "
@@ -60,6 +66,14 @@ def initial_state(setup: RunSetup, manager: CheckpointManager, data_position: di
         params = manager.restore_weights(path, abstract.params, shardings.params, params_path="params")
         return _replace_params(state, params)
     return state
+
+
+def _say_whether_the_mesh_change_is_bitwise(setup: RunSetup, manager: CheckpointManager, step: int) -> None:
+    """One line when the run resumes on another mesh or process count: whether it stays bitwise."""
+    saved = read_commit_marker(step_directory(manager.directory, step)).extra_metadata
+    note = resume_note(saved, mesh_record(setup.config, setup.mesh))
+    if note is not None and is_main_process():
+        print(note, flush=True)
 
 
 def _replace_params(state: TrainState, params: Any) -> TrainState:

@@ -177,7 +177,7 @@ def start_session(
         state=state,
         frozen=frozen,
         add_reference=add_reference,
-        metadata={"data": data_position, **checkpoint_metadata(base), **setup.schedule_plan.metadata()},
+        metadata={"data": data_position, **checkpoint_metadata(base), **setup.checkpoint_metadata()},
         step_fn=step_fn,
         log=log,
         evaluations=_evaluations(setup, run_dir, data, add_reference, with_base(state, frozen).params),

@@ -1,0 +1,172 @@
+"""trainer.invariant through `train`: the same config on 1, 2, 4 and 8 devices, data-parallel and FSDP,
+and on 2 processes x 4 devices, logs bitwise-equal losses and gradient norms for 20 steps (AdamW clipping
+every step, Lion) and ends with bitwise-equal parameters; an 8-device run killed (SIGKILL) after its step-10
+checkpoint and resumed on 2 devices equals the uninterrupted 1-device run, and says in one line that it
+stays bitwise. What the invariant step does not cover is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import pytest
+from trainer_fixtures import assert_bitwise_equal, fails, load_config, run_cli, start_processes, write_config
+
+from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.run.setup import RunSetup
+
+pytestmark = pytest.mark.slow
+
+STEPS = 20
+# max_grad_norm below the tiny model's gradient norms (0.6 to 1.0): clipping acts at every step.
+RUN = {
+    "trainer": {"steps": STEPS, "invariant": True},
+    "optimizer": {"max_grad_norm": 0.25},
+    "checkpoint": {"every_steps": 10},
+}
+FSDP = ["--trainer.layout", "fsdp", "--trainer.min_shard", "1"]
+# The 8-device run is killed right after its step-10 checkpoint is complete (kill -9: no cleanup).
+KILL_AT_10 = """
+import os, signal, sys
+from halyard.train.trainer.session import TrainingSession
+from halyard.train.cli import train_main
+save = TrainingSession.save
+def save_then_die(self, step, state, **options):
+    save(self, step, state, **options)
+    if step == 10:
+        self.manager.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+TrainingSession.save = save_then_die
+sys.exit(train_main(sys.argv[1:]))
+"""
+ENV = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=8 "
+    + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", ""),
+    JAX_PLATFORMS="cpu",
+)
+
+
+def logged(run_dir: Path) -> list[tuple[float, float]]:
+    """(loss, grad_norm) of every step the run logged, in order."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(row["loss"], row["grad_norm"]) for row in rows if "loss" in row]
+
+
+def final_params(folder: Path) -> Any:
+    """The parameters of the run's latest checkpoint, restored onto one device."""
+    setup = RunSetup(load_config(folder / "run.yaml"), devices=jax.devices()[:1])
+    abstract, shardings = setup.abstract_state
+    return CheckpointManager(folder / "run" / "checkpoints").restore(None, abstract, shardings).state.params
+
+
+def train(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: Any) -> Path:
+    """``train`` of the invariant tiny run on ``devices`` devices; returns the run's folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **{**RUN, **sections})
+    result = run_cli(["--config", str(config), *args], devices=devices)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    return train(tmp_path_factory.mktemp("one_device"), cache_dir, 1)
+
+
+@pytest.mark.parametrize(
+    ("devices", "mesh"),
+    [
+        (2, []),
+        (8, []),
+        (4, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "1", *FSDP]),
+        (8, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "2", *FSDP]),
+    ],
+    ids=["data2", "data8", "fsdp4", "data2_fsdp4"],
+)
+def test_every_split_logs_and_ends_bitwise_like_one_device(
+    tmp_path: Path, cache_dir: Path, one_device: Path, devices: int, mesh: list[str]
+) -> None:
+    run = train(tmp_path, cache_dir, devices, *mesh)
+    reference = logged(one_device / "run")
+    assert len(reference) == STEPS and all(norm > 0.25 for _, norm in reference)  # clipped every step
+    assert logged(run / "run") == reference
+    assert_bitwise_equal(final_params(run), final_params(one_device))
+
+
+def test_killed_on_8_devices_and_resumed_on_2_equals_one_device(
+    tmp_path: Path, cache_dir: Path, one_device: Path
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+    eight_devices = ["--config", str(config), *FSDP, "--trainer.mesh.fsdp", "8", "--trainer.mesh.data", "1"]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AT_10, *eight_devices],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert len(logged(tmp_path / "run")) == 10
+    resumed = run_cli(["--config", str(config)], devices=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    note = "resuming on data=2 (the checkpoint was written on fsdp=8): trainer.invariant keeps every step bitwise"
+    assert note in resumed.stdout
+    assert logged(tmp_path / "run") == logged(one_device / "run")
+    assert_bitwise_equal(final_params(tmp_path), final_params(one_device))
+
+
+def test_lion_on_8_devices_is_bitwise_like_one_device(tmp_path: Path, cache_dir: Path) -> None:
+    lion = {"optimizer": {"type": "lion", "learning_rate": 0.001, "max_grad_norm": 0.25}}
+    runs = [train(tmp_path / f"devices{n}", cache_dir, n, *FSDP, **lion) for n in (1, 8)]
+    assert logged(runs[0] / "run") == logged(runs[1] / "run")
+    assert_bitwise_equal(final_params(runs[0]), final_params(runs[1]))
+
+
+def test_two_processes_of_four_devices_log_like_one_device(
+    tmp_path: Path, cache_dir: Path, one_device: Path
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+    processes = start_processes(["--config", str(config), *FSDP], processes=2, devices=4)
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    assert logged(tmp_path / "run") == logged(one_device / "run")
+    assert_bitwise_equal(final_params(tmp_path), final_params(one_device))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--optimizer.type", "muon"],
+            "trainer.invariant=true covers optimizer.type adamw and lion, not muon",
+        ),
+        (["--trainer.mesh.tensor", "2"], "not trainer.mesh.tensor=2"),
+        (["--trainer.invariant_slices", "6"], "trainer.invariant_slices=6: use a power of two"),
+        (
+            ["--trainer.invariant_slices", "2"],
+            "trainer.invariant_slices: 2 slices a microbatch do not spread over 8",
+        ),
+    ],
+    ids=["muon", "tensor", "not_a_power_of_two", "fewer_slices_than_devices"],
+)
+def test_what_the_invariant_step_does_not_cover_is_refused_in_one_line(
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+    code, err = fails(capsys, ["train", "--config", str(config), *args])
+    assert code != 0 and message in err, err
+    shutil.rmtree(tmp_path / "run", ignore_errors=True)
