@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import MeshSpec
-from halyard.train.invariant import CanonicalSlices, tree_sum
+from halyard.train.invariant import CanonicalSlices, scan_tree_sum, tree_sum
 from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 
@@ -35,6 +35,14 @@ def pairwise_reference(values: np.ndarray) -> np.ndarray:
 def test_tree_sum_adds_in_the_documented_order(values: list[float]) -> None:
     array = np.asarray(values, np.float32)
     assert np.asarray(tree_sum(jnp.asarray(array))).tobytes() == pairwise_reference(array).tobytes()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 5), st.integers(0, 2**31 - 1))
+def test_the_scanned_tree_adds_like_the_tree(log_count: int, seed: int) -> None:
+    terms = np.random.default_rng(seed).normal(scale=1e3, size=(2**log_count, 3)).astype(np.float32)
+    scanned = scan_tree_sum(lambda index, row: row * 1.0, 2**log_count, jnp.asarray(terms))
+    assert np.asarray(scanned).tobytes() == np.asarray(tree_sum(jnp.asarray(terms))).tobytes()
 
 
 def loss_fn(

@@ -73,6 +73,34 @@ def tree_sum(stacked: Any) -> Any:
     return jax.tree_util.tree_map(one, stacked)
 
 
+def scan_tree_sum(term: Callable[[jax.Array, Any], Any], count: int, inputs: Any) -> Any:
+    """``sum(term(i, inputs[i]) for i < count)`` in `tree_sum`'s order, as a scan holding
+    ``log2(count) + 1`` partial sums instead of ``count`` terms.
+
+    ``count`` is a power of two. Term ``i`` closes the pairs it completes (as many as ``i``'s trailing
+    one bits: term 3 adds itself to term 2, then that to terms 0 + 1) and waits at the level it reached.
+    """
+    levels = count.bit_length()
+    shapes = jax.eval_shape(term, jnp.zeros((), jnp.int32), jax.tree_util.tree_map(lambda x: x[0], inputs))
+    empty = jax.tree_util.tree_map(lambda s: jnp.zeros((levels, *s.shape), s.dtype), shapes)
+
+    def add(waiting: Any, step: tuple[jax.Array, Any]) -> tuple[Any, None]:
+        index, item = step
+        value = term(index, item)
+        closes = jax.lax.population_count(index ^ (index + 1)) - 1  # trailing one bits of index
+        for level in range(levels - 1):
+            value = jax.tree_util.tree_map(
+                lambda w, v, level=level: jnp.where(level < closes, w[level] + v, v), waiting, value
+            )
+        waiting = jax.tree_util.tree_map(
+            lambda w, v: jax.lax.dynamic_update_index_in_dim(w, v, closes, 0), waiting, value
+        )
+        return waiting, None
+
+    waiting, _ = jax.lax.scan(add, empty, (jnp.arange(count, dtype=jnp.int32), inputs))
+    return jax.tree_util.tree_map(lambda w: w[levels - 1], waiting)
+
+
 def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
     """``grad_fn`` over a batch as the sum of its canonical slices' results, in the canonical order.
 
@@ -91,17 +119,16 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
         first = jax.lax.axis_index(axes) * local_slices if axes else 0
         rows = jax.tree_util.tree_map(lambda x: x.reshape((local_slices, -1) + x.shape[1:]), batch)
 
-        def one_slice(carry: None, inputs: tuple[jax.Array, dict[str, jax.Array]]) -> tuple[None, Any]:
-            index, slice_rows = inputs
+        def one_slice(index: jax.Array, slice_rows: dict[str, jax.Array]) -> Any:
             (loss_sum, stats), grads = grad_fn(
                 params, slice_rows, jax.random.fold_in(key, first + index), frozen
             )
-            return None, (loss_sum, stats, grads)
+            return loss_sum, stats, grads
 
         # The model's activation constraints name mesh axes; here each array is already one device's.
         with without_layout():
-            _, stacked = jax.lax.scan(one_slice, None, (jnp.arange(local_slices), rows))
-        return jax.tree_util.tree_map(lambda x: x[None], tree_sum(stacked))
+            block_sum = scan_tree_sum(one_slice, local_slices, rows)
+        return jax.tree_util.tree_map(lambda x: x[None], block_sum)
 
     blocks = PartitionSpec(axes)
     sharded = jax.shard_map(
