@@ -213,6 +213,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "pipeline",
+        "pipeline.py",
+        (
+            Figure(
+                "pipeline: compiled bubble - (S-1)/(RM+S-1) (worst)",
+                "worst_bubble_excess",
+                "0",
+                lambda v: v == 0,
+            ),
+            Figure(
+                "pipeline: microbatch activations passed per iteration (most)",
+                "most_activations_per_iteration",
+            ),
+        ),
+    ),
+    Benchmark(
         "mup_wider_is_better",
         "mup_wider_is_better.py",
         (
@@ -231,6 +247,23 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "~0.125",
                 lambda v: abs(v - 0.125) <= 0.02,
             ),
+        ),
+    ),
+    Benchmark(
+        "invariant_step",
+        "invariant_step.py",
+        (
+            Figure(
+                "invariant / default step time (worst of 1 device, data 8, fsdp 8)",
+                "worst_step_time_ratio",
+                "<= 1.10",
+                at_most(1.10),
+            ),
+            Figure(
+                "invariant step: losses bitwise equal on 1 device, data 8, fsdp 8",
+                "invariant_losses_bitwise_equal",
+            ),
+            Figure("invariant / default compiled temp bytes (fsdp 8)", "ratios.fsdp_8_temp_bytes"),
         ),
     ),
     Benchmark(

@@ -11,8 +11,8 @@
 # ```
 #
 # It compares data parallelism, FSDP and tensor parallelism: where each weight lives, and that all three
-# train to the same losses; restores a checkpoint written under one layout into another; and finally runs
-# one training job as two processes, as on two hosts.
+# train to the same losses; restores a checkpoint written under one layout into another; pipelines the
+# layers over the `stage` axis; and finally runs one training job as two processes, as on two hosts.
 
 # %%
 import os

@@ -136,7 +136,9 @@ def run_pipelined(
     stage_kinds = None if kinds is None else list(kinds[:per_stage])
     sub_axis = Axis(layers.Layers.name, per_stage)
 
-    def stage(stage_weights: Any, activation: jax.Array, stage_inputs: Any) -> jax.Array:
+    def stage(all_repeats: Any, repeat: jax.Array, activation: jax.Array, stage_inputs: Any) -> jax.Array:
+        # the repeat is picked here, under the checkpoint: an iteration keeps its index, not the weights
+        stage_weights = jax.tree.map(lambda w: _take_repeat(w, repeat), all_repeats)
         stacked = add_layers_axis(eqx.combine(stage_weights, static), sub_axis)
         sub = Stacked(stacked, sub_axis, layers.remat)
         stage_args, stage_kwargs = jax.tree.map(micro.rebuild, stage_inputs, is_leaf=_is_named)
@@ -148,7 +150,7 @@ def run_pipelined(
     if layers.remat != "none":  # keep each iteration's stage inputs only; the backward recomputes the stage
         stage = jax.checkpoint(stage, prevent_cse=False)
     mapped = jax.tree.map(lambda leaf: 0 if isinstance(leaf, _Split) else None, inputs, is_leaf=_is_named)
-    stages = jax.vmap(stage, in_axes=(0, 0, mapped), spmd_axis_name=STAGE)
+    stages = jax.vmap(stage, in_axes=(1, 0, 0, mapped), spmd_axis_name=STAGE)
     stage_index = jnp.arange(S)
 
     def iteration(
@@ -160,9 +162,8 @@ def run_pipelined(
         state_in = _constrained(passed.at[0].set(entering), mesh, spec)
         work = t - stage_index  # this iteration's (repeat * M + microbatch) of each stage
         repeat = jnp.clip(work // M, 0, R - 1)
-        stage_weights = jax.tree.map(lambda w: _take_repeat(w, repeat), weights)
         stage_inputs = jax.tree.map(lambda a: _take_microbatch(a, work % M), inputs, is_leaf=_is_named)
-        out = _constrained(stages(stage_weights, state_in, stage_inputs), mesh, spec)
+        out = _constrained(stages(weights, repeat, state_in, stage_inputs), mesh, spec)
         last = work[S - 1]
         keep = (last >= 0) & (last < R * M)
         finished = jnp.where(keep, finished.at[last % M].set(out[S - 1]), finished)
@@ -241,12 +242,10 @@ def _constrained(array: jax.Array, mesh: Any, spec: PartitionSpec) -> jax.Array:
 
 
 def _take_repeat(weights: jax.Array, repeat: jax.Array) -> jax.Array:
-    """Each stage's slice ``[S, ...]`` of ``weights [R, S, ...]`` at its own repeat."""
+    """One stage's weights ``[R, ...]`` at ``repeat``."""
     if weights.shape[0] == 1:
         return weights[0]
-    return jax.vmap(lambda w, r: jax.lax.dynamic_index_in_dim(w, r, keepdims=False), in_axes=(1, 0))(
-        weights, repeat
-    )
+    return jax.lax.dynamic_index_in_dim(weights, repeat, keepdims=False)
 
 
 def _take_microbatch(leaf: Any, microbatch: jax.Array) -> Any:
