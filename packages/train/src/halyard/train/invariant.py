@@ -149,13 +149,20 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
 def on_whole_leaves(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
     """``fn`` run on every device with whole (gathered) arguments, its results replicated.
 
-    Elementwise arithmetic is not shape-blind: a compiler vectorizes a loop over ``n`` elements and
-    finishes the rest one by one, and the two paths may round differently (a fused multiply-add in one
-    only), so an FSDP shard's update can differ in the last bit from the whole leaf's. On whole leaves
-    every mesh runs the same loops on the same numbers (each device computes all of it: the price).
+    Elementwise arithmetic compiled for a shard does not always round like the same arithmetic compiled
+    for the whole leaf (XLA fuses and vectorizes each program its own way): AdamW's update of an FSDP
+    shard differed in the last bit from the whole leaf's, with equal gradients and moments. On whole
+    leaves every mesh compiles the same loops for the same numbers; each device computes all of it (the
+    price). The optimization barriers keep XLA from moving the slicing to each device's shard, which
+    follows, back into ``fn`` (it did, and the bits parted again on the benchmark model).
     """
+
+    def whole(*args: Any) -> Any:
+        # The barrier keeps XLA from moving the slicing to each device's shard (which follows) into ``fn``.
+        return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))
+
     replicated = PartitionSpec()
-    return jax.shard_map(fn, mesh=mesh, in_specs=replicated, out_specs=replicated, check_vma=False)
+    return jax.shard_map(whole, mesh=mesh, in_specs=replicated, out_specs=replicated, check_vma=False)
 
 
 def canonical_norm(tree: Any, mesh: jax.sharding.Mesh) -> jax.Array:
