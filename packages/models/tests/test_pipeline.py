@@ -1,6 +1,6 @@
 """The decoder's layer stack pipelined over the ``stage`` mesh axis: the loss and every parameter's
 gradient equal the unpipelined model's (float32, to 1e-6), for 2 and 4 stages, repeats 1 and 2, with
-FSDP and tensor parallelism inside the stages and a local/global layer pattern (Gemma 2); the compiled
+FSDP, tensor and context parallelism inside the stages and a local/global layer pattern (Gemma 2); the compiled
 step passes activations between stages with collective permutes."""
 
 from __future__ import annotations
@@ -60,8 +60,16 @@ def references() -> dict[str, Any]:
         ("llama", dict(stage=2, data=1, fsdp=4), "fsdp", 2, 2),
         ("llama", dict(stage=2, data=1, fsdp=2, tensor=2), "fsdp_tensor", 1, 2),
         ("gemma2", dict(stage=2, data=4), "data_parallel", 1, 2),
+        ("llama", dict(stage=2, sequence=2, data=2), "data_parallel", 1, 2),
     ],
-    ids=["stage2", "stage4", "stage2_repeats2_fsdp4", "stage2_fsdp2_tensor2", "gemma2_pattern_stage2"],
+    ids=[
+        "stage2",
+        "stage4",
+        "stage2_repeats2_fsdp4",
+        "stage2_fsdp2_tensor2",
+        "gemma2_pattern_stage2",
+        "stage2_sequence2_context_parallel",
+    ],
 )
 def test_pipelined_loss_and_gradients_equal_the_unpipelined(
     references: dict[str, Any], family: str, mesh: dict, layout: str, repeats: int, microbatches: int
