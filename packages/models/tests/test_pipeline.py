@@ -1,6 +1,7 @@
 """The decoder's layer stack pipelined over the ``stage`` mesh axis: the loss and every parameter's
 gradient equal the unpipelined model's (float32, to 1e-6), for 2 and 4 stages, repeats 1 and 2, with
-FSDP, tensor and context parallelism inside the stages and a local/global layer pattern (Gemma 2); the compiled
+FSDP, tensor and context parallelism inside the stages, a local/global layer pattern (Gemma 2) and MoE
+layers whose router losses sum over microbatches and stages (Mixtral); the compiled
 step passes activations between stages with collective permutes."""
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ SHAPES = dict(
 FAMILIES = {
     "llama": dict(type="llama", num_layers=4),
     "gemma2": dict(type="gemma2", num_layers=4, head_dim=8, sliding_window=8, attn_logit_softcapping=5.0),
+    "mixtral": dict(
+        type="mixtral", num_layers=4, num_experts=4, num_experts_per_token=2, router_z_loss_coef=0.01
+    ),
 }
 
 
@@ -61,6 +65,7 @@ def references() -> dict[str, Any]:
         ("llama", dict(stage=2, data=1, fsdp=2, tensor=2), "fsdp_tensor", 1, 2),
         ("gemma2", dict(stage=2, data=4), "data_parallel", 1, 2),
         ("llama", dict(stage=2, sequence=2, data=2), "data_parallel", 1, 2),
+        ("mixtral", dict(stage=2, data=4), "data_parallel", 2, 2),
     ],
     ids=[
         "stage2",
@@ -69,6 +74,7 @@ def references() -> dict[str, Any]:
         "stage2_fsdp2_tensor2",
         "gemma2_pattern_stage2",
         "stage2_sequence2_context_parallel",
+        "mixtral_router_losses_stage2_repeats2",
     ],
 )
 def test_pipelined_loss_and_gradients_equal_the_unpipelined(

@@ -129,12 +129,13 @@ def test_plan_reports_the_pipeline_and_its_bubble(tmp_path: Path, capsys: pytest
     assert "pipeline  2 stages x 1 repeats, 2 microbatches: 3 iterations, bubble 33.3%" in out, out
 
 
-def test_llama_70b_fits_64_devices_only_with_its_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+def test_llama_70b_fits_64_devices_only_with_its_pipeline(capfd: pytest.CaptureFixture[str]) -> None:
     # 8 tensor-parallel nodes: as 8 pipeline stages each node holds 10 layers; without stages, all 80.
+    # (capfd: a process whose jax already has 8 devices plans 64 in a subprocess, which writes to the fd)
     assert main(["plan", "--config", "llama-70b", "--devices", "64"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "mesh stage=8 tensor=8" in out and "bubble 30.4%" in out and "fits on H100 SXM" in out, out
     assert main(["plan", "--config", "llama-70b", "--devices", "64", "--trainer.mesh.stage", "1",
                  "--trainer.mesh.data", "8"]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "mesh data=8 tensor=8" in out and "DOES NOT FIT on H100 SXM" in out, out

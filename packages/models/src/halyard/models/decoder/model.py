@@ -135,15 +135,11 @@ class Decoder(CausalLM):
             x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
+        cache_args = () if cache is None else (cache.key, cache.value)
         if cache is None and (stages := pipeline_stages()) > 1:
             config = self.config
-            if config.layout().mlp == "moe":
-                raise ValueError(
-                    f"{type(config).__name__}: mixture-of-experts layers do not run in a pipeline yet; "
-                    "use trainer.mesh.stage 1 (expert or FSDP parallelism instead)"
-                )
             schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
-            x = run_pipelined(
+            x, layer_stats = run_pipelined(
                 self.layers,
                 constrain(x),
                 (mask, positions),
@@ -152,18 +148,18 @@ class Decoder(CausalLM):
                 kinds=config.layer_kinds(),
                 unroll=not config.scan_layers,
             )
-            return DecoderOutput(self.final_norm(x), jnp.zeros((), jnp.float32), {}, None, {})
-        cache_args = () if cache is None else (cache.key, cache.value)
-        x, (new_cache, layer_stats) = self.layers.scan(
-            constrain(x),
-            mask,
-            positions,
-            *cache_args,
-            kinds=self.config.layer_kinds(),
-            unroll=not self.config.scan_layers,
-            cache_index=cache_index,
-            token_mask=token_mask,
-        )
+            new_cache = None
+        else:
+            x, (new_cache, layer_stats) = self.layers.scan(
+                constrain(x),
+                mask,
+                positions,
+                *cache_args,
+                kinds=self.config.layer_kinds(),
+                unroll=not self.config.scan_layers,
+                cache_index=cache_index,
+                token_mask=token_mask,
+            )
         aux, metrics = jnp.zeros((), jnp.float32), {}
         if self.config.layout().mlp == "moe":
             balance, z_loss = load_balancing_loss(layer_stats), router_z_loss(layer_stats)

@@ -88,12 +88,14 @@ def run_pipelined(
     schedule: PipelineSchedule,
     kinds: Sequence[Hashable] | None,
     unroll: bool,
-) -> NamedArray:
-    """``layers.scan(x, *args, kinds=kinds, **kwargs)[0]`` computed as a pipeline over ``stage``.
+) -> tuple[NamedArray, Any]:
+    """``layers.scan(x, *args, kinds=kinds, **kwargs)`` computed as a pipeline over ``stage``: the output,
+    and what the layers report (their outputs' second part, e.g. MoE router sums) for every iteration,
+    stage and layer of a stage ``[iterations, S, layers/(SR), ...]``, zero where a stage idles; sums over
+    tokens (MoE statistics) then sum to the whole batch's.
 
     Args:
-        layers: the stacked layers (what each layer reports besides its output is dropped: MoE statistics
-            do not pipeline, the caller refuses them).
+        layers: the stacked layers; each returns ``(x, (cache, report))``.
         x: the activations ``(batch, ..., embed)``.
         args, kwargs: the layers' other inputs; NamedArrays with a ``batch`` axis are cut into the same
             microbatches as ``x``, everything else is passed to every stage as it is.
@@ -136,16 +138,18 @@ def run_pipelined(
     stage_kinds = None if kinds is None else list(kinds[:per_stage])
     sub_axis = Axis(layers.Layers.name, per_stage)
 
-    def stage(all_repeats: Any, repeat: jax.Array, activation: jax.Array, stage_inputs: Any) -> jax.Array:
+    def stage(
+        all_repeats: Any, repeat: jax.Array, activation: jax.Array, stage_inputs: Any
+    ) -> tuple[jax.Array, Any]:
         # the repeat is picked here, under the checkpoint: an iteration keeps its index, not the weights
         stage_weights = jax.tree.map(lambda w: _take_repeat(w, repeat), all_repeats)
         stacked = add_layers_axis(eqx.combine(stage_weights, static), sub_axis)
         sub = Stacked(stacked, sub_axis, layers.remat)
         stage_args, stage_kwargs = jax.tree.map(micro.rebuild, stage_inputs, is_leaf=_is_named)
-        out, _ = sub.scan(
+        out, (_, reports) = sub.scan(
             NamedArray(activation, x_axes), *stage_args, kinds=stage_kinds, unroll=unroll, **stage_kwargs
         )
-        return out.array
+        return out.array, reports
 
     if layers.remat != "none":  # keep each iteration's stage inputs only; the backward recomputes the stage
         stage = jax.checkpoint(stage, prevent_cse=False)
@@ -155,7 +159,7 @@ def run_pipelined(
 
     def iteration(
         carry: tuple[jax.Array, jax.Array], t: jax.Array
-    ) -> tuple[tuple[jax.Array, jax.Array], None]:
+    ) -> tuple[tuple[jax.Array, jax.Array], Any]:
         state, finished = carry
         passed = jnp.roll(state, 1, axis=0)  # stage s takes stage s-1's output: a collective permute
         entering = jnp.where(t < M, first[t % M], finished[t % M])
@@ -163,17 +167,20 @@ def run_pipelined(
         work = t - stage_index  # this iteration's (repeat * M + microbatch) of each stage
         repeat = jnp.clip(work // M, 0, R - 1)
         stage_inputs = jax.tree.map(lambda a: _take_microbatch(a, work % M), inputs, is_leaf=_is_named)
-        out = _constrained(stages(weights, repeat, state_in, stage_inputs), mesh, spec)
+        out, reports = stages(weights, repeat, state_in, stage_inputs)
+        out = _constrained(out, mesh, spec)
         last = work[S - 1]
         keep = (last >= 0) & (last < R * M)
         finished = jnp.where(keep, finished.at[last % M].set(out[S - 1]), finished)
-        return (out, finished), None
+        working = (work >= 0) & (work < R * M)  # a stage in the bubble reports nothing
+        reports = jax.tree.map(lambda r: r * working.reshape(S, *[1] * (r.ndim - 1)).astype(r.dtype), reports)
+        return (out, finished), reports
 
     state = jnp.zeros((S, *first.shape[1:]), first.dtype)
-    (_, finished), _ = jax.lax.scan(
+    (_, finished), reports = jax.lax.scan(
         iteration, (state, jnp.zeros_like(first)), jnp.arange(schedule.iterations)
     )
-    return micro.join(finished, x)
+    return micro.join(finished, x), reports
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,6 @@ def check_pipeline(config: TrainConfig, model_config: Any, mesh: Any, layout: An
         return
     repeats, microbatches = model_config.pipeline_repeats, model_config.pipeline_microbatches
     layers = model_config.shape.layers
-    if getattr(model_config, "layout", None) and model_config.layout().mlp == "moe":
-        raise ConfigError(
-            f"trainer.mesh.stage={stages}: mixture-of-experts layers do not run in a pipeline yet; use "
-            "trainer.mesh.stage 1 (expert or FSDP parallelism instead)"
-        )
     if layers % (stages * repeats):
         raise ConfigError(
             f"model.num_layers={layers} does not cut into trainer.mesh.stage={stages} x "
