@@ -148,7 +148,7 @@ class Decoder(CausalLM):
                 kinds=config.layer_kinds(),
                 unroll=not config.scan_layers,
             )
-            new_cache = None
+            new_cache: Any = None
         else:
             x, (new_cache, layer_stats) = self.layers.scan(
                 constrain(x),
