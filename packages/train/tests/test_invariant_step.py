@@ -54,8 +54,11 @@ def loss_fn(
     return jnp.sum(error**2), {"num_tokens": jnp.asarray(error.shape[0], jnp.int32)}
 
 
-def run(devices: int, fsdp: bool, steps: int = 3) -> tuple[list[dict[str, float]], Any]:
-    """``steps`` invariant steps of `loss_fn` with clipped AdamW on a mesh of ``devices``."""
+def run(
+    devices: int, fsdp: bool, steps: int = 3, accumulation: int = 1
+) -> tuple[list[dict[str, float]], Any]:
+    """``steps`` invariant steps of `loss_fn` with clipped AdamW on a mesh of ``devices``, 16 rows a step in
+    ``accumulation`` microbatches of 8 slices."""
     spec = MeshSpec(data=1, fsdp=devices) if fsdp else MeshSpec(data=devices)
     mesh = spec.build(jax.devices()[:devices])
     rng = np.random.default_rng(0)
@@ -67,11 +70,12 @@ def run(devices: int, fsdp: bool, steps: int = 3) -> tuple[list[dict[str, float]
         "x": rng.normal(size=(16, 16)).astype(np.float32),
         "y": rng.normal(size=(16, 4)).astype(np.float32),
     }
+    slices = CanonicalSlices(mesh, 16 // accumulation, max_grad_norm=0.5)
     weights = NamedSharding(mesh, PartitionSpec("fsdp") if fsdp else PartitionSpec())
     rows = NamedSharding(mesh, PartitionSpec(("replica", "data", "fsdp", "expert")))
     optimizer = optax.adamw(1e-2)
     state = init_state(jax.device_put(params, weights), optimizer, jax.random.PRNGKey(0))
-    step = jax.jit(make_train_step(loss_fn, optimizer, invariant=CanonicalSlices(mesh, 8, max_grad_norm=0.5)))
+    step = jax.jit(make_train_step(loss_fn, optimizer, accumulation=accumulation, invariant=slices))
     logged = []
     for _ in range(steps):
         state, metrics = step(state, jax.device_put(batch, rows))
@@ -81,11 +85,12 @@ def run(devices: int, fsdp: bool, steps: int = 3) -> tuple[list[dict[str, float]
     return logged, jax.device_get(state.params)
 
 
-def test_the_invariant_step_gives_the_same_bits_on_every_split() -> None:
-    reference, params = run(1, fsdp=False)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_invariant_step_gives_the_same_bits_on_every_split(accumulation: int) -> None:
+    reference, params = run(1, fsdp=False, accumulation=accumulation)
     assert all(row["grad_norm"] > 0.5 for row in reference)  # clipping acts
     for devices, fsdp in ((2, False), (8, False), (4, True), (8, True)):
-        logged, other = run(devices, fsdp)
+        logged, other = run(devices, fsdp, accumulation=accumulation)
         assert logged == reference, (devices, fsdp)
         for name in params:
             assert np.asarray(other[name]).tobytes() == np.asarray(params[name]).tobytes(), (
