@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import BATCH_AXES, mesh_axis_sizes, without_layout
 
@@ -140,10 +140,25 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
     )
 
     def value_and_grad(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
-        loss_sum, stats, grads = tree_sum(sharded(params, batch, key, frozen))
+        partials = jax.tree_util.tree_map(
+            lambda x: _spread_over_elements(x, split), sharded(params, batch, key, frozen)
+        )
+        loss_sum, stats, grads = tree_sum(partials)
         return (loss_sum, stats), grads
 
     return value_and_grad
+
+
+def _spread_over_elements(partials: jax.Array, split: CanonicalSlices) -> jax.Array:
+    """Device blocks' sums ``[devices, ...]`` placed by element instead of by block, where a dimension divides
+    (an all-to-all): each device then adds its elements of every block, as a reduce-scatter would, instead
+    of gathering every block whole. The adds are the same; only where they run changes."""
+    for dim in range(1, partials.ndim):
+        if partials.shape[dim] % split.batch_devices == 0:
+            spec: list[Any] = [None] * partials.ndim
+            spec[dim] = split.batch_axes
+            return jax.lax.with_sharding_constraint(partials, NamedSharding(split.mesh, PartitionSpec(*spec)))
+    return partials
 
 
 def on_whole_leaves(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
