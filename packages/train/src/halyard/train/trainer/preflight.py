@@ -22,6 +22,7 @@ from halyard.train.data_assembly.data_section import check_data_section
 from halyard.train.data_assembly.datasets import PreparedData
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.lora.base import check_lora
+from halyard.train.run.canonical import canonical_slices
 from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.harness_eval import check_harness
@@ -55,6 +56,7 @@ def check_shapes(setup: RunSetup) -> None:
     check_pipeline(config, setup.model_config, setup.mesh, setup.layout)
     _check_schedule(setup)
     check_batch(config, setup.mesh, setup.layout)
+    canonical_slices(config, setup.mesh)  # trainer.invariant: the optimizer, the mesh axes, the slices
     check_lora(config, setup.model_config)
     checkpoint = config.checkpoint
     as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
