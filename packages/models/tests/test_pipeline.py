@@ -23,6 +23,7 @@ SHAPES = dict(
 )
 FAMILIES = {
     "llama": dict(type="llama", num_layers=4),
+    "llama8": dict(type="llama", num_layers=8),
     "gemma2": dict(type="gemma2", num_layers=4, head_dim=8, sliding_window=8, attn_logit_softcapping=5.0),
     "mixtral": dict(
         type="mixtral", num_layers=4, num_experts=4, num_experts_per_token=2, router_z_loss_coef=0.01
@@ -66,6 +67,7 @@ def references() -> dict[str, Any]:
         ("gemma2", dict(stage=2, data=4), "data_parallel", 1, 2),
         ("llama", dict(stage=2, sequence=2, data=2), "data_parallel", 1, 2),
         ("mixtral", dict(stage=2, data=4), "data_parallel", 2, 2),
+        ("llama8", dict(stage=4, data=2), "data_parallel", 2, 4),
     ],
     ids=[
         "stage2",
@@ -75,6 +77,7 @@ def references() -> dict[str, Any]:
         "gemma2_pattern_stage2",
         "stage2_sequence2_context_parallel",
         "mixtral_router_losses_stage2_repeats2",
+        "stage4_repeats2",
     ],
 )
 def test_pipelined_loss_and_gradients_equal_the_unpipelined(
