@@ -19,6 +19,7 @@ Usage::
 
     python benchmarks/invariant_step.py            # benchmark model, 5 rounds
     python benchmarks/invariant_step.py --quick    # tiny model, 2 rounds (a smoke test)
+    python benchmarks/invariant_step.py --mesh "fsdp 8"   # one mesh
 
 The script sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` itself when JAX is not yet loaded.
 Results are printed and written as JSON (``--output``, default benchmarks/results/invariant_step.json).
@@ -111,6 +112,9 @@ class Arm:
         }
 
 
+MESHES = ("1 device", "data 8", "fsdp 8")
+
+
 def meshes() -> dict[str, tuple[jax.sharding.Mesh, Layout]]:
     return {
         "1 device": (MeshSpec(data=1).build(jax.devices()[:1]), Layout.data_parallel()),
@@ -123,6 +127,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 rounds (a smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5; quick 2)")
+    parser.add_argument(
+        "--mesh",
+        action="append",
+        choices=list(MESHES),
+        help="measure only this mesh (repeatable; default all)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if jax.device_count() != NUM_DEVICES:
@@ -138,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"setup {asdict(setup)}, {rounds} rounds")
     print(f"{'arm':>20} {'step (s)':>9} {'compile (s)':>12} {'temp MB/device':>15} {'args MB/device':>15}")
     for mesh_name, (mesh, layout) in meshes().items():
+        if args.mesh and mesh_name not in args.mesh:
+            continue
         arms = [Arm(mesh_name, mesh, layout, setup, invariant) for invariant in (False, True)]
         for arm in arms:
             arm.run(timed=False)  # warm-up

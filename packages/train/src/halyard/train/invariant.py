@@ -120,10 +120,13 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
         rows = jax.tree_util.tree_map(lambda x: x.reshape((local_slices, -1) + x.shape[1:]), batch)
 
         def one_slice(index: jax.Array, slice_rows: dict[str, jax.Array]) -> Any:
-            (loss_sum, stats), grads = grad_fn(
-                params, slice_rows, jax.random.fold_in(key, first + index), frozen
+            # Barriers keep the slice's program whole: with one slice a device XLA drops the loop and would
+            # fuse its last reductions with what follows (the loss of a step parted in the last bit).
+            inputs = jax.lax.optimization_barrier(
+                (params, slice_rows, jax.random.fold_in(key, first + index))
             )
-            return loss_sum, stats, grads
+            (loss_sum, stats), grads = grad_fn(*inputs, frozen)
+            return jax.lax.optimization_barrier((loss_sum, stats, grads))
 
         # The model's activation constraints name mesh axes; here each array is already one device's.
         with without_layout():
