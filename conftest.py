@@ -60,6 +60,11 @@ SLOW_FILES_FIRST = frozenset(
         "test_cli_interrupts.py",
         "test_readme_scripts.py",
         "test_checkpoint_benchmark_smoke.py",
+        "test_context_parallel_trainer.py",
+        "test_context_parallel_benchmark_smoke.py",
+        "test_pipeline_trainer.py",
+        "test_pipeline.py",
+        "test_invariant_trainer.py",
     }
 )
 
