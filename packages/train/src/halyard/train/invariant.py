@@ -134,23 +134,46 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
         # The model's activation constraints name mesh axes; here each array is already one device's.
         with without_layout():
             block_sum = scan_tree_sum(one_slice, local_slices, rows)
-        return jax.tree_util.tree_map(lambda x: x[None], block_sum)
+        return jax.tree_util.tree_map(lambda x: _sum_over_devices(x, axes, split.batch_devices), block_sum)
 
-    blocks = PartitionSpec(axes)
     sharded = jax.shard_map(
         per_device,
         mesh=split.mesh,
-        in_specs=(PartitionSpec(), blocks, PartitionSpec(), PartitionSpec()),
-        out_specs=blocks,
+        in_specs=(PartitionSpec(), PartitionSpec(axes), PartitionSpec(), PartitionSpec()),
+        out_specs=PartitionSpec(),
         check_vma=False,
     )
 
     def value_and_grad(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
-        partials = sharded(params, batch, key, frozen)
-        loss_sum, stats, grads = tree_sum(partials)
+        loss_sum, stats, grads = sharded(params, batch, key, frozen)
         return (loss_sum, stats), grads
 
     return value_and_grad
+
+
+SMALLEST_EXCHANGED = 1024
+"""Block sums of fewer elements a device are gathered whole; larger ones are exchanged by element."""
+
+
+def _sum_over_devices(block: jax.Array, axes: tuple[str, ...], devices: int) -> jax.Array:
+    """Inside `shard_map`: the devices' block sums added in `tree_sum`'s order over the device index, the
+    result on every device.
+
+    A large block is exchanged by element first (an all-to-all: the traffic of a reduce-scatter), so each
+    device adds its ``1 / devices`` of the elements of every block, and the sums are then gathered (the
+    traffic of an all-gather). Each element sees the same adds in the same order as when every device
+    gathers every block whole: elementwise adds round the same whatever the elements around them.
+    """
+    if devices == 1:
+        return block
+    if block.size < SMALLEST_EXCHANGED:
+        return tree_sum(jax.lax.all_gather(block, axes))
+    flat = block.reshape(-1)
+    flat = jnp.pad(flat, (0, -flat.size % devices)).reshape(devices, -1)
+    # Row j of ``mine``: device j's block at this device's share of the elements.
+    mine = jax.lax.all_to_all(flat, axes, 0, 0)
+    summed = jax.lax.all_gather(tree_sum(jax.lax.optimization_barrier(mine)), axes, tiled=True)
+    return summed[: block.size].reshape(block.shape)
 
 
 def on_whole_leaves(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
