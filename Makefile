@@ -14,11 +14,11 @@ INSTALL_ARGS := $(foreach p,$(PACKAGE_DIRS),-e $(p)) --group dev
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Three workers on CI's two cores: many tests wait on subprocesses (training runs, kill -9 and resume,
 # multi-process runs), and a third worker keeps both cores busy meanwhile (the whole suite on this
-# 2-core machine: 1770 s with two workers, 1540 s with three; the three held ~14 GiB together near the end). The
-# slowest tests are listed at the end of the run. A test whose worker process crashed (a native segfault in
-# jaxlib's CPU runtime, seen once per few full runs in a worker hundreds of tests in) runs once more in a
-# fresh worker; a failing assertion is never rerun.
-PYTEST_ARGS ?= -n 3 --durations=30 --reruns 1 --only-rerun 'crashed while running'
+# 2-core machine: 1770 s with two workers, 1540 s with three). The slowest tests are listed at the end of
+# the run. Each worker process runs at most 300 tests, then a fresh one takes its place
+# (tools/pytest_worker_life.py): a worker that lived for the whole suite grew to ~6 GB and, in about one
+# full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in.
+PYTEST_ARGS ?= -n 3 --durations=30 -p tools.pytest_worker_life --worker-tests 300
 
 .PHONY: demo test lint typecheck pytest venv wheels clean
 
