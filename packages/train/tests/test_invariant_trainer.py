@@ -1,8 +1,9 @@
 """trainer.invariant through `train`: the same config on 1, 2, 4 and 8 devices, data-parallel and FSDP,
 and on 2 processes x 4 devices, logs bitwise-equal losses and gradient norms for 20 steps (AdamW clipping
-every step, Lion) and ends with bitwise-equal parameters; an 8-device run killed (SIGKILL) after its step-10
-checkpoint and resumed on 2 devices equals the uninterrupted 1-device run, and says in one line that it
-stays bitwise. What the invariant step does not cover is refused in one line."""
+every step, Lion) and the same validation loss, and ends with bitwise-equal parameters; an 8-device run
+killed (SIGKILL) after its step-10 checkpoint and resumed on 2 devices, or on 2 processes, equals the
+uninterrupted 1-device run, and says in one line that it stays bitwise. What the invariant step does not
+cover is refused in one line."""
 
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ pytestmark = pytest.mark.slow
 
 STEPS = 20
 # max_grad_norm below the tiny model's gradient norms (0.6 to 1.0): clipping acts at every step.
+# A tenth of the windows held out: the validation loss at the end is logged, and compared too.
 RUN = {
     "trainer": {"steps": STEPS, "invariant": True},
     "optimizer": {"max_grad_norm": 0.25},
     "checkpoint": {"every_steps": 10},
+    "data": {"validation_fraction": 0.1},
 }
 FSDP = ["--trainer.layout", "fsdp", "--trainer.min_shard", "1"]
 # The 8-device run is killed right after its step-10 checkpoint is complete (kill -9: no cleanup).
@@ -54,10 +57,11 @@ ENV = dict(
 )
 
 
-def logged(run_dir: Path) -> list[tuple[float, float]]:
-    """(loss, grad_norm) of every step the run logged, in order."""
+def logged(run_dir: Path) -> list[tuple[Any, float]]:
+    """(loss, grad_norm) of every step the run logged, in order, then ("eval", eval_loss) of its evaluations."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(row["loss"], row["grad_norm"]) for row in rows if "loss" in row]
+    steps = [(row["loss"], row["grad_norm"]) for row in rows if "loss" in row]
+    return steps + [("eval", row["eval_loss"]) for row in rows if "eval_loss" in row]
 
 
 def final_params(folder: Path) -> Any:
@@ -90,23 +94,26 @@ def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
     ("devices", "mesh"),
     [
         (2, []),
+        (4, []),
         (8, []),
+        (2, ["--trainer.mesh.fsdp", "2", "--trainer.mesh.data", "1", *FSDP]),
         (4, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "1", *FSDP]),
         (8, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "2", *FSDP]),
     ],
-    ids=["data2", "data8", "fsdp4", "data2_fsdp4"],
+    ids=["data2", "data4", "data8", "fsdp2", "fsdp4", "data2_fsdp4"],
 )
 def test_every_split_logs_and_ends_bitwise_like_one_device(
     tmp_path: Path, cache_dir: Path, one_device: Path, devices: int, mesh: list[str]
 ) -> None:
     run = train(tmp_path, cache_dir, devices, *mesh)
     reference = logged(one_device / "run")
-    assert len(reference) == STEPS and all(norm > 0.25 for _, norm in reference)  # clipped every step
+    assert len(reference) == STEPS + 1 and reference[-1][0] == "eval"
+    assert all(norm > 0.25 for _, norm in reference[:STEPS])  # clipped every step
     assert logged(run / "run") == reference
     assert_bitwise_equal(final_params(run), final_params(one_device))
 
 
-def test_killed_on_8_devices_and_resumed_on_2_equals_one_device(
+def test_killed_on_8_devices_and_resumed_on_2_devices_or_2_processes_equals_one_device(
     tmp_path: Path, cache_dir: Path, one_device: Path
 ) -> None:
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
@@ -120,12 +127,21 @@ def test_killed_on_8_devices_and_resumed_on_2_equals_one_device(
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert len(logged(tmp_path / "run")) == 10
+    # The same killed run, copied, resumes on 2 processes of 2 devices each.
+    copy = tmp_path / "on_two_processes"
+    shutil.copytree(tmp_path / "run", copy / "run")
+    copied = write_config(copy / "run.yaml", copy / "run", cache_dir, **RUN)
     resumed = run_cli(["--config", str(config)], devices=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     note = "resuming on data=2 (the checkpoint was written on fsdp=8): trainer.invariant keeps every step bitwise"
     assert note in resumed.stdout
     assert logged(tmp_path / "run") == logged(one_device / "run")
     assert_bitwise_equal(final_params(tmp_path), final_params(one_device))
+    for process in start_processes(["--config", str(copied)], processes=2, devices=2):
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    assert logged(copy / "run") == logged(one_device / "run")
+    assert_bitwise_equal(final_params(copy), final_params(one_device))
 
 
 def test_lion_on_8_devices_is_bitwise_like_one_device(tmp_path: Path, cache_dir: Path) -> None:

@@ -30,6 +30,8 @@ from halyard.shard import BATCH_AXES, mesh_axis_sizes, without_layout
 
 GradFn = Callable[..., tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]
 """``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)``."""
+SliceTerm = Callable[..., Any]
+"""``(params, batch, key, frozen) -> pytree of sums``."""
 
 
 @dataclass(frozen=True)
@@ -104,11 +106,12 @@ def scan_tree_sum(term: Callable[[jax.Array, Any], Any], count: int, inputs: Any
     return jax.tree_util.tree_map(lambda w: w[levels - 1], waiting)
 
 
-def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
-    """``grad_fn`` over a batch as the sum of its canonical slices' results, in the canonical order.
+def sliced_sums(term: SliceTerm, split: CanonicalSlices) -> SliceTerm:
+    """``term`` summed over a batch's canonical slices, in the canonical order, the sums on every device.
 
     Args:
-        grad_fn: ``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)`` of one slice.
+        term: ``(params, slice rows, key, frozen) -> pytree of sums`` of one slice (a loss sum and its
+            token count; with gradients for the train step).
         split: the slice count and the mesh. Slice ``i`` (rows ``i * R`` to ``(i + 1) * R`` of a batch of
             ``slices * R`` rows) gets the key ``fold_in(key, i)``.
 
@@ -128,8 +131,7 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
             inputs = jax.lax.optimization_barrier(
                 (params, slice_rows, jax.random.fold_in(key, first + index))
             )
-            (loss_sum, stats), grads = grad_fn(*inputs, frozen)
-            return jax.lax.optimization_barrier((loss_sum, stats, grads))
+            return jax.lax.optimization_barrier(term(*inputs, frozen))
 
         # The model's activation constraints name mesh axes; here each array is already one device's.
         with without_layout():
@@ -144,11 +146,16 @@ def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
         check_vma=False,
     )
 
-    def value_and_grad(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
-        loss_sum, stats, grads = sharded(params, batch, key, frozen)
-        return (loss_sum, stats), grads
+    def sums(params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
+        return sharded(params, batch, key, frozen)
 
-    return value_and_grad
+    return sums
+
+
+def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
+    """``grad_fn`` (``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)``) over a batch
+    as the sum of its canonical slices' results (`sliced_sums`)."""
+    return sliced_sums(grad_fn, split)
 
 
 SMALLEST_EXCHANGED = 1024

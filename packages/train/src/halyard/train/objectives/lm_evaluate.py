@@ -13,6 +13,7 @@ import numpy as np
 from halyard.data import LMDataset
 from halyard.shard import Layout, batch_share, global_batch_from_local
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
+from halyard.train.invariant import CanonicalSlices, sliced_sums
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.run_config import TrainConfig
 
@@ -73,8 +74,7 @@ class Evaluator:
         self.mesh = mesh
         self.layout = layout
         self.tokenizer = load_run_tokenizer(tokenizer_path)
-        loss_fn = lm_loss_fn()
-        self._loss = jax.jit(lambda model, batch: loss_fn(model, batch, jax.random.PRNGKey(0)))
+        self._loss = jax.jit(_batch_loss(config, mesh))
         self._bytes: dict[str, float] = {}
 
     def _batches(self, dataset: LMDataset) -> list[dict[str, np.ndarray]]:
@@ -116,6 +116,20 @@ class Evaluator:
                 metrics.update({f"eval/{name}/{key}": value for key, value in own.items()})
         together = _figures(*(float(total) for total in totals))
         return {f"eval_{key}": value for key, value in together.items()} | metrics, time.monotonic() - started
+
+
+def _batch_loss(config: TrainConfig, mesh: Any) -> Any:
+    """``(model, batch) -> (loss sum, stats)`` of an evaluation batch; with ``trainer.invariant`` summed over
+    the batch's canonical slices in the invariant step's order, so the same bits on any replica/data/fsdp
+    split (each slice as many rows as in training)."""
+    loss_fn = lm_loss_fn()
+    key = jax.random.PRNGKey(0)
+    trainer = config.trainer
+    if not trainer.invariant:
+        return lambda model, batch: loss_fn(model, batch, key)
+    split = CanonicalSlices(mesh, trainer.canonical_slices * trainer.accumulation)
+    sums = sliced_sums(lambda model, rows, slice_key, frozen: loss_fn(model, rows, slice_key), split)
+    return lambda model, batch: sums(model, batch, key)
 
 
 def _figures(loss_sum: float, tokens: float, num_bytes: float) -> dict[str, float]:
