@@ -28,8 +28,6 @@ from jax.sharding import PartitionSpec
 
 from halyard.shard import BATCH_AXES, mesh_axis_sizes, without_layout
 
-GradFn = Callable[..., tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]
-"""``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)``."""
 SliceTerm = Callable[..., Any]
 """``(params, batch, key, frozen) -> pytree of sums``."""
 
@@ -150,12 +148,6 @@ def sliced_sums(term: SliceTerm, split: CanonicalSlices) -> SliceTerm:
         return sharded(params, batch, key, frozen)
 
     return sums
-
-
-def sliced_value_and_grad(grad_fn: GradFn, split: CanonicalSlices) -> GradFn:
-    """``grad_fn`` (``(params, batch, key, frozen) -> ((loss sum, stat sums), gradient sums)``) over a batch
-    as the sum of its canonical slices' results (`sliced_sums`)."""
-    return sliced_sums(grad_fn, split)
 
 
 SMALLEST_EXCHANGED = 1024

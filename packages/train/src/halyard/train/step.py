@@ -15,7 +15,7 @@ from halyard.train.invariant import (
     canonical_norm,
     clip_to_norm,
     on_whole_leaves,
-    sliced_value_and_grad,
+    sliced_sums,
 )
 
 # loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
@@ -214,7 +214,7 @@ class _Gradients:
         self.microbatch_sharding = microbatch_sharding
         self.grad_fn = jax.value_and_grad(self.loss, has_aux=True)
         if invariant is not None:
-            self.grad_fn = sliced_value_and_grad(self.grad_fn, invariant)
+            self.grad_fn = sliced_sums(self.grad_fn, invariant)
 
     def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
         """``(loss sum in float32, stats)`` of ``batch``."""
