@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import MeshSpec
-from halyard.train.invariant import CanonicalSlices, scan_tree_sum, tree_sum
+from halyard.train.invariant import CanonicalSlices, canonical_norm, scan_tree_sum, tree_sum
 from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 
@@ -43,6 +43,31 @@ def test_the_scanned_tree_adds_like_the_tree(log_count: int, seed: int) -> None:
     terms = np.random.default_rng(seed).normal(scale=1e3, size=(2**log_count, 3)).astype(np.float32)
     scanned = scan_tree_sum(lambda index, row: row * 1.0, 2**log_count, jnp.asarray(terms))
     assert np.asarray(scanned).tobytes() == np.asarray(tree_sum(jnp.asarray(terms))).tobytes()
+
+
+def test_the_canonical_norm_is_the_norm_with_the_same_bits_on_any_sharding() -> None:
+    rng = np.random.default_rng(0)
+    # Leaves of one element, of fewer and more elements than a chunk, not multiples of the device count.
+    tree = {
+        "scalar": np.float32(3.0),
+        "odd": rng.normal(size=(3, 5)).astype(np.float32),
+        "matrix": rng.normal(size=(40, 96)).astype(np.float32),
+        "wide": rng.normal(scale=1e3, size=(2, 8, 520)).astype(np.float32),
+    }
+    expected = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in tree.values()))
+    norms = []
+    for spec, axis in ((MeshSpec(data=1), None), (MeshSpec(data=2), None), (MeshSpec(data=1, fsdp=8), 1)):
+        mesh = spec.build(jax.devices()[: spec.data * spec.fsdp])
+
+        def placed(x: np.ndarray, mesh: jax.sharding.Mesh = mesh, axis: int | None = axis) -> jax.Array:
+            if axis is None or np.ndim(x) <= axis or np.shape(x)[axis] % 8:
+                return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+            return jax.device_put(x, NamedSharding(mesh, PartitionSpec(*[None] * axis, "fsdp")))
+
+        split = CanonicalSlices(mesh, 8)
+        norms.append(jax.jit(lambda t, split=split: canonical_norm(t, split))(jax.tree.map(placed, tree)))
+    assert np.asarray(norms[0]) == pytest.approx(expected, rel=1e-6)
+    assert [np.asarray(norm).tobytes() for norm in norms[1:]] == [np.asarray(norms[0]).tobytes()] * 2
 
 
 def loss_fn(

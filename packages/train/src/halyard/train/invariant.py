@@ -10,9 +10,10 @@ rows of the batch has a fixed shape and a fixed order that the config alone deci
 - slice results are added in one pairwise tree over the slice index (adjacent pairs, level by level).
   A device holds a contiguous block of slices, a power of two of them, so the tree's lower levels are its
   own and the upper levels combine whole device blocks: the same tree on 1 device or on 64;
-- norms (the gradient norm for clipping and the logs, the parameter and update norms) and the optimizer's
-  update are computed on whole, gathered leaves (`on_whole_leaves`), so an elementwise optimizer (AdamW,
-  Lion) runs the same loops on the same numbers on any sharding.
+- norms (the gradient norm for clipping and the logs, the parameter and update norms) add fixed chunks of
+  each leaf in fixed trees (`canonical_norm`), each device its share of the chunks;
+- the optimizer's update runs where the weights are (each FSDP device its shard) between barriers
+  (`isolated`): an elementwise optimizer (AdamW, Lion) rounds the same on a shard as on the whole leaf.
 """
 
 from __future__ import annotations
@@ -175,36 +176,76 @@ def _sum_over_devices(block: jax.Array, axes: tuple[str, ...], devices: int) -> 
     return summed[: block.size].reshape(block.shape)
 
 
-def on_whole_leaves(fn: Callable[..., Any], mesh: jax.sharding.Mesh) -> Callable[..., Any]:
-    """``fn`` run on every device with whole (gathered) arguments, its results replicated.
+def isolated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` between optimization barriers, so XLA cannot fold its arithmetic into what comes before or after.
 
-    Elementwise arithmetic compiled for a shard does not always round like the same arithmetic compiled
-    for the whole leaf (XLA fuses and vectorizes each program its own way): AdamW's update of an FSDP
-    shard differed in the last bit from the whole leaf's, with equal gradients and moments. On whole
-    leaves every mesh compiles the same loops for the same numbers; each device computes all of it (the
-    price). The optimization barriers keep XLA from moving the slicing to each device's shard, which
-    follows, back into ``fn`` (it did, and the bits parted again on the benchmark model).
+    The update then runs on each device's shard (FSDP) or on whole leaves (1 device, data parallel) with the
+    same bits: elementwise arithmetic rounds the same on a shard as on the whole leaf. Without the barriers
+    (and the step's barrier after the division by the token count) XLA simplified the division, the
+    clipping and AdamW differently in a shard's program and in a whole leaf's, and an fsdp-8 run parted from
+    1 device's at step 1 in a third of the second moments' elements.
     """
 
-    def whole(*args: Any) -> Any:
-        # The barrier keeps XLA from moving the slicing to each device's shard (which follows) into ``fn``.
+    def between_barriers(*args: Any) -> Any:
         return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))
 
-    replicated = PartitionSpec()
-    return jax.shard_map(whole, mesh=mesh, in_specs=replicated, out_specs=replicated, check_vma=False)
+    return between_barriers
 
 
-def canonical_norm(tree: Any, mesh: jax.sharding.Mesh) -> jax.Array:
-    """The global L2 norm of ``tree`` (float32), each leaf's squares summed whole on every device, the
-    leaves' sums added in tree order: the same bits however the leaves are sharded."""
+NORM_CHUNK = 1024
+"""Elements per chunk of the canonical norm: each chunk's squares are added in a fixed pairwise tree."""
 
-    def norm(leaves: list[jax.Array]) -> jax.Array:
+
+def canonical_norm(tree: Any, split: CanonicalSlices) -> jax.Array:
+    """The global L2 norm of ``tree`` (float32) in a fixed order, the same bits however the leaves are sharded.
+
+    Each leaf, flattened and padded with zeros, is cut into chunks of `NORM_CHUNK` elements, and the chunks
+    are dealt out evenly over the batch devices. Each device adds the squares of its chunks, each in a fixed
+    tree (`_chunk_sums`); the chunk sums are gathered and added in `tree_sum`'s order over the chunk index, and
+    the leaves' sums in tree order. Padding only appends zero chunks, which leave every partial sum of the
+    tree unchanged, so the device count does not show. The leaves enter whole (an FSDP leaf is gathered, as
+    for the forward pass): reshaping a sharded leaf into chunks let XLA's sharding choices reach back into
+    the update that made it, and an fsdp-8 run's decayed weights parted from 1 device's at step 1.
+    """
+    leaves = jax.tree_util.tree_leaves(tree)
+    devices, axes = split.batch_devices, split.batch_axes
+
+    def my_chunks(leaf: jax.Array) -> jax.Array:
+        flat = leaf.reshape(-1)
+        flat = jnp.pad(flat, (0, -flat.size % (NORM_CHUNK * devices)))
+        count = flat.size // (NORM_CHUNK * devices)
+        first = jax.lax.axis_index(axes) * count * NORM_CHUNK if axes else 0
+        return jax.lax.dynamic_slice_in_dim(flat, first, count * NORM_CHUNK).reshape(count, NORM_CHUNK)
+
+    def per_device(whole: list[jax.Array]) -> jax.Array:
+        chunks = [jnp.square(my_chunks(x).astype(jnp.float32)) for x in whole]
+        local = _chunk_sums(jnp.concatenate(chunks))  # every leaf's chunks in one tree of levels
+        gathered = jax.lax.all_gather(local, axes) if axes else local[None]
         total = jnp.zeros((), jnp.float32)
-        for leaf in leaves:
-            total = total + jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+        start = 0
+        for count in (x.shape[0] for x in chunks):  # device d holds chunks d * count to (d + 1) * count - 1
+            total = total + tree_sum(gathered[:, start : start + count].reshape(-1))
+            start += count
         return jnp.sqrt(total)
 
-    return on_whole_leaves(norm, mesh)(jax.tree_util.tree_leaves(tree))
+    whole_leaves = PartitionSpec()
+    return jax.shard_map(
+        per_device, mesh=split.mesh, in_specs=(whole_leaves,), out_specs=PartitionSpec(), check_vma=False
+    )(leaves)
+
+
+def _chunk_sums(chunks: jax.Array, parts: int = 32) -> jax.Array:
+    """``[n, width] -> [n]``: each row's sum in a fixed order that does not depend on ``n``: the row is cut
+    into ``parts`` equal parts (fewer when narrower), which are added elementwise in `tree_sum`'s pairwise
+    order, and again until one element is left; ``width`` and ``parts`` are powers of two."""
+    while chunks.shape[1] > 1:
+        count = min(parts, chunks.shape[1])
+        pieces = chunks.reshape(chunks.shape[0], count, -1)
+        level = [pieces[:, index] for index in range(count)]
+        while len(level) > 1:  # a power of two: adjacent pairs, level by level, in one fused loop
+            level = [level[index] + level[index + 1] for index in range(0, len(level), 2)]
+        chunks = jax.lax.optimization_barrier(level[0])
+    return chunks[:, 0]
 
 
 def clip_to_norm(grads: Any, norm: jax.Array, max_norm: float) -> Any:

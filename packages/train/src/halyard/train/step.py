@@ -14,7 +14,7 @@ from halyard.train.invariant import (
     CanonicalSlices,
     canonical_norm,
     clip_to_norm,
-    on_whole_leaves,
+    isolated,
     sliced_sums,
 )
 
@@ -123,7 +123,7 @@ def make_train_step(
         loss_key, optimizer_key = jax.random.split(key)
         grad_sums, loss_sum, stats = gradients.sums(state.params, batch, loss_key, frozen)
         num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
-        grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
+        grads = _token_means(grad_sums, num_tokens, isolate=invariant is not None)
         extra = {}
         if isinstance(optimizer, optax.GradientTransformationExtraArgs):
             extra["loss_fn"] = gradients.first_microbatch_loss(batch, optimizer_key, frozen)
@@ -151,6 +151,17 @@ def make_train_step(
     return train_step
 
 
+def _token_means(grad_sums: Any, num_tokens: jax.Array, *, isolate: bool) -> Any:
+    """The gradient sums divided by the token count, each in its dtype; with ``isolate`` behind a barrier.
+
+    XLA's simplifier may fold the division into the clipping and the update that follow (such as
+    ``A / B / C -> A / (B * C)``), differently in an FSDP shard's program and a whole leaf's: without the
+    barrier an invariant fsdp-8 step parted from 1 device's; with it every mesh computes what is written.
+    """
+    grads = jax.tree_util.tree_map(lambda g: (g / num_tokens).astype(g.dtype), grad_sums)
+    return jax.lax.optimization_barrier(grads) if isolate else grads
+
+
 def _update(
     optimizer: optax.GradientTransformation,
     grads: Any,
@@ -163,8 +174,8 @@ def _update(
     """``(params, optimizer state, metrics)`` after the optimizer's update of ``state`` by ``grads``; with
     ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state.
     With ``invariant`` every norm is `canonical_norm`, ``grads`` are clipped to ``invariant.max_grad_norm`` and the
-    update runs on whole leaves."""
-    norm = optax.tree.norm if invariant is None else lambda tree: canonical_norm(tree, invariant.mesh)
+    update is `isolated` (it runs where the weights are, with the same bits on any sharding)."""
+    norm = optax.tree.norm if invariant is None else lambda tree: canonical_norm(tree, invariant)
     grad_norm = norm(grads)
     if invariant is not None and invariant.max_grad_norm is not None:
         grads = clip_to_norm(grads, grad_norm, invariant.max_grad_norm)
@@ -174,7 +185,7 @@ def _update(
         return optax.apply_updates(params, updates), opt_state, updates
 
     if invariant is not None:
-        apply = on_whole_leaves(apply, invariant.mesh)
+        apply = isolated(apply)
     params, opt_state, updates = apply(grads, state.opt_state, state.params)
     update_norm = norm(updates)
     # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
