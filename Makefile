@@ -17,8 +17,10 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # 2-core machine: 1770 s with two workers, 1540 s with three). The slowest tests are listed at the end of
 # the run. Each worker process runs at most 300 tests, then a fresh one takes its place
 # (tools/pytest_worker_life.py): a worker that lived for the whole suite grew to ~6 GB and, in about one
-# full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in.
-PYTEST_ARGS ?= -n 3 --durations=30 -p tools.pytest_worker_life --worker-tests 300
+# full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in. Workers are sent
+# at most 16 tests at a time (xdist's first share is otherwise a quarter of a worker's tests, 140 in a row):
+# the files come longest first (conftest.py's FILE_SECONDS), and small shares spread them over the workers.
+PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300
 
 .PHONY: demo test lint typecheck pytest venv wheels clean
 

@@ -38,35 +38,88 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
 WORKER_MIN_COMPILE_TIME_SECS = 0.5
 
-# Files whose tests take a minute or more in all (`--durations`): collected first, so that under xdist no
-# worker is left running one of them alone at the end of the run. The order within each file is kept.
-SLOW_FILES_FIRST = frozenset(
-    {
-        "test_docs.py",
-        "test_training_kill.py",
-        "test_benchmarks_smoke.py",
-        "test_optimizers_benchmark_smoke.py",
-        "test_install_alone.py",
-        "test_trainer_multiprocess.py",
-        "test_builtin_configs.py",
-        "test_demo.py",
-        "test_trainer_fit.py",
-        "test_matrix_trainer.py",
-        "test_matrix_interruptions.py",
-        "test_mixture_trainer.py",
-        "test_every_host_builds.py",
-        "test_lora_trainer.py",
-        "test_family_gemma.py",
-        "test_cli_interrupts.py",
-        "test_readme_scripts.py",
-        "test_checkpoint_benchmark_smoke.py",
-        "test_context_parallel_trainer.py",
-        "test_context_parallel_benchmark_smoke.py",
-        "test_pipeline_trainer.py",
-        "test_pipeline.py",
-        "test_invariant_trainer.py",
-    }
-)
+# Seconds each slow file's tests took in all (`--durations=0` of a clean-clone `make test` run, files of 15 s
+# or more). Files are collected longest first, each file's tests in their order (a worker that gets several
+# in a row sets their module fixtures up once): under xdist the long ones start early, and the run ends on
+# short tests instead of one worker running a minute-long file alone while the others idle. Unlisted files
+# come last, in collection order.
+FILE_SECONDS = {
+    "test_docs.py": 488,
+    "test_training_kill.py": 155,
+    "test_benchmarks_smoke.py": 155,
+    "test_pipeline.py": 120,
+    "test_matrix_trainer.py": 103,
+    "test_invariant_trainer.py": 102,
+    "test_nonfinite.py": 95,
+    "test_install_alone.py": 87,
+    "test_sampling.py": 82,
+    "test_context_parallel_trainer.py": 82,
+    "test_builtin_configs.py": 82,
+    "test_trainer_multiprocess.py": 76,
+    "test_family_gemma.py": 75,
+    "test_pipeline_benchmark_smoke.py": 71,
+    "test_train_while_tokenizing.py": 68,
+    "test_damaged_checkpoints.py": 68,
+    "test_checkpoint_benchmark_smoke.py": 68,
+    "test_pipeline_trainer.py": 67,
+    "test_trainer_fit.py": 66,
+    "test_lora.py": 61,
+    "test_context_parallel_benchmark_smoke.py": 58,
+    "test_family_phi3.py": 57,
+    "test_checkpoint_write_errors.py": 52,
+    "test_stacked.py": 51,
+    "test_family_olmo2.py": 51,
+    "test_first_contact_errors.py": 48,
+    "test_sharding.py": 47,
+    "test_cli_interrupts.py": 47,
+    "test_reductions.py": 45,
+    "test_harness_during_training.py": 45,
+    "test_invariant_step.py": 44,
+    "test_dpo_trl_referee.py": 43,
+    "test_context_parallel_attention.py": 43,
+    "test_broadcast.py": 42,
+    "test_real_config_parity.py": 40,
+    "test_checkpoint_checksums.py": 39,
+    "test_dpo_trainer.py": 38,
+    "test_model_loss.py": 36,
+    "test_mup.py": 34,
+    "test_lora_trainer.py": 33,
+    "test_trainer_step.py": 32,
+    "test_moe_aux_mask.py": 31,
+    "test_worker_life.py": 30,
+    "test_stack.py": 30,
+    "test_plan.py": 29,
+    "test_optimizers_benchmark_smoke.py": 29,
+    "test_mixtral.py": 29,
+    "test_loss.py": 29,
+    "test_checkpoint_crash_and_preemption.py": 29,
+    "test_readme.py": 28,
+    "test_family_qwen3.py": 28,
+    "test_multiprocess_throughput.py": 27,
+    "test_attention_implementations.py": 26,
+    "test_lora_dpo.py": 25,
+    "test_harness_referee.py": 25,
+    "test_continue_schedule.py": 25,
+    "test_attention_softcap.py": 24,
+    "test_sft_trainer.py": 23,
+    "test_run_setup.py": 23,
+    "test_mixture_trainer.py": 23,
+    "test_cache_faults.py": 23,
+    "test_qwen2_sliding_window.py": 22,
+    "test_multiprocess_death.py": 22,
+    "test_softmax.py": 21,
+    "test_relocatable_run_dir.py": 21,
+    "test_matrix_interruptions.py": 21,
+    "test_demo.py": 21,
+    "test_ray_builder.py": 20,
+    "test_every_host_builds.py": 19,
+    "test_harness_command.py": 18,
+    "test_export_integration.py": 18,
+    "test_tokenizer_folder_everywhere.py": 17,
+    "test_kill_resume.py": 16,
+    "test_checkpoint_roundtrip.py": 16,
+    "test_indexing.py": 15,
+}
 
 
 def pytest_configure(config: object) -> None:
@@ -76,4 +129,4 @@ def pytest_configure(config: object) -> None:
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    items.sort(key=lambda item: item.path.name not in SLOW_FILES_FIRST)
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 SUITE = """
@@ -49,8 +51,11 @@ def run_suite(
     return result, runs  # type: ignore[return-value]
 
 
-def test_workers_retire_after_their_tests_and_fresh_ones_finish_the_run(tmp_path: Path) -> None:
-    result, runs = run_suite(tmp_path, "-n", "2", "--worker-tests", "3")
+@pytest.mark.parametrize("chunk", [[], ["--maxschedchunk", "2"]], ids=["default_shares", "small_shares"])
+def test_workers_retire_after_their_tests_and_fresh_ones_finish_the_run(
+    tmp_path: Path, chunk: list[str]
+) -> None:
+    result, runs = run_suite(tmp_path, "-n", "2", "--worker-tests", "3", *chunk)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "12 passed" in result.stdout
     assert sorted(index for _, index in runs) == list(range(12))
