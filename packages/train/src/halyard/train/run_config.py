@@ -185,7 +185,7 @@ class TrainerConfig:
     compilation_cache: str | None = "~/.cache/halyard/jax"
     """Folder of JAX's persistent compilation cache: a run that starts again (a resume, the next run of the same shapes) loads its compiled programs instead of compiling them (null: no cache; JAX_COMPILATION_CACHE_DIR, when set, wins)."""
     invariant: bool = False
-    """Bitwise-identical training on any split of the batch over the replica, data and fsdp mesh axes and any process count (docs/concepts/reproducibility.md): each microbatch is cut into trainer.invariant_slices slices computed alike and summed in one fixed order, norms taken on whole leaves. For adamw and lion; the tensor, sequence, stage and expert axes must be 1."""
+    """Bitwise-identical training on any split of the batch over the replica, data and fsdp mesh axes and any process count (docs/concepts/reproducibility.md): each microbatch is cut into trainer.invariant_slices slices computed alike and summed in one fixed order, norms summed in fixed chunks in a fixed order. For adamw and lion; the tensor, sequence, stage and expert axes must be 1."""
     invariant_slices: int = 0
     """With trainer.invariant: slices per microbatch, a power of two; the devices on replica x data x fsdp must divide it. 0 takes the largest power of two that divides a microbatch's rows (batch_size / accumulation)."""
     objective: str = "lm"
