@@ -20,6 +20,7 @@ Usage::
     python benchmarks/invariant_step.py            # benchmark model, 5 rounds
     python benchmarks/invariant_step.py --quick    # tiny model, 2 rounds (a smoke test)
     python benchmarks/invariant_step.py --mesh "fsdp 8"   # one mesh
+    python benchmarks/invariant_step.py --slices 2        # 2 canonical slices of 4 sequences
 
 The script sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` itself when JAX is not yet loaded.
 Results are printed and written as JSON (``--output``, default benchmarks/results/invariant_step.json).
@@ -63,7 +64,13 @@ class Arm:
     """One (mesh, step) pair: its sharded state, compiled step, memory and timings."""
 
     def __init__(
-        self, mesh_name: str, mesh: jax.sharding.Mesh, layout: Layout, setup: Setup, invariant: bool
+        self,
+        mesh_name: str,
+        mesh: jax.sharding.Mesh,
+        layout: Layout,
+        setup: Setup,
+        invariant: bool,
+        slices: int | None = None,
     ) -> None:
         self.name = f"{mesh_name} {'invariant' if invariant else 'today'}"
         self.mesh, self.layout = mesh, layout
@@ -81,8 +88,8 @@ class Arm:
         self.state = jax.jit(make_state, out_shardings=shardings)(key)
         tokens = np.random.default_rng(0).integers(0, setup.vocab_size, (setup.batch_size, setup.seq_len + 1))
         self.batch = global_batch_from_local({"tokens": tokens.astype(np.int32)}, mesh, layout=layout)
-        slices = CanonicalSlices(mesh, setup.batch_size, MAX_GRAD_NORM) if invariant else None
-        step = make_train_step(lm_loss_fn(), optimizer, invariant=slices)
+        canonical = CanonicalSlices(mesh, slices or setup.batch_size, MAX_GRAD_NORM) if invariant else None
+        step = make_train_step(lm_loss_fn(), optimizer, invariant=canonical)
         jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, None))
         start = time.perf_counter()
         with use_layout(layout, mesh):
@@ -133,6 +140,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=list(MESHES),
         help="measure only this mesh (repeatable; default all)",
     )
+    parser.add_argument(
+        "--slices",
+        type=int,
+        default=None,
+        help="canonical slices a batch (trainer.invariant_slices; default the batch size: one sequence each)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if jax.device_count() != NUM_DEVICES:
@@ -142,15 +155,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     setup = QUICK if args.quick else Setup()
     rounds = args.rounds or (2 if args.quick else 5)
-    result: dict[str, Any] = {"benchmark": "invariant_step", "setup": asdict(setup), "rounds": rounds}
+    slices = args.slices or setup.batch_size
+    if setup.batch_size % slices or slices & (slices - 1):
+        raise SystemExit(
+            f"--slices {slices}: give a power of two that divides the batch ({setup.batch_size})"
+        )
+    if slices % NUM_DEVICES and set(args.mesh or MESHES) != {"1 device"}:
+        raise SystemExit(
+            f"--slices {slices} does not spread over {NUM_DEVICES} devices: add --mesh '1 device'"
+        )
+    result: dict[str, Any] = {
+        "benchmark": "invariant_step",
+        "setup": asdict(setup),
+        "rounds": rounds,
+        "slices": slices,
+    }
     rows: dict[str, dict[str, Any]] = {}
     ratios: dict[str, float] = {}
-    print(f"setup {asdict(setup)}, {rounds} rounds")
+    print(f"setup {asdict(setup)}, {rounds} rounds, {slices} canonical slices")
     print(f"{'arm':>20} {'step (s)':>9} {'compile (s)':>12} {'temp MB/device':>15} {'args MB/device':>15}")
     for mesh_name, (mesh, layout) in meshes().items():
         if args.mesh and mesh_name not in args.mesh:
             continue
-        arms = [Arm(mesh_name, mesh, layout, setup, invariant) for invariant in (False, True)]
+        arms = [Arm(mesh_name, mesh, layout, setup, invariant, args.slices) for invariant in (False, True)]
         for arm in arms:
             arm.run(timed=False)  # warm-up
         for index in range(rounds):
