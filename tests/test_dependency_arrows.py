@@ -1,6 +1,6 @@
 """The package arrows of DESIGN.md hold: no module imports a package above its own.
 
-Order: named < shard < models < export < train; data-cache (halyard.data) imports none of the jax
+Order: named < shard < models < export < serve < train; data-cache (halyard.data) imports none of the jax
 packages, nor jax itself, so a PyTorch user can adopt it alone.
 """
 
@@ -21,7 +21,8 @@ ALLOWED = {
     "data-cache": ("data", {"data"}),
     "models": ("models", {"named", "shard", "models"}),
     "export": ("export", {"named", "shard", "models", "export"}),
-    "train": ("train", {"named", "shard", "data", "models", "export", "train"}),
+    "serve": ("serve", {"named", "shard", "data", "models", "export", "serve"}),
+    "train": ("train", {"named", "shard", "data", "models", "export", "serve", "train"}),
 }
 DISTRIBUTION = {
     "named": "halyard-named",
@@ -29,6 +30,7 @@ DISTRIBUTION = {
     "data": "halyard-data-cache",
     "models": "halyard-models",
     "export": "halyard-export",
+    "serve": "halyard-serve",
     "train": "halyard-train",
 }
 JAX_MODULES = {"jax", "jaxlib", "equinox", "optax", "flax", "orbax"}

@@ -23,8 +23,9 @@ from halyard.models.attention import AttentionMask
 from halyard.models.batch import LmBatch
 from halyard.models.context_order import balanced_batch
 from halyard.models.layers.kv_cache import KVCache
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.loss import next_token_loss
-from halyard.named import NamedArray
+from halyard.named import Axis, NamedArray
 
 
 class DecoderOutput(NamedTuple):
@@ -34,7 +35,7 @@ class DecoderOutput(NamedTuple):
         hidden: final hidden states ``(batch..., pos, embed)`` (after the last norm).
         aux_loss: scalar added to the training loss (0.0 for dense families).
         metrics: scalars to report (e.g. ``load_balancing_loss``).
-        cache: the updated KV cache, or None when none was given.
+        cache: the updated KV cache (or `PagedKV`), or None when none was given.
         layer_stats: what each layer reported, stacked on ``layers`` (MoE router statistics, muP
             coordinates), or None.
     """
@@ -42,7 +43,7 @@ class DecoderOutput(NamedTuple):
     hidden: NamedArray
     aux_loss: jax.Array
     metrics: dict[str, jax.Array]
-    cache: KVCache | None
+    cache: KVCache | PagedKV | None
     layer_stats: Any = None
 
 
@@ -93,7 +94,7 @@ class CausalLM(eqx.Module):
         *,
         mask: AttentionMask,
         positions: NamedArray,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKV | None = None,
         cache_index: Any = None,
     ) -> DecoderOutput:
         """Token ids ``(batch, pos)`` to final hidden states; see `DecoderOutput`.
@@ -102,7 +103,7 @@ class CausalLM(eqx.Module):
             tokens: int token ids ``(batch..., pos)``.
             mask: the attention mask, as `complete_mask` completes it.
             positions: position of each token ``(batch..., pos)`` (rotary / learned positions).
-            cache: KV cache to read and extend (decoding), or None.
+            cache: KV cache to read and extend (decoding), an engine's `PagedKV`, or None.
             cache_index: slot of ``tokens``' first position in the cache (scalar int).
         """
 
@@ -264,6 +265,40 @@ class CausalLM(eqx.Module):
         output = model.decoder(
             tokens, mask=self.complete_mask(mask), positions=positions, cache=cache, cache_index=cache_index
         )
-        if output.cache is None:
+        if not isinstance(output.cache, KVCache):
             raise RuntimeError(f"{type(self).__name__}.decoder returned no cache although one was given")
         return model.logits(output.hidden), output.cache
+
+    def paged_step(
+        self, tokens: NamedArray, *, positions: NamedArray, pages: PagedKV
+    ) -> tuple[NamedArray, PagedKV]:
+        """Run ``tokens`` against their sequences' pages (an inference engine's step).
+
+        Each row is one sequence: its tokens attend to every earlier position of that sequence (read from
+        ``pages``) and to each other, causally, with the same kernel and the same key positions as a
+        forward pass over the whole sequence.
+
+        Args:
+            tokens: int ``(batch, pos)``; a row's tokens are consecutive positions of its sequence.
+            positions: int ``(batch, pos)`` the position of each token; ``-1`` for padding (it attends to
+                nothing and is never stored).
+            pages: the pool, with this call's page table and write positions (`PagedKV.for_rows`).
+
+        Returns:
+            ``(final hidden states (batch, pos, embed), the pool with the new keys and values stored)``.
+        """
+        model = self.in_compute_dtype()
+        KeyPos = Axis("key_pos", pages.page_table.axis_size("seq_page") * pages.page_size)
+        mask = AttentionMask(
+            causal=True,
+            query_positions=positions,
+            key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
+        )
+        output = model.decoder(tokens, mask=self.complete_mask(mask), positions=positions, cache=pages)
+        if not isinstance(output.cache, PagedKV):
+            raise RuntimeError(f"{type(self).__name__}.decoder returned no pages although pages were given")
+        return output.hidden, output.cache
+
+    def init_pages(self, num_pages: int, page_size: int) -> PagedKV:
+        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype)."""
+        raise NotImplementedError(f"{type(self).__name__} has no paged KV cache")

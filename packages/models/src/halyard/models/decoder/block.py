@@ -20,6 +20,7 @@ from halyard.models.attention import AttentionMask
 from halyard.models.decoder.layout import BlockLayout, LayerKind
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.layers.self_attention import SelfAttention
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import LayerNorm, RMSNorm
@@ -108,7 +109,7 @@ class DecoderBlock(eqx.Module):
         x: NamedArray,
         mask: AttentionMask,
         positions: NamedArray,
-        *cache: NamedArray,
+        *cache: NamedArray | PagedKV,
         kind: LayerKind,
         cache_index: Any = None,
         token_mask: NamedArray | None = None,
@@ -119,7 +120,7 @@ class DecoderBlock(eqx.Module):
             x: the residual stream.
             mask: the attention mask; this layer's window is added unless the mask has one.
             positions: token positions ``(batch..., pos)`` (rotary).
-            cache: this layer's key and value caches, or nothing.
+            cache: this layer's key and value caches, its view of an engine's `PagedKV`, or nothing.
             kind: this layer's window and rotary setting.
             cache_index: slot of ``x``'s first position in the cache.
             token_mask: 0/1 per token for the MoE router statistics (None: every token counts).
@@ -130,7 +131,11 @@ class DecoderBlock(eqx.Module):
         if kind.window is not None and mask.sliding_window is None:
             mask = dataclasses.replace(mask, sliding_window=kind.window)
         attention_in = x if self.attention_norm is None else self.attention_norm(x)
-        layer_cache = (cache[0], cache[1]) if cache else None
+        layer_cache: Any = None
+        if len(cache) == 1:
+            layer_cache = cache[0]  # a PagedKV
+        elif cache:
+            layer_cache = (cache[0], cache[1])
         attended, new_cache = self.attention(
             attention_in, mask, positions, kind.rope, layer_cache, cache_index
         )

@@ -22,6 +22,7 @@ from halyard.models.decoder.config import DecoderConfig
 from halyard.models.decoder.pipeline import PipelineSchedule, pipeline_stages, run_pipelined
 from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.moe import load_balancing_loss, router_z_loss
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.model import CausalLM, DecoderOutput, default_positions
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Embedding, Linear, Stacked
@@ -102,13 +103,25 @@ class Decoder(CausalLM):
             dtype=self.config.compute,
         )
 
+    def init_pages(self, num_pages: int, page_size: int) -> PagedKV:
+        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype)."""
+        shape = self.config.shape
+        return PagedKV.zeros(
+            num_layers=shape.layers,
+            num_pages=num_pages,
+            page_size=page_size,
+            num_kv_heads=shape.kv_heads,
+            head_size=shape.head_size,
+            dtype=self.config.compute,
+        )
+
     def decoder(
         self,
         tokens: NamedArray,
         *,
         mask: AttentionMask,
         positions: NamedArray,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKV | None = None,
         cache_index: Any = None,
         token_mask: NamedArray | None = None,
     ) -> DecoderOutput:
@@ -121,7 +134,8 @@ class Decoder(CausalLM):
         Raises:
             ValueError: a sequence longer than a learned position table.
         """
-        if self.position_embedding is not None:
+        # An engine's paged cache checks positions against `position_limit` before it runs.
+        if self.position_embedding is not None and not isinstance(cache, PagedKV):
             length = tokens.axis_size("pos") if cache is None else cache.max_length
             limit = self.config.shape.max_position
             if length > limit:
@@ -135,7 +149,11 @@ class Decoder(CausalLM):
             x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
-        cache_args = () if cache is None else (cache.key, cache.value)
+        cache_args: tuple = ()
+        if isinstance(cache, PagedKV):
+            cache_args = (cache,)
+        elif cache is not None:
+            cache_args = (cache.key, cache.value)
         if cache is None and (stages := pipeline_stages()) > 1:
             config = self.config
             schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
@@ -166,7 +184,11 @@ class Decoder(CausalLM):
             coefficients = self.config.router_loss_weights()
             aux = coefficients[0] * balance + coefficients[1] * z_loss
             metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
-        updated = None if cache is None else KVCache(*new_cache)
+        updated: KVCache | PagedKV | None = None
+        if isinstance(cache, PagedKV):
+            updated = cache.written(*new_cache)
+        elif cache is not None:
+            updated = KVCache(*new_cache)
         return DecoderOutput(self.final_norm(x), aux, metrics, updated, layer_stats)
 
     def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:

@@ -15,6 +15,7 @@ import jax
 
 import halyard.named as hn
 from halyard.models.attention import AttentionMask, attention
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Linear, RMSNorm
@@ -143,7 +144,7 @@ class SelfAttention(eqx.Module):
         mask: AttentionMask,
         positions: NamedArray,
         rope: RotaryConfig | None,
-        cache: tuple[NamedArray, NamedArray] | None = None,
+        cache: tuple[NamedArray, NamedArray] | PagedKV | None = None,
         cache_index: Any = None,
     ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
         """Attend from every position of ``x`` to the visible keys.
@@ -153,11 +154,14 @@ class SelfAttention(eqx.Module):
             mask: which keys each query sees (causal, window, segments; slots when decoding).
             positions: rotary position of each token ``(batch..., pos)``.
             rope: this layer's rotary configuration, or None (learned positions, added by the model).
-            cache: this layer's ``(key, value)`` cache ``(batch, key_pos, kv_heads, head_size)``, or None.
-            cache_index: slot where ``x``'s first token is written (scalar int; with ``cache`` only).
+            cache: this layer's ``(key, value)`` cache ``(batch, key_pos, kv_heads, head_size)``, this
+                layer's view of an engine's `PagedKV`, or None.
+            cache_index: slot where ``x``'s first token is written (scalar int; with a ``(key, value)``
+                cache only).
 
         Returns:
-            ``(output (batch..., pos, embed), updated cache or None)``.
+            ``(output (batch..., pos, embed), cache)``: the updated ``(key, value)`` cache; with a
+            `PagedKV`, this call's new ``(key, value)`` (for `PagedKV.written`); None without a cache.
         """
         query = constrain(self.q_proj(x))
         key = constrain(self.k_proj(x))
@@ -169,13 +173,18 @@ class SelfAttention(eqx.Module):
             key = apply_rotary(key, positions, rope, max_position=self.max_position)
         key = key.rename({"pos": "key_pos"})
         value = value.rename({"pos": "key_pos"})
-        if cache is not None:
+        if isinstance(cache, PagedKV):
+            new_cache: tuple[NamedArray, NamedArray] | None = (key, value)
+            key, value = cache.context(key, value)
+        elif cache is not None:
             key_cache, value_cache = cache
             key = hn.dynamic_update_slice(key_cache, {"key_pos": cache_index}, key.astype(key_cache.dtype))
             value = hn.dynamic_update_slice(
                 value_cache, {"key_pos": cache_index}, value.astype(value_cache.dtype)
             )
-            cache = (key, value)
+            new_cache = (key, value)
+        else:
+            new_cache = None
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         attended = attention(
             query,
@@ -188,4 +197,4 @@ class SelfAttention(eqx.Module):
             context_parallel=None if cache is not None else self.context_parallel,  # decoding never splits
             **softcap,
         )
-        return self.o_proj(constrain(attended)), cache
+        return self.o_proj(constrain(attended)), new_cache

@@ -1,0 +1,158 @@
+"""`PagedKV`: keys and values of many sequences in fixed-size pages (an inference engine's KV memory).
+
+The engine (`halyard.serve`) owns a pool of pages per layer and a page table per sequence; the model only
+sees the pages of the rows it runs. For each layer, attention reads a row's sequence as one contiguous
+run of keys, ``pool[page_table[row]]`` flattened to ``key_pos`` (so key ``p`` is the token at position
+``p``), with this call's new keys laid over their positions; the new keys and values come back from the
+layer scan and `PagedKV.written` stores them in their pages once, after every layer ran. The attention
+arithmetic is the training kernel's own over the same positions: only where the keys come from differs.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from halyard.named import Axis, NamedArray, named
+
+PAGE = "page"
+PAGE_SLOT = "page_slot"
+SEQ_PAGE = "seq_page"
+
+
+class PagedKV(eqx.Module):
+    """A pool of key/value pages and the pages of the rows of one call.
+
+    Attributes:
+        key_pages, value_pages: ``(layers, page, page_slot, kv_heads, head_size)``; inside the layer scan
+            each layer sees its slice, without ``layers``.
+        page_table: int32 ``(batch, seq_page)``: the pages of each row's sequence in order (page ``i``
+            holds positions ``i * page_size ...``); entries past the sequence's end may be any page (the
+            causal mask hides what they hold).
+        write_positions: int32 ``(batch, pos)``: the position each of this call's tokens is stored at
+            (its token position); any value ``>= seq_page * page_size`` for a padding token (never stored).
+    """
+
+    key_pages: NamedArray
+    value_pages: NamedArray
+    page_table: NamedArray
+    write_positions: NamedArray
+
+    @classmethod
+    def zeros(
+        cls,
+        *,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: jnp.dtype,
+    ) -> PagedKV:
+        """An empty pool (with an empty page table: set one with `for_rows` before a call).
+
+        Args:
+            num_layers, num_pages, page_size, num_kv_heads, head_size: the axis sizes.
+            dtype: the dtype keys and values are stored in (the model's compute dtype).
+        """
+        axes = (
+            Axis("layers", num_layers),
+            Axis(PAGE, num_pages),
+            Axis(PAGE_SLOT, page_size),
+            Axis("kv_heads", num_kv_heads),
+            Axis("head_size", head_size),
+        )
+        shape = tuple(a.size for a in axes)
+        zeros = NamedArray(jnp.zeros(shape, dtype), axes)
+        return cls(zeros, NamedArray(jnp.zeros(shape, dtype), axes), *_no_rows())
+
+    def without_rows(self) -> PagedKV:
+        """The pool alone (an empty page table), as it is kept between calls."""
+        return PagedKV(self.key_pages, self.value_pages, *_no_rows())
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page."""
+        return self.key_pages.axis_size(PAGE_SLOT)
+
+    def for_rows(self, page_table: ArrayLike, write_positions: ArrayLike) -> PagedKV:
+        """This pool with the rows of the next call.
+
+        Args:
+            page_table: int ``[batch, seq_page]`` (see the class docstring).
+            write_positions: int ``[batch, pos]``, one entry per token of the call.
+        """
+        table = named(jnp.asarray(page_table, jnp.int32), ("batch", SEQ_PAGE))
+        writes = named(jnp.asarray(write_positions, jnp.int32), ("batch", "pos"))
+        return PagedKV(self.key_pages, self.value_pages, table, writes)
+
+    def context(self, new_keys: NamedArray, new_values: NamedArray) -> tuple[NamedArray, NamedArray]:
+        """One layer's keys and values for attention: each row's pages in order, with the call's new
+        keys and values laid over their positions.
+
+        Args:
+            new_keys, new_values: ``(batch, key_pos, kv_heads, head_size)``, one entry per token of the
+                call (``key_pos`` of the call's length).
+
+        Returns:
+            ``(keys, values)`` ``(batch, key_pos, kv_heads, head_size)`` with ``key_pos`` of
+            ``seq_page * page_size`` entries: entry ``p`` is the token at position ``p``.
+        """
+        return self._gathered(self.key_pages, new_keys), self._gathered(self.value_pages, new_values)
+
+    def _gathered(self, pages: NamedArray, new: NamedArray) -> NamedArray:
+        table = self.page_table.array
+        batch, seq_pages = table.shape
+        plain = pages.rearrange(PAGE, PAGE_SLOT, "kv_heads", "head_size").array
+        gathered = plain[table].reshape(batch, seq_pages * self.page_size, *plain.shape[2:])
+        rows = jnp.arange(batch)[:, None]
+        fresh = new.rearrange("batch", "key_pos", "kv_heads", "head_size").array.astype(gathered.dtype)
+        gathered = gathered.at[rows, self.write_positions.array].set(fresh, mode="drop")
+        axes = (
+            Axis("batch", batch),
+            Axis("key_pos", gathered.shape[1]),
+            pages.axis("kv_heads"),
+            pages.axis("head_size"),
+        )
+        return NamedArray(gathered, axes)
+
+    def written(self, new_keys: NamedArray, new_values: NamedArray) -> PagedKV:
+        """The pool with every layer's new keys and values stored in their pages.
+
+        Args:
+            new_keys, new_values: ``(layers, batch, key_pos, kv_heads, head_size)``: what each layer's
+                `context` was given.
+        """
+        table = self.page_table.array
+        positions = self.write_positions.array
+        seq_pages = table.shape[1]
+        page_of = jnp.take_along_axis(table, jnp.clip(positions // self.page_size, 0, seq_pages - 1), axis=1)
+        num_slots = self.key_pages.axis_size(PAGE) * self.page_size
+        slots = jnp.where(
+            positions < seq_pages * self.page_size,
+            page_of * self.page_size + positions % self.page_size,
+            num_slots,
+        ).reshape(-1)
+
+        def store(pages: NamedArray, new: NamedArray) -> NamedArray:
+            ordered = pages.rearrange("layers", PAGE, PAGE_SLOT, "kv_heads", "head_size")
+            layers = ordered.array.shape[0]
+            flat = ordered.array.reshape(layers, num_slots, *ordered.array.shape[3:])
+            fresh = new.rearrange("layers", "batch", "key_pos", "kv_heads", "head_size").array
+            fresh = fresh.reshape(layers, -1, *fresh.shape[3:]).astype(flat.dtype)
+            flat = flat.at[:, slots].set(fresh, mode="drop")
+            return NamedArray(flat.reshape(ordered.array.shape), ordered.axes)
+
+        return PagedKV(
+            store(self.key_pages, new_keys),
+            store(self.value_pages, new_values),
+            self.page_table,
+            self.write_positions,
+        )
+
+
+def _no_rows() -> tuple[NamedArray, NamedArray]:
+    table = NamedArray(jnp.zeros((0, 0), jnp.int32), (Axis("batch", 0), Axis(SEQ_PAGE, 0)))
+    writes = NamedArray(jnp.zeros((0, 0), jnp.int32), (Axis("batch", 0), Axis("pos", 0)))
+    return table, writes

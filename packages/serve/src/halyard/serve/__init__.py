@@ -1,0 +1,26 @@
+"""halyard.serve: an inference engine (paged KV cache, continuous batching, deterministic by default) and an
+OpenAI-compatible server.
+
+engine = Engine(model, EngineConfig(num_pages=256), decode=tokenizer.decode)
+outputs = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=16, temperature=0.0))
+"""
+
+from halyard.serve.config import EngineConfig
+from halyard.serve.engine import Engine
+from halyard.serve.outputs import RequestOutput, SampleOutput, Update
+from halyard.serve.pages import OutOfPages, PageTable
+from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.stats import EngineStats
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "OutOfPages",
+    "PageTable",
+    "ParameterError",
+    "RequestOutput",
+    "SampleOutput",
+    "SamplingParams",
+    "Update",
+]

@@ -1,0 +1,78 @@
+"""`EngineConfig`: the engine's sizes and policies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from halyard.models import CausalLM
+
+DEFAULT_CONTEXT = 4096
+"""The context of a model without a position limit when ``max_context`` is not set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and policies of an `halyard.serve.Engine`.
+
+    Attributes:
+        page_size: tokens per KV page. The default equals the CPU attention kernel's block (64), so a
+            page is one key block of the training kernel.
+        num_pages: pages in the pool; KV memory is ``num_pages * page_size`` tokens of every layer's keys
+            and values.
+        max_context: the longest sequence (prompt plus generated tokens); None: the model's position
+            limit, else `DEFAULT_CONTEXT`.
+        max_running: the most sequences that run at once (the decoding program's rows).
+        chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
+        max_prefill_rows: the most sequences prefilled in one step.
+        min_rows: outside deterministic mode, programs are compiled for row counts that are powers of two
+            from this one up to ``max_running`` (decoding) or ``max_prefill_rows`` (prefill).
+        deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
+            it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
+            comes from the cache: every program runs at one fixed row count (``max_running`` decoding rows,
+            ``max_prefill_rows`` prefill rows of ``chunk_size`` tokens), because XLA's CPU kernels round a
+            row differently at different row counts. It costs nothing when the batch is full and up to
+            ``max_running`` times the work of a lone request (docs: serving, deterministic mode).
+        prefix_cache: share the pages of common prompt prefixes between requests.
+        seed: draws the seeds of requests that give none.
+    """
+
+    page_size: int = 64
+    num_pages: int = 512
+    max_context: int | None = None
+    max_running: int = 64
+    chunk_size: int = 128
+    max_prefill_rows: int = 4
+    min_rows: int = 1
+    deterministic: bool = False
+    prefix_cache: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")
+
+    def context_for(self, model: CausalLM) -> int:
+        """The context the engine gives ``model``'s sequences.
+
+        Raises:
+            ValueError: ``max_context`` exceeds the model's positions, or one sequence of the full
+                context does not fit the pool.
+        """
+        limit = model.position_limit
+        context = self.max_context or limit or DEFAULT_CONTEXT
+        if limit is not None and context > limit:
+            raise ValueError(
+                f"EngineConfig.max_context={context} exceeds the {limit} positions the model has; "
+                f"set max_context to at most {limit}"
+            )
+        needed = -(-context // self.page_size)
+        if needed > self.num_pages:
+            raise ValueError(
+                f"EngineConfig.num_pages={self.num_pages} holds {self.num_pages * self.page_size} tokens, less "
+                f"than one sequence of max_context={context}; raise num_pages to at least {needed} or lower max_context"
+            )
+        return context

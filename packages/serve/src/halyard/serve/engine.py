@@ -1,0 +1,282 @@
+"""`Engine`: continuous batching over a paged KV cache: requests join the running batch at the next step
+and leave when they finish, long prompts are prefilled in chunks beside the decoding rows, and pages are
+shared between samples and common prefixes and freed the moment a sequence ends.
+
+One step: the `Scheduler` picks the work, `batching` lays it out, the `ModelRunner` runs at most two
+compiled programs (the decoding rows, one token each; the prefill chunks), and each request folds in what
+its rows drew (`RequestState`), ending samples on a stop token or string, at ``max_tokens``, or when
+cancelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import jax
+import numpy as np
+
+from halyard.models import CausalLM
+from halyard.serve.batching import step_inputs
+from halyard.serve.config import EngineConfig
+from halyard.serve.outputs import RequestOutput, SampleOutput, Update
+from halyard.serve.pages import PageTable
+from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.requests import RequestState
+from halyard.serve.runner import ModelRunner, StepOutputs
+from halyard.serve.scheduler import Chunk, Scheduler, Sequence
+from halyard.serve.stats import EngineStats
+from halyard.serve.text import Decode
+from halyard.shard import Layout
+
+
+class Engine:
+    """The inference engine; see the module docstring.
+
+    Args:
+        model: any `CausalLM` (a family's `Decoder`), on ``mesh`` when given.
+        config: sizes and policies (`EngineConfig`).
+        decode: the tokenizer's decode (token ids -> text, special tokens left out); needed for text and
+            stop strings, None for tokens only.
+        eos_token_ids: ids that end a sample (unless ``ignore_eos``); default the model config's.
+        mesh, layout: run sharded (tensor parallel over ``tensor``; both or neither).
+
+    Raises:
+        ValueError: the config does not fit the model (context longer than its positions, a pool smaller
+            than one sequence).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        config: EngineConfig | None = None,
+        *,
+        decode: Decode | None = None,
+        eos_token_ids: Seq[int] | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+        layout: Layout | None = None,
+    ):
+        config = EngineConfig() if config is None else config
+        self.config = config
+        self.max_context = config.context_for(model)
+        self.vocab_size = model.unembedding.axis_size("vocab")
+        self.decode = decode
+        eos = getattr(model.model_config, "eos_token_ids", ()) if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = tuple(int(t) for t in eos)
+        self.pages = PageTable(config.num_pages, config.page_size)
+        self.runner = ModelRunner(
+            model,
+            num_pages=config.num_pages,
+            page_size=config.page_size,
+            max_seq_pages=self.pages.pages_for(self.max_context),
+            min_rows=config.min_rows,
+            fixed_rows=config.deterministic,
+            logit_rows=max(64, config.max_running, config.max_prefill_rows) if config.deterministic else 1,
+            mesh=mesh,
+            layout=layout,
+        )
+        self.scheduler = Scheduler(
+            self.pages,
+            max_running=config.max_running,
+            chunk_size=config.chunk_size,
+            max_prefill_rows=config.max_prefill_rows,
+            waits_for=lambda sequence: self._requests[sequence.group].waits(sequence),
+        )
+        self._requests: dict[Any, RequestState] = {}
+        self._pending: list[Update] = []
+        self._arrivals = itertools.count()
+        self._ids = itertools.count()
+        self._seeds = np.random.default_rng(config.seed)
+        self.stats = EngineStats(pages_total=config.num_pages)
+
+    # -- requests ------------------------------------------------------------------------------------
+    def add_request(self, prompt: Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a request; it joins the running batch at a coming step.
+
+        Args:
+            prompt: its token ids (at least one).
+            params: its sampling settings.
+            request_id: a unique id (default: a new one).
+
+        Returns:
+            The request id.
+
+        Raises:
+            ParameterError: an empty prompt, a token outside the vocabulary, a prompt plus ``max_tokens``
+                longer than the context, stop strings without a tokenizer, a duplicate id.
+        """
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ParameterError("prompt", "prompt: is empty; give at least one token")
+        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if outside:
+            raise ParameterError(
+                "prompt", f"prompt: token id {outside[0]} is outside the vocabulary of {self.vocab_size}"
+            )
+        if len(prompt) >= self.max_context:
+            raise ParameterError(
+                "prompt",
+                f"prompt: {len(prompt)} tokens leave no room in the context of {self.max_context} tokens; shorten it",
+            )
+        if len(prompt) + params.max_tokens > self.max_context:
+            raise ParameterError(
+                "max_tokens",
+                f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
+                f"context of {self.max_context} tokens; ask for at most {self.max_context - len(prompt)}",
+            )
+        if params.stop and self.decode is None:
+            raise ParameterError("stop", "stop: stop strings need the engine to have a tokenizer")
+        request_id = f"req-{next(self._ids)}" if request_id is None else request_id
+        if request_id in self._requests:
+            raise ParameterError("request_id", f"request_id: {request_id!r} is already running")
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=int(self._seeds.integers(0, 2**63 - 1)))
+        first = next(self._arrivals)
+        for _ in range(params.n - 1):
+            next(self._arrivals)
+        request = RequestState(request_id, prompt, params, first, self.eos_token_ids, self.decode)
+        self._requests[request_id] = request
+        for sample in request.samples:
+            self.scheduler.add(sample.sequence)
+        self.stats.requests_added += 1
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        """End a request now (its samples finish with ``abort``) and free its pages; unknown or already
+        finished ids are ignored."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        request.abort()
+        for sample in request.samples:
+            self.scheduler.remove(sample.sequence)
+        self._pending += request.take_updates()
+        del self._requests[request_id]
+        self.stats.requests_cancelled += 1
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is unfinished (or an update is still to be handed out)."""
+        return bool(self._requests) or bool(self._pending)
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def step(self) -> list[Update]:
+        """Run one step; returns what it added to each request (and updates of cancellations)."""
+        started = time.perf_counter()
+        updates, self._pending = self._pending, []
+        plan = self.scheduler.schedule()
+        self.stats.preemptions += len(plan.preempted)
+        if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
+            raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
+        touched: dict[Any, RequestState] = {}
+        for chunks, tokens, rows in (
+            (plan.decode, 1, self.config.max_running),
+            (plan.prefill, self.config.chunk_size, self.config.max_prefill_rows),
+        ):
+            if chunks:
+                self._run(chunks, tokens, rows, touched)
+        for request in touched.values():
+            updates += request.take_updates()
+            if request.finished:
+                self._requests.pop(request.request_id, None)
+                self.stats.requests_finished += 1
+        self.stats.record_step(
+            seconds=time.perf_counter() - started,
+            waiting=len(self.scheduler.waiting),
+            running=len(self.scheduler.running),
+            pages_in_use=self.pages.in_use,
+            compile_seconds=self.runner.compile_seconds,
+        )
+        return updates
+
+    def _run(self, chunks: list[Chunk], tokens: int, max_rows: int, touched: dict[Any, RequestState]) -> None:
+        requests = [self._requests[chunk.sequence.group] for chunk in chunks]
+        tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
+        wants_prompt = any(
+            r.params.prompt_logprobs
+            and r.sample_of(c.sequence).index == 0
+            and c.start < c.sequence.prompt_length
+            for c, r in zip(chunks, requests)
+        )
+        shape = self.runner.shape_for(
+            len(chunks), max_rows, tokens, max(len(t) for t in tables), wants_prompt
+        )
+        outputs = self.runner.run(shape, step_inputs(chunks, shape, tables, requests))
+        for row, (chunk, request) in enumerate(zip(chunks, requests)):
+            touched[request.request_id] = request
+            self._absorb(row, chunk, request, outputs)
+
+    def _absorb(self, row: int, chunk: Chunk, request: RequestState, outputs: StepOutputs) -> None:
+        sequence = chunk.sequence
+        sequence.computed = chunk.stop
+        fed = chunk.stop - chunk.start
+        self.stats.tokens_computed += fed
+        if self.config.prefix_cache:
+            self.pages.register(sequence.key, sequence.tokens[: sequence.computed])
+        if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
+            self._absorb_prompt_logprobs(row, chunk, request, outputs)
+        if not chunk.samples:
+            return
+        top = [(int(t), float(v)) for t, v in zip(outputs.top_tokens[row], outputs.top_logprobs[row])]
+        request.add_token(
+            sequence,
+            int(outputs.token[row]),
+            float(outputs.logprob[row]),
+            float(outputs.sampled_logprob[row]),
+            top,
+        )
+        self.stats.tokens_generated += 1
+        if request.sample_of(sequence).finish_reason is not None:
+            self.scheduler.remove(sequence)
+
+    def _absorb_prompt_logprobs(
+        self, row: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
+    ) -> None:
+        assert outputs.next_logprob is not None and outputs.next_top_tokens is not None
+        assert outputs.next_top_logprobs is not None
+        prompt_length = chunk.sequence.prompt_length
+        if len(request.prompt_logprobs) != chunk.start + 1 or chunk.start >= prompt_length - 1:
+            return  # already collected (a recomputation) or no prompt position follows
+        count = min(chunk.stop, prompt_length - 1) - chunk.start
+        logprobs = [float(v) for v in outputs.next_logprob[row, :count]]
+        top = [
+            [
+                (int(t), float(v))
+                for t, v in zip(outputs.next_top_tokens[row, i], outputs.next_top_logprobs[row, i])
+            ][: request.params.top_logprobs]
+            for i in range(count)
+        ]
+        update = request.add_prompt_logprobs(logprobs, top)
+        if update is not None:
+            request.samples[0].pending = update
+
+    # -- conveniences --------------------------------------------------------------------------------
+    def generate(
+        self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams]
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` to the end (together with whatever else is queued) and return their outputs.
+
+        Args:
+            prompts: token id lists.
+            params: one setting for all, or one per prompt.
+        """
+        settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(settings) != len(prompts):
+            raise ValueError(f"generate got {len(prompts)} prompts but {len(settings)} sampling settings")
+        outputs: dict[str, RequestOutput] = {}
+        for prompt, setting in zip(prompts, settings):
+            request_id = self.add_request(prompt, setting)
+            samples = [SampleOutput(index) for index in range(setting.n)]
+            outputs[request_id] = RequestOutput(request_id, list(prompt), samples)
+        while any(not output.finished for output in outputs.values()):
+            for update in self.step():
+                if update.request_id in outputs:
+                    outputs[update.request_id].apply(update)
+        return list(outputs.values())
+
+    def sequences(self) -> list[Sequence]:
+        """Every unfinished sequence (waiting or running)."""
+        return [sample.sequence for request in self._requests.values() for sample in request.samples]

@@ -1,0 +1,94 @@
+"""`SamplingParams`: how one request is continued (the per-request knobs of OpenAI's completions API)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a request may ask for per token (OpenAI's limit)."""
+
+
+class ParameterError(ValueError):
+    """A request parameter is out of range; ``parameter`` names it (the server answers 400 with it)."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(message)
+        self.parameter = parameter
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings.
+
+    Attributes:
+        max_tokens: the most tokens to generate per sample; the sample ends with ``finish_reason``
+            ``length`` when it reaches them.
+        temperature: softmax temperature; ``0`` is greedy (argmax).
+        top_k: keep only the ``top_k`` most likely tokens; ``0`` keeps all.
+        top_p: keep the most likely tokens whose probability reaches ``top_p`` (after ``top_k``).
+        min_p: drop tokens whose probability is below ``min_p`` times the most likely one's (after
+            ``top_p``); ``0`` keeps all. The order of the filters is transformers' (temperature, top-k,
+            top-p, min-p).
+        seed: the random seed of this request: the same seed gives the same samples whatever else the
+            engine runs; None draws one.
+        n: samples per prompt (they share the prompt's pages).
+        stop: strings that end a sample when generated (left out of the returned text).
+        stop_token_ids: token ids that end a sample (kept in the tokens, left out of the text).
+        ignore_eos: keep going past the model's end-of-sequence ids.
+        logprobs: return the log-probability of each generated token.
+        top_logprobs: also return this many most likely alternatives per token (at most 20).
+        prompt_logprobs: return the log-probability of every prompt token after the first (``echo``);
+            such a request never reads the prefix cache.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, parameter: str, message: str) -> None:
+            if not ok:
+                raise ParameterError(parameter, f"{parameter}: {message}")
+
+        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be at least 1")
+        check(
+            math.isfinite(self.temperature) and self.temperature >= 0,
+            "temperature",
+            f"must be a number >= 0 (0 = greedy), got {self.temperature}",
+        )
+        check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+        check(0.0 < self.top_p <= 1.0, "top_p", f"must lie in (0, 1], got {self.top_p}")
+        check(0.0 <= self.min_p <= 1.0, "min_p", f"must lie in [0, 1], got {self.min_p}")
+        check(isinstance(self.n, int) and self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        check(
+            self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            "seed",
+            f"must be an integer in [0, 2**63), got {self.seed}",
+        )
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
+        check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be token ids (integers >= 0)",
+        )
+        check(
+            0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+            "top_logprobs",
+            f"must lie in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        """Whether each token is the argmax (temperature 0)."""
+        return self.temperature == 0.0

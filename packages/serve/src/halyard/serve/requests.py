@@ -1,0 +1,140 @@
+"""`RequestState`: one request inside the engine: its samples' sequences, text, log-probs and endings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from halyard.serve.outputs import TopLogprobs, Update
+from halyard.serve.params import SamplingParams
+from halyard.serve.scheduler import Sequence
+from halyard.serve.text import Decode, SampleText
+
+
+@dataclasses.dataclass
+class SampleState:
+    """One sample: its sequence, its text and what it has not reported yet."""
+
+    index: int
+    sequence: Sequence
+    text: SampleText | None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    pending: Update | None = None
+
+
+class RequestState:
+    """A request's samples and how each ends.
+
+    Args:
+        request_id: the request's id.
+        prompt: its token ids.
+        params: its sampling settings (``seed`` already drawn).
+        first_arrival: the arrival number of its first sample (the others follow it).
+        eos_token_ids: the model's end-of-sequence ids (they end a sample unless ``ignore_eos``).
+        decode: the tokenizer's decode, or None (then no text and no stop strings).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        first_arrival: int,
+        eos_token_ids: tuple[int, ...],
+        decode: Decode | None,
+    ):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.stop_tokens = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.samples = [
+            SampleState(
+                index,
+                Sequence(
+                    key=(request_id, index),
+                    group=request_id,
+                    tokens=list(prompt),
+                    prompt_length=len(prompt),
+                    arrival=first_arrival + index,
+                    use_prefix_cache=not (params.prompt_logprobs and index == 0),
+                ),
+                None if decode is None else SampleText(decode, params.stop),
+            )
+            for index in range(params.n)
+        ]
+        self.prompt_written = False
+        self.prompt_logprobs: list[float | None] = [None] if params.prompt_logprobs else []
+        self.prompt_top_logprobs: list[TopLogprobs | None] = [None] if params.prompt_logprobs else []
+
+    def waits(self, sequence: Sequence) -> bool:
+        """Whether ``sequence`` must wait for its first sibling to write the prompt's pages."""
+        return sequence.key[1] > 0 and not self.prompt_written  # type: ignore[index]
+
+    def sample_of(self, sequence: Sequence) -> SampleState:
+        return self.samples[sequence.key[1]]  # type: ignore[index]
+
+    @property
+    def finished(self) -> bool:
+        return all(sample.finish_reason is not None for sample in self.samples)
+
+    def add_prompt_logprobs(self, logprobs: list[float], top: list[TopLogprobs]) -> Update | None:
+        """Collect prompt log-probs of consecutive positions; an `Update` for sample 0 once complete."""
+        self.prompt_logprobs += logprobs
+        self.prompt_top_logprobs += top
+        if len(self.prompt_logprobs) < len(self.prompt):
+            return None
+        update = self._update(self.samples[0])
+        update.prompt_logprobs = self.prompt_logprobs[: len(self.prompt)]
+        update.prompt_top_logprobs = self.prompt_top_logprobs[: len(self.prompt)]
+        return update
+
+    def add_token(
+        self, sequence: Sequence, token: int, logprob: float, sampled_logprob: float, top: TopLogprobs
+    ) -> Update:
+        """Append a drawn token to ``sequence`` and decide whether its sample ends."""
+        sample = self.sample_of(sequence)
+        sequence.tokens.append(token)
+        if sample.index == 0:
+            self.prompt_written = True
+        update = self._update(sample)
+        update.token_ids.append(token)
+        update.logprobs.append(logprob)
+        update.sampled_logprobs.append(sampled_logprob)
+        update.top_logprobs.append(top[: self.params.top_logprobs])
+        generated = sequence.tokens[sequence.prompt_length :]
+        if token in self.stop_tokens:
+            self._finish(sample, "stop", token)
+        elif sample.text is not None and sample.text.update(_without(generated, self.stop_tokens)):
+            self._finish(sample, "stop", sample.text.stopped_by)
+        elif len(generated) >= self.params.max_tokens:
+            self._finish(sample, "length", None)
+        if sample.text is not None:
+            update.text += sample.text.stream(final=sample.finish_reason is not None)
+        return update
+
+    def abort(self) -> None:
+        """End every unfinished sample with ``abort`` (collect the updates with `take_updates`)."""
+        for sample in self.samples:
+            if sample.finish_reason is None:
+                self._finish(sample, "abort", None)
+
+    def _finish(self, sample: SampleState, reason: str, stop_reason: str | int | None) -> None:
+        sample.finish_reason, sample.stop_reason = reason, stop_reason
+        update = self._update(sample)
+        update.finish_reason, update.stop_reason = reason, stop_reason
+
+    def _update(self, sample: SampleState) -> Update:
+        if sample.pending is None:
+            sample.pending = Update(self.request_id, sample.index, [], "", [], [], [])
+        return sample.pending
+
+    def take_updates(self) -> list[Update]:
+        """The updates gathered since the last call, one per sample that changed."""
+        updates = [sample.pending for sample in self.samples if sample.pending is not None]
+        for sample in self.samples:
+            sample.pending = None
+        return updates
+
+
+def _without(tokens: list[int], stop_tokens: set[int]) -> list[int]:
+    return [t for t in tokens if t not in stop_tokens]

@@ -1,0 +1,224 @@
+"""`ModelRunner`: the compiled programs of an engine step, over the model's own forward and a page pool.
+
+One program runs ``rows`` sequences of ``tokens`` new tokens each against their pages: the family's
+`CausalLM.paged_step` (its decoder, with the training attention kernel over each row's pages), then, per
+row, the logits of one chosen token and the next token drawn from them (`halyard.serve.sampler`), and
+optionally the log-probability of every fed token's successor (prompt log-probs). The shapes come from a
+small fixed set: ``tokens`` is 1 (decoding rows) or the chunk size (prefill rows); ``rows`` and the number
+of pages a row can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles
+each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`).
+
+The pool is donated to each call: the new keys and values are stored in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from halyard.models import CausalLM
+from halyard.models.layers.paged_kv import PagedKV
+from halyard.named import named
+from halyard.serve.params import MAX_TOP_LOGPROBS
+from halyard.serve.sampler import RowSettings, draw
+from halyard.shard import Layout, use_layout
+
+
+class StepInputs(NamedTuple):
+    """One program's inputs (numpy, host side).
+
+    Attributes:
+        tokens: int32 ``[rows, tokens]``.
+        positions: int32 ``[rows, tokens]``: each token's position, -1 for padding.
+        page_table: int32 ``[rows, seq_pages]``.
+        last: int32 ``[rows]``: the index (in ``tokens``) of the token whose logits are sampled from.
+        settings: the rows' `RowSettings` as numpy arrays.
+        next_tokens: int32 ``[rows, tokens]``: the token following each fed token (for prompt log-probs),
+            -1 where unknown; None when no row asks for prompt log-probs.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    page_table: np.ndarray
+    last: np.ndarray
+    settings: RowSettings
+    next_tokens: np.ndarray | None
+
+
+class StepOutputs(NamedTuple):
+    """One program's results (numpy): the drawn token per row with its log-probabilities and top
+    alternatives (`halyard.serve.sampler.Drawn`), and the prompt log-probs (``[rows, tokens]`` and
+    ``[rows, tokens, 20]`` top alternatives) when asked for."""
+
+    token: np.ndarray
+    logprob: np.ndarray
+    sampled_logprob: np.ndarray
+    top_tokens: np.ndarray
+    top_logprobs: np.ndarray
+    next_logprob: np.ndarray | None
+    next_top_tokens: np.ndarray | None
+    next_top_logprobs: np.ndarray | None
+
+
+def round_up_power_of_two(value: int, smallest: int = 1) -> int:
+    """The smallest power of two at least ``value`` and ``smallest``."""
+    size = max(1, smallest)
+    while size < value:
+        size *= 2
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramShape:
+    """The static shape of one compiled program."""
+
+    rows: int
+    tokens: int
+    seq_pages: int
+    prompt_logprobs: bool
+
+
+class ModelRunner:
+    """Holds the model, the page pool and the compiled step programs.
+
+    Args:
+        model: the model (its parameters already on the devices they should live on).
+        num_pages: pages in the pool.
+        page_size: tokens per page.
+        max_seq_pages: the most pages one sequence may hold (its context divided by ``page_size``).
+        min_rows: the smallest row count a program is compiled for (row counts are powers of two from it,
+            up to the largest asked for).
+        fixed_rows: compile every program for exactly the row count asked for (deterministic mode).
+        logit_rows: the sampled rows' logits are computed for at least this many rows.
+        mesh, layout: run the programs with this activation layout and place the pool by it (both or
+            neither; the model's parameters should already be placed by the same layout).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        num_pages: int,
+        page_size: int,
+        max_seq_pages: int,
+        min_rows: int = 1,
+        fixed_rows: bool = False,
+        logit_rows: int = 64,
+        mesh: jax.sharding.Mesh | None = None,
+        layout: Layout | None = None,
+    ):
+        if (mesh is None) != (layout is None):
+            raise ValueError("ModelRunner takes a mesh and a layout together, or neither")
+        self.model = model
+        self.page_size = page_size
+        self.max_seq_pages = max_seq_pages
+        self.min_rows = min_rows
+        self.fixed_rows = fixed_rows
+        self.logit_rows = logit_rows
+        self.mesh, self.layout = mesh, layout
+        pages = model.init_pages(num_pages, page_size)
+        if mesh is not None and layout is not None:
+            pages = jax.device_put(pages, layout.shardings(pages, mesh))
+        self.pages = pages
+        self.compile_seconds = 0.0
+        self._programs: dict[ProgramShape, Any] = {}
+
+    @property
+    def compiled_shapes(self) -> list[ProgramShape]:
+        """Every shape compiled so far."""
+        return list(self._programs)
+
+    def shape_for(
+        self, rows: int, max_rows: int, tokens: int, seq_pages: int, prompt_logprobs: bool
+    ) -> ProgramShape:
+        """The program shape that holds ``rows`` rows (of at most ``max_rows``) of ``tokens`` tokens reading
+        ``seq_pages`` pages."""
+        return ProgramShape(
+            rows=max_rows if self.fixed_rows else min(round_up_power_of_two(rows, self.min_rows), max_rows),
+            tokens=tokens,
+            seq_pages=min(round_up_power_of_two(seq_pages), self.max_seq_pages),
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
+        """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
+        program = self._program(shape)
+        device_inputs = jax.tree.map(jnp.asarray, inputs)
+        with self._placement():
+            self.pages, outputs = program(self.model, self.pages, device_inputs)
+        values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
+        return StepOutputs(*values)
+
+    def _placement(self) -> Any:
+        if self.mesh is None or self.layout is None:
+            return contextlib.nullcontext()
+        return use_layout(self.layout, self.mesh)
+
+    def _program(self, shape: ProgramShape) -> Any:
+        program = self._programs.get(shape)
+        if program is not None:
+            return program
+        started = time.perf_counter()
+        jitted = jax.jit(_step, donate_argnums=(1,), static_argnums=(3,))
+        example = _example_inputs(shape, self.page_size)
+        with self._placement():
+            compiled = jitted.lower(self.model, self.pages, example, self.logit_rows).compile()
+        self.compile_seconds += time.perf_counter() - started
+        self._programs[shape] = compiled
+        return compiled
+
+
+def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
+    rows, tokens = shape.rows, shape.tokens
+    int_rows = np.zeros((rows,), np.int32)
+    settings = RowSettings(
+        temperature=np.zeros((rows,), np.float32),
+        top_k=int_rows,
+        top_p=np.ones((rows,), np.float32),
+        min_p=np.zeros((rows,), np.float32),
+        seed=np.zeros((rows, 2), np.uint32),
+        sample=int_rows,
+        position=int_rows,
+    )
+    return StepInputs(
+        tokens=np.zeros((rows, tokens), np.int32),
+        positions=np.full((rows, tokens), -1, np.int32),
+        page_table=np.zeros((rows, shape.seq_pages), np.int32),
+        last=int_rows,
+        settings=settings,
+        next_tokens=np.zeros((rows, tokens), np.int32) if shape.prompt_logprobs else None,
+    )
+
+
+def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) -> tuple[PagedKV, tuple]:
+    rows = inputs.tokens.shape[0]
+    capacity = inputs.page_table.shape[1] * pages.page_size
+    writes = jnp.where(inputs.positions >= 0, inputs.positions, capacity)
+    pages = pages.for_rows(inputs.page_table, writes)
+    tokens = named(inputs.tokens, ("batch", "pos"))
+    positions = named(inputs.positions, ("batch", "pos"))
+    hidden, pages = model.paged_step(tokens, positions=positions, pages=pages)
+    compute = model.in_compute_dtype()
+    plain = hidden.rearrange("batch", "pos", "embed")
+    chosen = plain.array[jnp.arange(rows), inputs.last]
+    # XLA's CPU matmuls and row reductions round a row differently at different row counts (below a few
+    # dozen rows especially): every program computes its sampled logits at the same row count.
+    padded = jnp.pad(chosen, ((0, max(0, logit_rows - rows)), (0, 0)))
+    logits = compute.logits(named(padded, ("batch", "embed"))).unwrap("batch", "vocab")[:rows]
+    drawn = draw(logits, inputs.settings, MAX_TOP_LOGPROBS)
+    prompt: tuple = (None, None, None)
+    if inputs.next_tokens is not None:
+        all_logits = compute.logits(plain).unwrap("batch", "pos", "vocab")
+        logprobs = jax.nn.log_softmax(all_logits, axis=-1)
+        targets = jnp.clip(inputs.next_tokens, 0, logprobs.shape[-1] - 1)
+        next_logprob = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
+        next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
+        top_logprobs, top_tokens = jax.lax.top_k(logprobs, MAX_TOP_LOGPROBS)
+        prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
+    return pages.without_rows(), (*drawn, *prompt)

@@ -1,0 +1,197 @@
+"""`Scheduler`: which sequences run in the next engine step (admission, chunked prefill, preemption; no JAX).
+
+A sequence is a prompt plus what it generated so far; ``computed`` of its tokens have their keys and values
+in pages. Each step feeds every running sequence the tokens it still lacks, at most ``chunk_size`` of them,
+and when the fed run reaches its last token the engine samples a new one. A sequence that lacks one token is
+*decoding* (all of them run together, one token a row); one that lacks more is *prefilling* (a long prompt
+goes in chunks, beside the decoding rows of the others).
+
+Order is arrival order. Waiting sequences are admitted first come, first served while there are rows and
+pages (a sample of an ``n > 1`` request waits until its first sibling has written the prompt, then finds the
+prompt's full pages in the prefix cache). When a running sequence needs a page and none is left, the most
+recently arrived running sequence is *preempted*: its pages are released and it waits again, keeping its
+generated tokens; readmitted, it recomputes them (much of it from the prefix cache) and continues exactly
+where it stopped, never with a wrong or a shortened answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+
+from halyard.serve.pages import OutOfPages, PageTable
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One sample of one request, as the scheduler and the engine track it.
+
+    Attributes:
+        key: a unique hashable id (the page table's owner key).
+        group: the request it belongs to (samples of one request share it).
+        tokens: prompt and generated tokens so far.
+        prompt_length: how many of ``tokens`` are the prompt.
+        arrival: order of arrival (smaller runs first; kept through preemption).
+        use_prefix_cache: may start from cached pages (not when prompt log-probs are wanted).
+        computed: tokens whose keys and values are in pages.
+        running: admitted and holding pages.
+        preemptions: how many times it was preempted.
+    """
+
+    key: Hashable
+    group: Hashable
+    tokens: list[int]
+    prompt_length: int
+    arrival: int
+    use_prefix_cache: bool = True
+    computed: int = 0
+    running: bool = False
+    preemptions: int = 0
+
+    @property
+    def missing(self) -> int:
+        """Tokens not yet in pages."""
+        return len(self.tokens) - self.computed
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token."""
+
+    sequence: Sequence
+    start: int
+    stop: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step samples a token after this chunk."""
+        return self.stop == len(self.sequence.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One step: the decoding rows, the prefill chunks, and who was preempted to make room."""
+
+    decode: list[Chunk]
+    prefill: list[Chunk]
+    preempted: list[Sequence]
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class Scheduler:
+    """Admission, chunked prefill and preemption over a `PageTable`.
+
+    Args:
+        pages: the page table (shared with the engine).
+        max_running: the most sequences holding pages at once (the decode program's rows).
+        chunk_size: the most tokens one prefilling sequence is fed per step.
+        max_prefill_rows: the most prefilling sequences per step.
+        waits_for: ``sequence -> bool``: whether a waiting sequence must not be admitted yet (a sample
+            whose first sibling has not written the prompt).
+    """
+
+    def __init__(
+        self,
+        pages: PageTable,
+        *,
+        max_running: int,
+        chunk_size: int,
+        max_prefill_rows: int,
+        waits_for: Callable[[Sequence], bool] = lambda sequence: False,
+    ):
+        if max_running < 1 or chunk_size < 1 or max_prefill_rows < 1:
+            raise ValueError("Scheduler needs max_running, chunk_size and max_prefill_rows of at least 1")
+        self.pages = pages
+        self.max_running = max_running
+        self.chunk_size = chunk_size
+        self.max_prefill_rows = max_prefill_rows
+        self.waits_for = waits_for
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    def add(self, sequence: Sequence) -> None:
+        """Queue a new sequence (arrival order)."""
+        self.waiting.append(sequence)
+        self.waiting.sort(key=lambda s: s.arrival)
+
+    def remove(self, sequence: Sequence) -> None:
+        """Take ``sequence`` out (finished or cancelled) and release its pages at once."""
+        if sequence.running:
+            self.running.remove(sequence)
+            self.pages.release(sequence.key)
+            sequence.running = False
+        elif sequence in self.waiting:
+            self.waiting.remove(sequence)
+
+    def schedule(self) -> Plan:
+        """Choose the next step's work (see the module docstring)."""
+        preempted: list[Sequence] = []
+        decode: list[Chunk] = []
+        for sequence in sorted(self.running, key=lambda s: s.arrival):
+            if not sequence.running or sequence.missing != 1:
+                continue
+            if self._reserve_or_preempt(sequence, len(sequence.tokens), preempted):
+                decode.append(Chunk(sequence, sequence.computed, len(sequence.tokens)))
+        decode = [chunk for chunk in decode if chunk.sequence.running]
+        prefill: list[Chunk] = []
+        for sequence in sorted(self.running, key=lambda s: s.arrival):
+            if len(prefill) == self.max_prefill_rows:
+                break
+            if sequence.running and sequence.missing > 1:
+                stop = sequence.computed + min(self.chunk_size, sequence.missing)
+                if self._reserve_or_preempt(sequence, stop, preempted):
+                    prefill.append(Chunk(sequence, sequence.computed, stop))
+        prefill = [chunk for chunk in prefill if chunk.sequence.running]
+        decode = [chunk for chunk in decode if chunk.sequence.running]
+        if not preempted:
+            self._admit(prefill, decode)
+        return Plan(decode, prefill, preempted)
+
+    def _admit(self, prefill: list[Chunk], decode: list[Chunk]) -> None:
+        for sequence in list(self.waiting):
+            if len(self.running) == self.max_running or len(prefill) == self.max_prefill_rows:
+                return
+            if self.waits_for(sequence):
+                continue
+            shared: list[int] = []
+            if sequence.use_prefix_cache:
+                shared = self.pages.cached_prefix(sequence.tokens, limit=len(sequence.tokens) - 1)
+            computed = len(shared) * self.pages.page_size
+            stop = computed + min(self.chunk_size, len(sequence.tokens) - computed)
+            needed = self.pages.pages_for(stop) - len(shared)
+            cached_unowned = sum(1 for page in shared if self.pages.references(page) == 0)
+            if needed > self.pages.available - cached_unowned:
+                return  # first come, first served: nobody overtakes the sequence at the head
+            self.pages.add(sequence.key, shared)
+            self.pages.reserve(sequence.key, stop)
+            sequence.computed = computed
+            sequence.running = True
+            self.waiting.remove(sequence)
+            self.running.append(sequence)
+            chunk = Chunk(sequence, computed, stop)
+            (decode if stop - computed == 1 and chunk.samples else prefill).append(chunk)
+
+    def _reserve_or_preempt(self, sequence: Sequence, tokens: int, preempted: list[Sequence]) -> bool:
+        """Reserve pages for ``tokens`` tokens of ``sequence``, preempting the newest running sequences
+        while there are too few; False when ``sequence`` itself was preempted."""
+        while True:
+            try:
+                self.pages.reserve(sequence.key, tokens)
+                return True
+            except OutOfPages:
+                victim = max(self.running, key=lambda s: s.arrival)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is sequence:
+                    return False
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self.running.remove(sequence)
+        self.pages.release(sequence.key)
+        sequence.running = False
+        sequence.computed = 0
+        sequence.preemptions += 1
+        self.add(sequence)

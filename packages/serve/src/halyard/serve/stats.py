@@ -1,0 +1,62 @@
+"""`EngineStats`: counters and gauges of an engine (the server's metrics endpoint reads them)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """What the engine did so far and what it holds now.
+
+    Attributes:
+        pages_total: pages in the pool.
+        waiting, running: sequences queued and sequences holding pages, after the last step.
+        pages_in_use: pages owned by running sequences after the last step.
+        requests_added, requests_finished, requests_cancelled: request counts.
+        tokens_generated: tokens drawn.
+        tokens_computed: tokens fed through the model (prompt, recomputation and decoding).
+        preemptions: sequences preempted for lack of pages (recomputed later).
+        steps: engine steps run.
+        compile_seconds: time spent compiling programs.
+    """
+
+    pages_total: int
+    waiting: int = 0
+    running: int = 0
+    pages_in_use: int = 0
+    requests_added: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    tokens_generated: int = 0
+    tokens_computed: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    compile_seconds: float = 0.0
+    _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
+
+    def record_step(
+        self, *, seconds: float, waiting: int, running: int, pages_in_use: int, compile_seconds: float
+    ) -> None:
+        """Note one step's duration and the gauges after it."""
+        self.steps += 1
+        self.waiting, self.running, self.pages_in_use = waiting, running, pages_in_use
+        self.compile_seconds = compile_seconds
+        self._recent.append((time.monotonic(), self.tokens_generated))
+
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second over the recent steps (0 before two steps)."""
+        if len(self._recent) < 2:
+            return 0.0
+        (start, first), (end, last) = self._recent[0], self._recent[-1]
+        return (last - first) / (end - start) if end > start else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Every counter and gauge, plus ``tokens_per_second``."""
+        values = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")
+        }
+        values["tokens_per_second"] = self.tokens_per_second()
+        return values

@@ -1,0 +1,188 @@
+"""The engine against the model's full forward: greedy tokens and log-probs for every family, prompt
+log-probs, stop conditions, cancellation, the n samples of a prompt, and the errors a request can get."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_models import VOCAB, forward_logprobs, greedy_reference, tiny_model
+
+from halyard.serve import Engine, EngineConfig, ParameterError, SamplingParams
+
+SMALL = EngineConfig(
+    page_size=8, num_pages=48, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
+)
+PROMPTS = [[5, 9, 2, 7, 1], [3], list(range(1, 30)), [8, 8, 4, 60, 2, 2, 2, 2, 2, 11]]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral", "gemma2", "qwen3"])
+def test_greedy_tokens_and_logprobs_equal_the_full_forward(family: str) -> None:
+    model = tiny_model(family)
+    engine = Engine(model, SMALL)
+    outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True))
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        tokens, logprobs = greedy_reference(model, prompt, 9)
+        sample = output.samples[0]
+        assert sample.token_ids == tokens, (family, prompt)
+        np.testing.assert_allclose(sample.logprobs, logprobs, atol=2e-5)
+        assert sample.finish_reason == "length"
+    assert engine.pages.in_use == 0 and not engine.has_work
+
+
+def test_prompt_logprobs_and_top_alternatives_equal_the_full_forward() -> None:
+    model = tiny_model("llama")
+    engine = Engine(model, SMALL)
+    prompt = list(range(3, 40))  # three chunks of 16
+    (output,) = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=True, top_logprobs=3))
+    reference = forward_logprobs(model, prompt)
+    assert output.prompt_logprobs is not None and output.prompt_top_logprobs is not None
+    assert output.prompt_logprobs[0] is None and output.prompt_top_logprobs[0] is None
+    expected = [reference[i - 1, prompt[i]] for i in range(1, len(prompt))]
+    np.testing.assert_allclose(output.prompt_logprobs[1:], expected, atol=2e-5)
+    for position in (1, 17, 36):
+        alternatives = output.prompt_top_logprobs[position]
+        assert alternatives is not None and len(alternatives) == 3
+        best = np.argsort(-reference[position - 1])[:3]
+        assert [token for token, _ in alternatives] == best.tolist()
+    sample = output.samples[0]
+    assert len(sample.top_logprobs) == 2 and all(len(t) == 3 for t in sample.top_logprobs)
+    assert sample.top_logprobs[0][0][1] >= sample.logprobs[0] - 1e-6
+
+
+def test_stop_tokens_eos_and_max_tokens_end_a_sample_with_their_reason() -> None:
+    model = tiny_model("llama")
+    greedy, _ = greedy_reference(model, PROMPTS[0], 6)
+    stop_at = greedy[3]
+    first = greedy.index(stop_at)
+    engine = Engine(model, SMALL, eos_token_ids=[])
+    by_token, by_length = engine.generate(
+        [PROMPTS[0], PROMPTS[0]],
+        [
+            SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=(stop_at,)),
+            SamplingParams(max_tokens=6, temperature=0.0),
+        ],
+    )
+    assert by_token.samples[0].token_ids == greedy[: first + 1]
+    assert (by_token.samples[0].finish_reason, by_token.samples[0].stop_reason) == ("stop", stop_at)
+    assert by_length.samples[0].token_ids == greedy and by_length.samples[0].finish_reason == "length"
+    eos_engine = Engine(model, SMALL, eos_token_ids=[stop_at])
+    (ended,) = eos_engine.generate([PROMPTS[0]], SamplingParams(max_tokens=6, temperature=0.0))
+    assert ended.samples[0].token_ids == greedy[: first + 1] and ended.samples[0].finish_reason == "stop"
+    (ignored,) = eos_engine.generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    )
+    assert ignored.samples[0].token_ids == greedy
+
+
+def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> None:
+    model = tiny_model("llama")
+    greedy, _ = greedy_reference(model, PROMPTS[2], 8)
+
+    def decode(ids: list[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    stop = f"<{greedy[4]}><{greedy[5]}>"
+    engine = Engine(model, SMALL, decode=decode, eos_token_ids=[])
+    engine.add_request(PROMPTS[2], SamplingParams(max_tokens=8, temperature=0.0, stop=(stop, "never")))
+    streamed, updates = "", []
+    while engine.has_work:
+        for update in engine.step():
+            streamed += update.text
+            updates.append(update)
+            assert stop not in streamed
+    expected = decode(greedy[:4])
+    assert streamed == expected
+    assert updates[-1].finish_reason == "stop" and updates[-1].stop_reason == stop
+    assert sum(len(u.token_ids) for u in updates) == 6  # the tokens of the stop string are generated
+
+
+def test_cancelling_a_request_frees_its_pages_at_once() -> None:
+    model = tiny_model("llama")
+    engine = Engine(model, SMALL)
+    keep = engine.add_request(PROMPTS[2], SamplingParams(max_tokens=40, temperature=0.0))
+    cancel = engine.add_request(PROMPTS[3], SamplingParams(max_tokens=40, n=3, temperature=1.0, seed=1))
+    for _ in range(4):
+        engine.step()
+    in_use = engine.pages.in_use
+    owned = {key for key in engine.pages.owners() if key[0] == cancel}
+    assert owned
+    engine.cancel(cancel)
+    assert not any(key[0] == cancel for key in engine.pages.owners())
+    assert engine.pages.in_use < in_use
+    updates = engine.step()
+    aborted = [u for u in updates if u.request_id == cancel]
+    assert sorted(u.index for u in aborted) == [0, 1, 2] and all(u.finish_reason == "abort" for u in aborted)
+    while engine.has_work:
+        engine.step()
+    assert engine.pages.in_use == 0
+    assert keep not in [key[0] for key in engine.pages.owners()]
+
+
+def test_n_samples_share_the_prompt_pages_and_draw_different_continuations() -> None:
+    model = tiny_model("llama")
+    engine = Engine(model, SMALL)
+    prompt = list(range(1, 21))  # two full pages of 8 and a partial one
+    engine.add_request(prompt, SamplingParams(max_tokens=30, n=3, temperature=1.0, seed=3))
+    shared_seen = False
+    while engine.has_work:
+        engine.step()
+        owners = engine.pages.owners()
+        if len(owners) == 3:
+            first_pages = [engine.pages.pages_of(owner)[:2] for owner in owners]
+            shared_seen |= first_pages[0] == first_pages[1] == first_pages[2]
+    assert shared_seen
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
+    model = tiny_model("llama")
+    target = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=True)
+    alone = Engine(model, SMALL).generate([PROMPTS[2]], target)[0].samples[0]
+    crowd = (
+        Engine(model, SMALL)
+        .generate(
+            [PROMPTS[0], PROMPTS[2], PROMPTS[3]],
+            [SamplingParams(max_tokens=5, temperature=1.0), target, SamplingParams(max_tokens=20, min_p=0.1)],
+        )[1]
+        .samples[0]
+    )
+    assert alone.token_ids == crowd.token_ids
+    np.testing.assert_allclose(alone.logprobs, crowd.logprobs, atol=2e-5)
+    other_seed = Engine(model, SMALL).generate(
+        [PROMPTS[2]], SamplingParams(max_tokens=12, temperature=0.9, seed=12)
+    )
+    assert other_seed[0].samples[0].token_ids != alone.token_ids
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "parameter"),
+    [
+        ([], SamplingParams(), "prompt"),
+        ([VOCAB], SamplingParams(), "prompt"),
+        (list(range(1, 61)) + [1] * 36, SamplingParams(max_tokens=1), "prompt"),
+        ([1, 2, 3], SamplingParams(max_tokens=94), "max_tokens"),
+        ([1, 2, 3], SamplingParams(stop=("x",)), "stop"),
+    ],
+)
+def test_bad_requests_get_an_error_naming_the_parameter(
+    prompt: list[int], params: SamplingParams, parameter: str
+) -> None:
+    engine = Engine(tiny_model("llama"), SMALL)
+    with pytest.raises(ParameterError) as error:
+        engine.add_request(prompt, params)
+    assert error.value.parameter == parameter and str(error.value).startswith(parameter)
+    assert not engine.has_work
+
+
+def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
+    for name, value in [
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", -1),
+        ("min_p", 1.5),
+        ("n", 0),
+        ("top_logprobs", 21),
+        ("max_tokens", 0),
+    ]:
+        with pytest.raises(ParameterError) as error:
+            SamplingParams(**{name: value})
+        assert error.value.parameter == name

@@ -1,0 +1,46 @@
+"""Tiny models of the families for engine tests (a few thousand parameters, compile in seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from halyard.models import CausalLM, init_model, model_config
+from halyard.named import named
+
+VOCAB = 61
+
+
+def tiny_model(family: str, seed: int = 0, **overrides: Any) -> CausalLM:
+    """A small model of ``family`` with wide initialisation (logits far from uniform)."""
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, initializer_range=0.3
+    )
+    if family in ("llama", "mistral", "qwen2", "qwen3", "mixtral"):
+        settings.update(intermediate_size=48, num_kv_heads=2, max_position=512)
+    if family == "mistral":
+        settings.update(sliding_window=5)
+    if family == "gpt2":
+        settings.update(max_position=256)
+    settings.update(overrides)
+    return init_model(model_config(family, **settings), jax.random.key(seed))
+
+
+def forward_logprobs(model: CausalLM, tokens: list[int]) -> np.ndarray:
+    """``log_softmax`` of the full forward's logits over ``tokens``: ``[len(tokens), vocab]``."""
+    logits = model(named(jnp.asarray([tokens], jnp.int32), ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+    return np.asarray(jax.nn.log_softmax(logits, axis=-1))[0]
+
+
+def greedy_reference(model: CausalLM, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy continuation by the full forward over the whole sequence at every step (no cache)."""
+    tokens, logprobs = list(prompt), []
+    for _ in range(steps):
+        row = forward_logprobs(model, tokens)[-1]
+        token = int(np.argmax(row))
+        tokens.append(token)
+        logprobs.append(float(row[token]))
+    return tokens[len(prompt) :], logprobs
