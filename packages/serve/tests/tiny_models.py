@@ -29,10 +29,21 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> CausalLM:
     return init_model(model_config(family, **settings), jax.random.key(seed))
 
 
-def forward_logprobs(model: CausalLM, tokens: list[int]) -> np.ndarray:
-    """``log_softmax`` of the full forward's logits over ``tokens``: ``[len(tokens), vocab]``."""
-    logits = model(named(jnp.asarray([tokens], jnp.int32), ("batch", "pos"))).unwrap("batch", "pos", "vocab")
-    return np.asarray(jax.nn.log_softmax(logits, axis=-1))[0]
+@jax.jit
+def _logprobs(model: CausalLM, tokens: jax.Array) -> jax.Array:
+    logits = model(named(tokens, ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+def forward_logprobs(model: CausalLM, tokens: list[int], padded_to: int = 64) -> np.ndarray:
+    """``log_softmax`` of the full forward's logits over ``tokens``: ``[len(tokens), vocab]``.
+
+    The sequence is padded on the right to a multiple of ``padded_to`` (causal attention: padding never
+    reaches an earlier position), so sequences of many lengths share one compiled program.
+    """
+    length = -(-len(tokens) // padded_to) * padded_to
+    padded = jnp.asarray([list(tokens) + [0] * (length - len(tokens))], jnp.int32)
+    return np.asarray(_logprobs(model, padded))[0, : len(tokens)]
 
 
 def greedy_reference(model: CausalLM, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:

@@ -19,8 +19,9 @@ class EngineConfig:
             page is one key block of the training kernel.
         num_pages: pages in the pool; KV memory is ``num_pages * page_size`` tokens of every layer's keys
             and values.
-        max_context: the longest sequence (prompt plus generated tokens); None: the model's position
-            limit, else `DEFAULT_CONTEXT`.
+        max_context: the longest sequence (prompt plus generated tokens); None: the positions the model
+            was configured for (``max_position``, a checkpoint's ``max_position_embeddings``), else
+            `DEFAULT_CONTEXT`.
         max_running: the most sequences that run at once (the decoding program's rows).
         chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
         max_prefill_rows: the most sequences prefilled in one step.
@@ -63,7 +64,9 @@ class EngineConfig:
                 context does not fit the pool.
         """
         limit = model.position_limit
-        context = self.max_context or limit or DEFAULT_CONTEXT
+        shape = getattr(model.model_config, "shape", None)
+        configured = getattr(shape, "max_position", None)
+        context = self.max_context or limit or configured or DEFAULT_CONTEXT
         if limit is not None and context > limit:
             raise ValueError(
                 f"EngineConfig.max_context={context} exceeds the {limit} positions the model has; "

@@ -83,6 +83,7 @@ class Engine:
             max_running=config.max_running,
             chunk_size=config.chunk_size,
             max_prefill_rows=config.max_prefill_rows,
+            recompute_by_decoding=config.deterministic,
             waits_for=lambda sequence: self._requests[sequence.group].waits(sequence),
         )
         self._requests: dict[Any, RequestState] = {}

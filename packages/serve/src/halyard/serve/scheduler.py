@@ -1,10 +1,10 @@
 """`Scheduler`: which sequences run in the next engine step (admission, chunked prefill, preemption; no JAX).
 
 A sequence is a prompt plus what it generated so far; ``computed`` of its tokens have their keys and values
-in pages. Each step feeds every running sequence the tokens it still lacks, at most ``chunk_size`` of them,
-and when the fed run reaches its last token the engine samples a new one. A sequence that lacks one token is
-*decoding* (all of them run together, one token a row); one that lacks more is *prefilling* (a long prompt
-goes in chunks, beside the decoding rows of the others).
+in pages. Each step feeds every running sequence tokens it still lacks, and when the fed run reaches its
+last token the engine samples a new one. Prompt tokens are *prefilled*, at most ``chunk_size`` of them a
+step (a long prompt goes in chunks, beside the decoding rows of the others); generated tokens are *decoded*,
+one a step, all decoding sequences together, one row each.
 
 Order is arrival order. Waiting sequences are admitted first come, first served while there are rows and
 pages (a sample of an ``n > 1`` request waits until its first sibling has written the prompt, then finds the
@@ -89,6 +89,9 @@ class Scheduler:
         max_running: the most sequences holding pages at once (the decode program's rows).
         chunk_size: the most tokens one prefilling sequence is fed per step.
         max_prefill_rows: the most prefilling sequences per step.
+        recompute_by_decoding: a preempted sequence recomputes its generated tokens one a step among the
+            decoding rows rather than in prefill chunks (deterministic mode: the same program computes a
+            token's keys and values the first time and again).
         waits_for: ``sequence -> bool``: whether a waiting sequence must not be admitted yet (a sample
             whose first sibling has not written the prompt).
     """
@@ -100,6 +103,7 @@ class Scheduler:
         max_running: int,
         chunk_size: int,
         max_prefill_rows: int,
+        recompute_by_decoding: bool = False,
         waits_for: Callable[[Sequence], bool] = lambda sequence: False,
     ):
         if max_running < 1 or chunk_size < 1 or max_prefill_rows < 1:
@@ -108,6 +112,7 @@ class Scheduler:
         self.max_running = max_running
         self.chunk_size = chunk_size
         self.max_prefill_rows = max_prefill_rows
+        self.recompute_by_decoding = recompute_by_decoding
         self.waits_for = waits_for
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -130,27 +135,35 @@ class Scheduler:
         """Choose the next step's work (see the module docstring)."""
         preempted: list[Sequence] = []
         decode: list[Chunk] = []
-        for sequence in sorted(self.running, key=lambda s: s.arrival):
-            if not sequence.running or sequence.missing != 1:
-                continue
-            if self._reserve_or_preempt(sequence, len(sequence.tokens), preempted):
-                decode.append(Chunk(sequence, sequence.computed, len(sequence.tokens)))
-        decode = [chunk for chunk in decode if chunk.sequence.running]
         prefill: list[Chunk] = []
         for sequence in sorted(self.running, key=lambda s: s.arrival):
-            if len(prefill) == self.max_prefill_rows:
-                break
-            if sequence.running and sequence.missing > 1:
-                stop = sequence.computed + min(self.chunk_size, sequence.missing)
-                if self._reserve_or_preempt(sequence, stop, preempted):
-                    prefill.append(Chunk(sequence, sequence.computed, stop))
-        prefill = [chunk for chunk in prefill if chunk.sequence.running]
+            if not sequence.running:
+                continue  # preempted for an older sequence in this loop
+            decoding, stop = self._next_stop(sequence)
+            if not decoding and len(prefill) == self.max_prefill_rows:
+                continue
+            if self._reserve_or_preempt(sequence, stop, preempted):
+                (decode if decoding else prefill).append(Chunk(sequence, sequence.computed, stop))
         decode = [chunk for chunk in decode if chunk.sequence.running]
+        prefill = [chunk for chunk in prefill if chunk.sequence.running]
         if not preempted:
-            self._admit(prefill, decode)
+            self._admit(prefill)
         return Plan(decode, prefill, preempted)
 
-    def _admit(self, prefill: list[Chunk], decode: list[Chunk]) -> None:
+    def _next_stop(self, sequence: Sequence) -> tuple[bool, int]:
+        """``(decoding, stop)``: whether the sequence's next tokens go to the decoding rows, and where its
+        next chunk ends. Prompt tokens are prefilled; generated tokens are decoded one a step, also when a
+        preempted sequence recomputes them with ``recompute_by_decoding`` (so that they go through the
+        same program as the first time); otherwise recomputation is prefilled."""
+        prompt_left = sequence.computed < sequence.prompt_length
+        if prompt_left or (not self.recompute_by_decoding and sequence.missing > 1):
+            limit = (
+                sequence.prompt_length if prompt_left and self.recompute_by_decoding else len(sequence.tokens)
+            )
+            return False, sequence.computed + min(self.chunk_size, limit - sequence.computed)
+        return True, sequence.computed + 1
+
+    def _admit(self, prefill: list[Chunk]) -> None:
         for sequence in list(self.waiting):
             if len(self.running) == self.max_running or len(prefill) == self.max_prefill_rows:
                 return
@@ -158,21 +171,21 @@ class Scheduler:
                 continue
             shared: list[int] = []
             if sequence.use_prefix_cache:
-                shared = self.pages.cached_prefix(sequence.tokens, limit=len(sequence.tokens) - 1)
-            computed = len(shared) * self.pages.page_size
-            stop = computed + min(self.chunk_size, len(sequence.tokens) - computed)
+                limit = min(len(sequence.tokens), sequence.prompt_length) - 1
+                shared = self.pages.cached_prefix(sequence.tokens, limit=limit)
+            sequence.computed = len(shared) * self.pages.page_size
+            decoding, stop = self._next_stop(sequence)
             needed = self.pages.pages_for(stop) - len(shared)
             cached_unowned = sum(1 for page in shared if self.pages.references(page) == 0)
-            if needed > self.pages.available - cached_unowned:
+            if decoding or needed > self.pages.available - cached_unowned:
+                sequence.computed = 0
                 return  # first come, first served: nobody overtakes the sequence at the head
             self.pages.add(sequence.key, shared)
             self.pages.reserve(sequence.key, stop)
-            sequence.computed = computed
             sequence.running = True
             self.waiting.remove(sequence)
             self.running.append(sequence)
-            chunk = Chunk(sequence, computed, stop)
-            (decode if stop - computed == 1 and chunk.samples else prefill).append(chunk)
+            prefill.append(Chunk(sequence, sequence.computed, stop))
 
     def _reserve_or_preempt(self, sequence: Sequence, tokens: int, preempted: list[Sequence]) -> bool:
         """Reserve pages for ``tokens`` tokens of ``sequence``, preempting the newest running sequences
