@@ -147,6 +147,7 @@ BOTTOM_UP = [
     "halyard-data-cache",
     "halyard-models",
     "halyard-export",
+    "halyard-serve",
     "halyard-train",
 ]
 

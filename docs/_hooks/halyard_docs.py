@@ -22,7 +22,7 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("named", "shard", "data-cache", "models", "export", "train")
+PACKAGES = ("named", "shard", "data-cache", "models", "export", "serve", "train")
 MARKDOWN_CELL = re.compile(r"^# %%.*\[markdown\]")
 CODE_CELL = re.compile(r"^# %%")
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")

@@ -16,7 +16,6 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from halyard.export import export_hf, import_hf
-from halyard.models.sampling import SamplingConfig, generate
 
 WORDS = [
     "<unk>",
@@ -115,8 +114,7 @@ def test_import_export_keeps_eos_ids_special_tokens_and_chat_template(tmp_path: 
         actual = reloaded(torch.tensor([chat_ids])).logits.numpy()
     np.testing.assert_allclose(actual, expected, atol=1e-4)
 
-    # transformers stops at the exported EOS list; Halyard's generate at the imported one, by default
+    # transformers stops at the exported EOS list (Halyard's engine stops at config.eos_token_ids, the
+    # imported list asserted above: halyard-serve's tests)
     theirs = _greedy(reloaded, chat_ids, eos=None)
     assert theirs == free[:3]
-    ours = generate(model, [chat_ids], SamplingConfig(max_new_tokens=6, temperature=0.0))
-    assert np.asarray(ours.tokens)[0, : int(ours.lengths[0])].tolist() == theirs

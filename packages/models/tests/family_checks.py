@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from paged import paged_greedy
 
 from halyard.models import LmBatch, ModelConfig, init_model
 from halyard.models.attention import AttentionMask
-from halyard.models.sampling import SamplingConfig, generate
 from halyard.named import named
 from halyard.shard import Layout, MeshSpec, init_sharded, use_layout
 
@@ -64,22 +64,21 @@ def assert_logits_match(model: Any, hf_model: Any, vocab: int, *, atol: float = 
 
 
 def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5, atol: float = 1e-5) -> None:
-    """Greedy `generate` (prefill, then one cached step per token) of prompts of different lengths gives
-    the logits of the full forward over each prompt + its generated tokens (within ``atol``, rtol 1e-5)."""
+    """Greedy decoding through the inference engine's path (`CausalLM.paged_step`: the prompt, then one
+    token a step against the pages) of prompts of different lengths gives the logits of the full forward
+    over each prompt + its generated tokens (within ``atol``, rtol 1e-5)."""
     prompts = [[5, 9, 2, 7, 1, 3, 8], [3], [8, 8, 4]]
-    result = generate(
-        model, prompts, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0), return_logits=True
-    )
-    sequences = [prompt + result.tokens[row].tolist() for row, prompt in enumerate(prompts)]
+    generated = [paged_greedy(model, prompt, new_tokens) for prompt in prompts]
+    sequences = [prompt + tokens for prompt, (tokens, _) in zip(prompts, generated)]
     # right padding changes no earlier position (causal), so one forward serves every sequence
     padded = np.zeros((len(prompts), max(map(len, sequences))), np.int32)
     for row, sequence in enumerate(sequences):
         padded[row, : len(sequence)] = sequence
     full = np.asarray(model(named(jnp.asarray(padded), ("batch", "pos"))).unwrap("batch", "pos", "vocab"))
-    for row, prompt in enumerate(prompts):
+    for row, (prompt, (tokens, logits)) in enumerate(zip(prompts, generated)):
         expected = full[row, len(prompt) - 1 : len(prompt) - 1 + new_tokens]
-        np.testing.assert_allclose(np.asarray(result.logits[row]), expected, atol=atol, rtol=1e-5)
-        assert result.tokens[row].tolist() == np.argmax(expected, axis=-1).tolist()
+        np.testing.assert_allclose(logits, expected, atol=atol, rtol=1e-5)
+        assert tokens == np.argmax(expected, axis=-1).tolist()
 
 
 def training_batch(vocab: int, *, rows: int = 8, length: int = 9) -> LmBatch:

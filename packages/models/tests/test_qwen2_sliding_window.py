@@ -15,10 +15,11 @@ import pytest
 import torch
 import transformers
 from hf_weights import halyard_from_torch
+from paged import paged_logits
 
 from halyard.models import Qwen2Config, init_model
 from halyard.models.attention import AttentionMask
-from halyard.named import NamedArray, named
+from halyard.named import named
 
 VOCAB, SEQ, LAYERS, WINDOW, FULL_LAYERS = 97, 12, 4, 3, 2
 
@@ -93,7 +94,7 @@ def test_every_layer_full_is_the_model_without_a_window() -> None:
     np.testing.assert_array_equal(_halyard_logits(model), _halyard_logits(plain))
 
 
-def test_cached_decoding_matches_the_full_forward() -> None:
+def test_paged_decoding_matches_the_full_forward() -> None:
     config = Qwen2Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=LAYERS, num_heads=4, num_kv_heads=2,
         max_position=64, sliding_window=WINDOW, full_attention_layers=FULL_LAYERS, initializer_range=0.2,
@@ -103,21 +104,8 @@ def test_cached_decoding_matches_the_full_forward() -> None:
     tokens = named(jax.random.randint(jax.random.key(2), (batch, length), 0, VOCAB), ("batch", "pos"))
     full = np.asarray(jax.jit(lambda m, t: m(t))(model, tokens).unwrap("batch", "pos", "vocab"))
 
-    cache = model.init_cache(batch, length)
-    ones = named(jnp.ones((batch, length), jnp.int32), ("batch", "key_pos"))
-    step = jax.jit(
-        lambda m, t, c, i, p: m.decode_step(
-            t, c, cache_index=i, positions=p, segment_ids=t * 0 + 1, key_segment_ids=ones
-        )
-    )
-    pieces, start = [], 0
-    for stop in [prefill, *range(prefill + 1, length + 1)]:
-        positions = named(jnp.broadcast_to(jnp.arange(start, stop), (batch, stop - start)), ("batch", "pos"))
-        logits, cache = step(model, tokens["pos", start:stop], cache, start, positions)
-        pieces.append(np.asarray(logits.unwrap("batch", "pos", "vocab")))
-        start = stop
-    assert isinstance(cache.key, NamedArray) and cache.key.axis_size("layers") == LAYERS
-    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=1e-5)
+    paged = paged_logits(model, tokens, [prefill, *range(prefill + 1, length + 1)])
+    np.testing.assert_allclose(paged, full, atol=1e-5, rtol=1e-5)
 
 
 def test_flops_count_full_attention_layers_at_full_length() -> None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 from tokenizers import Tokenizer
 from trainer_fixtures import load_config, write_config
 
 from halyard.export import export_hf
-from halyard.models.sampling import SamplingConfig, generate
+from halyard.serve import Engine, EngineConfig, SamplingParams
 from halyard.train.data_assembly.tokenizer import tokenizer_path_of
 from halyard.train.trainer.trainer import Trainer
 
@@ -36,10 +35,10 @@ def test_trained_model_exports_and_generates_the_same_greedy_text_in_transformer
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == eos
 
     prompts = [tokenizer.encode(text).ids for text in PROMPTS]
-    ours = generate(
-        model,
-        prompts,
-        SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, stop_tokens=(eos,), pad_token=eos),
+    context = max(map(len, prompts)) + NEW_TOKENS
+    engine = Engine(model, EngineConfig.sized_for(sequences=len(prompts), context=context, page_size=16))
+    ours = engine.generate(
+        prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, stop_token_ids=(eos,))
     )
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
@@ -56,6 +55,5 @@ def test_trained_model_exports_and_generates_the_same_greedy_text_in_transformer
                 eos_token_id=eos,
             )
         theirs = generated[0, input_ids.shape[1] :].tolist()
-        length = int(ours.lengths[row])
-        assert theirs == np.asarray(ours.tokens[row, :length]).tolist(), f"prompt {text!r}"
-        assert length > 1
+        assert theirs == ours[row].samples[0].token_ids, f"prompt {text!r}"
+        assert len(theirs) > 1

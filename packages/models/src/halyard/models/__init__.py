@@ -4,7 +4,7 @@ config = model_config("llama", num_layers=2, hidden_size=64, ...)
 model = init_model(config, jax.random.key(0))
 logits = model(tokens)                       # tokens: NamedArray (batch, pos)
 loss, metrics = model.loss(LmBatch.from_tokens(windows, segment_ids))
-out = generate(model, [[1, 2, 3]], SamplingConfig(max_new_tokens=16))   # KV-cache decoding
+# generation: halyard.serve.Engine (a paged KV cache over `CausalLM.paged_step`)
 """
 
 import jax as _jax
@@ -28,9 +28,8 @@ from halyard.models.families import (
     lr_multipliers,
 )
 from halyard.models.flops import flops_per_token, mean_visible_keys, num_params
-from halyard.models.layers.kv_cache import KVCache
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.model import CausalLM, DecoderOutput
-from halyard.models.sampling import Generation, SamplingConfig, generate
 
 
 def init_model(config: ModelConfig, key: _jax.Array) -> CausalLM:
@@ -53,9 +52,7 @@ __all__ = [
     "Gemma2Config",
     "Gemma3Config",
     "GemmaConfig",
-    "Generation",
     "Gpt2Config",
-    "KVCache",
     "LayerKind",
     "LlamaConfig",
     "LmBatch",
@@ -64,13 +61,12 @@ __all__ = [
     "ModelConfig",
     "MupConfig",
     "Olmo2Config",
+    "PagedKV",
     "Phi3Config",
     "Qwen2Config",
     "Qwen3Config",
-    "SamplingConfig",
     "config_class",
     "flops_per_token",
-    "generate",
     "init_model",
     "lr_multipliers",
     "mean_visible_keys",

@@ -6,7 +6,7 @@ updated KV cache) and `CausalLM.unembedding` (the ``(vocab, embed)`` output matr
 - ``model(tokens, mask=..., positions=...)`` returns float32 logits ``(batch, pos, vocab)``;
 - ``model.loss(batch)`` computes next-token cross-entropy in vocabulary blocks (full logits never
   materialised) plus the family's auxiliary losses (MoE load balancing, router z-loss);
-- ``model.decode_step(...)`` runs new tokens against a `KVCache` (used by `halyard.models.sampling`).
+- ``model.paged_step(...)`` runs new tokens against an inference engine's `PagedKV` (`halyard.serve`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import halyard.named as hn
 from halyard.models.attention import AttentionMask
 from halyard.models.batch import LmBatch
 from halyard.models.context_order import balanced_batch
-from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.loss import next_token_loss
 from halyard.named import Axis, NamedArray
@@ -43,7 +42,7 @@ class DecoderOutput(NamedTuple):
     hidden: NamedArray
     aux_loss: jax.Array
     metrics: dict[str, jax.Array]
-    cache: KVCache | PagedKV | None
+    cache: PagedKV | None
     layer_stats: Any = None
 
 
@@ -94,8 +93,7 @@ class CausalLM(eqx.Module):
         *,
         mask: AttentionMask,
         positions: NamedArray,
-        cache: KVCache | PagedKV | None = None,
-        cache_index: Any = None,
+        cache: PagedKV | None = None,
     ) -> DecoderOutput:
         """Token ids ``(batch, pos)`` to final hidden states; see `DecoderOutput`.
 
@@ -103,8 +101,7 @@ class CausalLM(eqx.Module):
             tokens: int token ids ``(batch..., pos)``.
             mask: the attention mask, as `complete_mask` completes it.
             positions: position of each token ``(batch..., pos)`` (rotary / learned positions).
-            cache: KV cache to read and extend (decoding), an engine's `PagedKV`, or None.
-            cache_index: slot of ``tokens``' first position in the cache (scalar int).
+            cache: an inference engine's `PagedKV` to read and extend, or None.
         """
 
     @property
@@ -219,55 +216,6 @@ class CausalLM(eqx.Module):
         # auxiliary term so that the division gives back mean + aux.
         aux = output.aux_loss * metrics["num_tokens"] if reduction == "sum" else output.aux_loss
         return _plain(cross_entropy) + aux, metrics
-
-    @abc.abstractmethod
-    def init_cache(self, batch_size: int, max_length: int) -> KVCache:
-        """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
-
-    def decode_step(
-        self,
-        tokens: NamedArray,
-        cache: KVCache,
-        *,
-        cache_index: Any,
-        positions: NamedArray,
-        segment_ids: NamedArray,
-        key_segment_ids: NamedArray,
-    ) -> tuple[NamedArray, KVCache]:
-        """Run ``tokens`` (the next ``pos`` tokens of every sequence) against ``cache``.
-
-        A query at slot ``s`` sees the keys at slots ``<= s`` whose segment id equals its own; the sampler
-        gives left padding its own segment, so padding never reaches a real token (and a padding query
-        still sees itself, which keeps every softmax finite).
-
-        Args:
-            tokens: int ``(batch, pos)``; written to slots ``cache_index ... cache_index + len(pos) - 1``.
-            cache: the cache so far.
-            cache_index: scalar slot of the first token.
-            positions: ``(batch, pos)`` model positions of the tokens (rotary / learned).
-            segment_ids: int ``(batch, pos)`` segment of each new token.
-            key_segment_ids: int ``(batch, key_pos)`` segment of every cache slot (any value for slots not
-                written yet: causality hides them).
-
-        Returns:
-            ``(float32 logits (batch, pos, vocab), updated cache)``.
-        """
-        model = self.in_compute_dtype()
-        Pos, KeyPos = tokens.axis("pos"), cache.key.axis("key_pos")
-        slots = NamedArray(cache_index + jnp.arange(Pos.size, dtype=jnp.int32), (Pos,))
-        mask = AttentionMask(
-            causal=True,
-            segment_ids=segment_ids,
-            key_segment_ids=key_segment_ids,
-            query_positions=slots,
-            key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
-        )
-        output = model.decoder(
-            tokens, mask=self.complete_mask(mask), positions=positions, cache=cache, cache_index=cache_index
-        )
-        if not isinstance(output.cache, KVCache):
-            raise RuntimeError(f"{type(self).__name__}.decoder returned no cache although one was given")
-        return model.logits(output.hidden), output.cache
 
     def paged_step(
         self, tokens: NamedArray, *, positions: NamedArray, pages: PagedKV

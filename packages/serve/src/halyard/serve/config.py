@@ -56,6 +56,17 @@ class EngineConfig:
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")
 
+    @classmethod
+    def sized_for(
+        cls, *, sequences: int, context: int, page_size: int = 64, **changes: object
+    ) -> EngineConfig:
+        """A config whose pool holds ``sequences`` sequences of ``context`` tokens at once, running them all
+        together (``max_running = sequences``); ``changes`` set other fields."""
+        pages = sequences * -(-context // page_size)
+        fields: dict = dict(page_size=page_size, num_pages=pages, max_context=context, max_running=sequences)
+        fields.update(changes)
+        return cls(**fields)
+
     def context_for(self, model: CausalLM) -> int:
         """The context the engine gives ``model``'s sequences.
 

@@ -158,6 +158,27 @@ class Engine:
         del self._requests[request_id]
         self.stats.requests_cancelled += 1
 
+    def update_weights(self, model: CausalLM) -> None:
+        """Generate with ``model``'s weights from the next step on (a training step's new weights, handed
+        over in memory): same structure and shapes, placed as the current ones, so nothing compiles again.
+        Cached prefixes are forgotten (their keys and values came from the old weights).
+
+        Raises:
+            ValueError: ``model``'s pytree structure or shapes differ from the current model's.
+            RuntimeError: requests are running (their keys and values would mix two models).
+        """
+        current: Any = jax.tree.structure(self.runner.model)
+        shapes = [getattr(leaf, "shape", None) for leaf in jax.tree.leaves(self.runner.model)]
+        if (
+            jax.tree.structure(model) != current
+            or [getattr(x, "shape", None) for x in jax.tree.leaves(model)] != shapes
+        ):
+            raise ValueError("update_weights takes weights of the current model's structure and shapes")
+        if self.scheduler.running:
+            raise RuntimeError("update_weights while requests are running: finish or cancel them first")
+        self.runner.model = model
+        self.pages.clear_cache()
+
     @property
     def has_work(self) -> bool:
         """Whether any request is unfinished (or an update is still to be handed out)."""

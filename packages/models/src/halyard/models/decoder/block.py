@@ -109,9 +109,8 @@ class DecoderBlock(eqx.Module):
         x: NamedArray,
         mask: AttentionMask,
         positions: NamedArray,
-        *cache: NamedArray | PagedKV,
+        *cache: PagedKV,
         kind: LayerKind,
-        cache_index: Any = None,
         token_mask: NamedArray | None = None,
     ) -> tuple[NamedArray, tuple[Any, Any]]:
         """``x (batch..., pos, embed) -> (same, (updated (key, value) cache or None, extras))``.
@@ -120,9 +119,8 @@ class DecoderBlock(eqx.Module):
             x: the residual stream.
             mask: the attention mask; this layer's window is added unless the mask has one.
             positions: token positions ``(batch..., pos)`` (rotary).
-            cache: this layer's key and value caches, its view of an engine's `PagedKV`, or nothing.
+            cache: this layer's view of an engine's `PagedKV`, or nothing.
             kind: this layer's window and rotary setting.
-            cache_index: slot of ``x``'s first position in the cache.
             token_mask: 0/1 per token for the MoE router statistics (None: every token counts).
 
         Returns:
@@ -131,13 +129,8 @@ class DecoderBlock(eqx.Module):
         if kind.window is not None and mask.sliding_window is None:
             mask = dataclasses.replace(mask, sliding_window=kind.window)
         attention_in = x if self.attention_norm is None else self.attention_norm(x)
-        layer_cache: Any = None
-        if len(cache) == 1:
-            layer_cache = cache[0]  # a PagedKV
-        elif cache:
-            layer_cache = (cache[0], cache[1])
         attended, new_cache = self.attention(
-            attention_in, mask, positions, kind.rope, layer_cache, cache_index
+            attention_in, mask, positions, kind.rope, cache[0] if cache else None
         )
         if self.post_attention_norm is not None:
             attended = self.post_attention_norm(attended)

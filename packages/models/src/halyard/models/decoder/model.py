@@ -20,7 +20,6 @@ from halyard.models.attention import AttentionMask
 from halyard.models.decoder.block import DecoderBlock, Norm, make_norm
 from halyard.models.decoder.config import DecoderConfig
 from halyard.models.decoder.pipeline import PipelineSchedule, pipeline_stages, run_pipelined
-from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.moe import load_balancing_loss, router_z_loss
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.model import CausalLM, DecoderOutput, default_positions
@@ -91,18 +90,6 @@ class Decoder(CausalLM):
     def logit_softcap(self) -> float | None:
         return self.config.final_logit_softcap
 
-    def init_cache(self, batch_size: int, max_length: int) -> KVCache:
-        """An empty KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (compute dtype)."""
-        shape = self.config.shape
-        return KVCache.zeros(
-            num_layers=shape.layers,
-            batch_size=batch_size,
-            max_length=max_length,
-            num_kv_heads=shape.kv_heads,
-            head_size=shape.head_size,
-            dtype=self.config.compute,
-        )
-
     def init_pages(self, num_pages: int, page_size: int) -> PagedKV:
         """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype)."""
         shape = self.config.shape
@@ -121,8 +108,7 @@ class Decoder(CausalLM):
         *,
         mask: AttentionMask,
         positions: NamedArray,
-        cache: KVCache | PagedKV | None = None,
-        cache_index: Any = None,
+        cache: PagedKV | None = None,
         token_mask: NamedArray | None = None,
     ) -> DecoderOutput:
         """See `CausalLM.decoder`; MoE families add the weighted router losses to ``aux_loss``.
@@ -135,8 +121,8 @@ class Decoder(CausalLM):
             ValueError: a sequence longer than a learned position table.
         """
         # An engine's paged cache checks positions against `position_limit` before it runs.
-        if self.position_embedding is not None and not isinstance(cache, PagedKV):
-            length = tokens.axis_size("pos") if cache is None else cache.max_length
+        if self.position_embedding is not None and cache is None:
+            length = tokens.axis_size("pos")
             limit = self.config.shape.max_position
             if length > limit:
                 raise ValueError(
@@ -149,11 +135,7 @@ class Decoder(CausalLM):
             x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
-        cache_args: tuple = ()
-        if isinstance(cache, PagedKV):
-            cache_args = (cache,)
-        elif cache is not None:
-            cache_args = (cache.key, cache.value)
+        cache_args: tuple = () if cache is None else (cache,)
         if cache is None and (stages := pipeline_stages()) > 1:
             config = self.config
             schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
@@ -175,7 +157,6 @@ class Decoder(CausalLM):
                 *cache_args,
                 kinds=self.config.layer_kinds(),
                 unroll=not self.config.scan_layers,
-                cache_index=cache_index,
                 token_mask=token_mask,
             )
         aux, metrics = jnp.zeros((), jnp.float32), {}
@@ -184,11 +165,7 @@ class Decoder(CausalLM):
             coefficients = self.config.router_loss_weights()
             aux = coefficients[0] * balance + coefficients[1] * z_loss
             metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
-        updated: KVCache | PagedKV | None = None
-        if isinstance(cache, PagedKV):
-            updated = cache.written(*new_cache)
-        elif cache is not None:
-            updated = KVCache(*new_cache)
+        updated = None if cache is None else cache.written(*new_cache)
         return DecoderOutput(self.final_norm(x), aux, metrics, updated, layer_stats)
 
     def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:

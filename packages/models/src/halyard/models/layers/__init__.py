@@ -3,9 +3,9 @@
 Activations are `halyard.named.nn.ACTIVATIONS` (one registry for every package).
 """
 
-from halyard.models.layers.kv_cache import KVCache
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.layers.self_attention import SelfAttention
 
-__all__ = ["MLP", "GatedMLP", "KVCache", "MoeMLP", "SelfAttention"]
+__all__ = ["MLP", "GatedMLP", "MoeMLP", "PagedKV", "SelfAttention"]

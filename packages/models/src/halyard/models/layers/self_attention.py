@@ -1,9 +1,9 @@
 """`SelfAttention`: projections to queries, keys and values, rotary positions, attention, output projection.
 
 Shared by every family. Grouped-query attention follows the Hugging Face convention (query head ``h``
-reads key/value head ``h // (num_heads // num_kv_heads)``). With a `KVCache` the new keys and values are
-written at ``cache_index`` and the queries attend over the whole cache; the mask then carries the slot
-indices (``query_positions``/``key_positions``) and which slots are valid.
+reads key/value head ``h // (num_heads // num_kv_heads)``). With an inference engine's `PagedKV` the queries
+attend over each row's pages with this call's keys laid over their positions; the mask then carries the
+positions (``query_positions``/``key_positions``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import equinox as eqx
 import jax
 
-import halyard.named as hn
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.rotary import RotaryConfig, apply_rotary
@@ -144,8 +143,7 @@ class SelfAttention(eqx.Module):
         mask: AttentionMask,
         positions: NamedArray,
         rope: RotaryConfig | None,
-        cache: tuple[NamedArray, NamedArray] | PagedKV | None = None,
-        cache_index: Any = None,
+        cache: PagedKV | None = None,
     ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
         """Attend from every position of ``x`` to the visible keys.
 
@@ -154,14 +152,11 @@ class SelfAttention(eqx.Module):
             mask: which keys each query sees (causal, window, segments; slots when decoding).
             positions: rotary position of each token ``(batch..., pos)``.
             rope: this layer's rotary configuration, or None (learned positions, added by the model).
-            cache: this layer's ``(key, value)`` cache ``(batch, key_pos, kv_heads, head_size)``, this
-                layer's view of an engine's `PagedKV`, or None.
-            cache_index: slot where ``x``'s first token is written (scalar int; with a ``(key, value)``
-                cache only).
+            cache: this layer's view of an engine's `PagedKV`, or None.
 
         Returns:
-            ``(output (batch..., pos, embed), cache)``: the updated ``(key, value)`` cache; with a
-            `PagedKV`, this call's new ``(key, value)`` (for `PagedKV.written`); None without a cache.
+            ``(output (batch..., pos, embed), new keys and values)``: with a `PagedKV`, this call's
+            ``(key, value)`` (for `PagedKV.written`); None without one.
         """
         query = constrain(self.q_proj(x))
         key = constrain(self.k_proj(x))
@@ -173,18 +168,10 @@ class SelfAttention(eqx.Module):
             key = apply_rotary(key, positions, rope, max_position=self.max_position)
         key = key.rename({"pos": "key_pos"})
         value = value.rename({"pos": "key_pos"})
-        if isinstance(cache, PagedKV):
-            new_cache: tuple[NamedArray, NamedArray] | None = (key, value)
-            key, value = cache.context(key, value)
-        elif cache is not None:
-            key_cache, value_cache = cache
-            key = hn.dynamic_update_slice(key_cache, {"key_pos": cache_index}, key.astype(key_cache.dtype))
-            value = hn.dynamic_update_slice(
-                value_cache, {"key_pos": cache_index}, value.astype(value_cache.dtype)
-            )
+        new_cache: tuple[NamedArray, NamedArray] | None = None
+        if cache is not None:
             new_cache = (key, value)
-        else:
-            new_cache = None
+            key, value = cache.context(key, value)
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         attended = attention(
             query,

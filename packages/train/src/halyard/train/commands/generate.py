@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from halyard.models.sampling import SamplingConfig, generate
+from halyard.serve import Engine, EngineConfig, SamplingParams
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.run.loading import load_run_model
 
@@ -24,12 +23,12 @@ def generate_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add (default: 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest (default: all)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (default 0: all)")
     parser.add_argument(
         "--top-p",
         type=float,
-        default=None,
-        help="sample from the likeliest tokens holding this much probability (default: all)",
+        default=1.0,
+        help="sample from the likeliest tokens holding this much probability (default 1: all)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the sampling key's seed (default: 0)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
@@ -37,14 +36,22 @@ def generate_main(argv: Sequence[str]) -> int:
 
     loaded = load_run_model(Path(args.run), args.step)
     tokenizer = load_run_tokenizer(loaded.tokenizer)
-    sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
-    )
     prompts = [tokenizer.encode(p).ids or [0] for p in args.prompt]
-    result = generate(jax.device_get(loaded.model), prompts, sampling, key=jax.random.key(args.seed))
-    rows = zip(args.prompt, np.asarray(result.tokens), np.asarray(result.lengths))
-    for number, (prompt, row, length) in enumerate(rows, start=1):
+    params = SamplingParams(
+        max_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    model = jax.device_get(loaded.model)
+    context = max(len(p) for p in prompts) + args.max_new_tokens
+    if model.position_limit is not None:
+        context = min(context, model.position_limit)
+    engine = Engine(model, EngineConfig.sized_for(sequences=len(prompts), context=context))
+    outputs = engine.generate(prompts, params)
+    for number, (prompt, output) in enumerate(zip(args.prompt, outputs), start=1):
         if len(args.prompt) > 1:
             print(f"--- prompt {number} of {len(args.prompt)} ---")
-        print(prompt + tokenizer.decode(row[:length].tolist()))  # stop tokens end a row; padding follows
+        print(prompt + tokenizer.decode(output.samples[0].token_ids))  # a stop token ends a continuation
     return 0

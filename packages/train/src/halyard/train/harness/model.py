@@ -25,7 +25,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from halyard.export import read_tokenizer
 from halyard.models import CausalLM, num_params
-from halyard.models.sampling import SamplingConfig
+from halyard.serve import SamplingParams
 from halyard.shard import Layout, process_count
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.harness.generation import PromptContinuer
@@ -120,7 +120,7 @@ class HalyardLM(TemplateLM):  # type: ignore[misc]
         self.source = source
         self.step = step
         self._score = WindowScorer(model, vocab_size, self.max_length, batch_size, mesh, layout)
-        self._continue = PromptContinuer(model, batch_size, self._prefix, mesh, layout)
+        self._continue = PromptContinuer(model, batch_size, self.max_length, mesh, layout)
 
     def set_model(self, model: CausalLM, *, step: int | None = None) -> None:
         """Evaluate ``model`` from now on: weights of the current model's structure and shapes, placed as it
@@ -140,7 +140,7 @@ class HalyardLM(TemplateLM):  # type: ignore[misc]
             )
         self.model = model
         self._score.model = model
-        self._continue.model = model
+        self._continue.set_model(model)
         self.step = step
 
     # -- construction from lm-eval's model_args ------------------------------------------------
@@ -313,16 +313,15 @@ class HalyardLM(TemplateLM):  # type: ignore[misc]
                 f"max_gen_toks={max_new_tokens} leaves no room for a prompt in max_length={self.max_length}"
             )
         sampled = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature", 0.0)) > 0
-        sampling = SamplingConfig(
-            max_new_tokens=max_new_tokens,
+        sampling = SamplingParams(
+            max_tokens=max_new_tokens,
             temperature=float(kwargs["temperature"]) if sampled else 0.0,
-            top_k=kwargs.get("top_k") if sampled else None,
-            top_p=kwargs.get("top_p") if sampled else None,
-            stop_tokens=self._stop_tokens,
-            pad_token=self._eos,
+            top_k=int(kwargs.get("top_k") or 0) if sampled else 0,
+            top_p=float(kwargs.get("top_p") or 1.0) if sampled else 1.0,
+            stop_token_ids=self._stop_tokens,
         )
         prompts = [self._encode_prompt(context)[-max_prompt:] or [self._prefix] for context in contexts]
-        generated = self._continue(prompts, sampling, max_prompt, self.seed)
+        generated = self._continue(prompts, sampling, self.seed)
         return [
             postprocess_generated_text(self.tokenizer.decode(ids, skip_special_tokens=True), until, None)
             for ids in generated

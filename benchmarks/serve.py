@@ -1,0 +1,307 @@
+"""The inference engine against transformers' batched ``generate`` and Halyard's old left-padded ``generate``.
+
+One model, the ``llama`` benchmark shape (6 layers, hidden 512, MLP 1536, GQA 8/4, vocab 8192; positions up
+to 512), one workload: 128 requests with prompts of 16-192 tokens and 16-128 new tokens each (seeded), all
+arriving at once, greedy. Arms, each run twice in this process (the second, warm, run is reported; the
+first run's extra time is the compile time), except the old ``generate``, which runs in a subprocess on the
+checkout of the last commit that had it:
+
+- ``engine``: `halyard.serve.Engine`, fast mode (continuous batching, chunked prefill, 64 running sequences);
+- ``engine_deterministic``: the same, ``deterministic=True`` (every program at its fixed row count);
+- ``transformers``: ``LlamaForCausalLM.generate`` on the same weights (exported with `halyard.export`),
+  batches of 32 requests in arrival order, left-padded, each batch run to its longest request's length;
+- ``old_generate``: ``halyard.models.sampling.generate`` as of commit `OLD_GENERATE_COMMIT` (left-padded
+  static batches of 32, one compiled loop per batch shape; its compiled shapes are warm in the reported run).
+
+Reported: throughput (requested tokens generated per second of wall time), time to first token per request
+(from the common arrival to its first token: queueing included) as mean / median / p90, and the ratios
+engine / transformers (goal >= 2 on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15).
+
+Usage::
+
+    python benchmarks/serve.py                 # the llama shape, 128 requests
+    python benchmarks/serve.py --quick         # a tiny model, 16 requests (a smoke test)
+    python benchmarks/serve.py --skip old_generate
+
+Results are printed and written as JSON (``--output``, default benchmarks/results/serve.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from benchmark_models import QUICK_LLAMA, llama_config
+from llama_baselines import LlamaShapes
+
+from halyard.models import CausalLM, init_model
+from halyard.serve import Engine, EngineConfig, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results" / "serve.json"
+OLD_GENERATE_COMMIT = "f32b661"
+"""The last commit with ``halyard.models.sampling.generate`` (the left-padded static-batch sampler)."""
+ARMS = ("engine", "engine_deterministic", "transformers", "old_generate")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests: prompt token ids and new-token counts, and the batch size of the static arms."""
+
+    prompts: list[list[int]]
+    new_tokens: list[int]
+    static_batch: int
+
+    @classmethod
+    def make(
+        cls,
+        requests: int,
+        vocab: int,
+        prompt_range: tuple[int, int],
+        output_range: tuple[int, int],
+        static_batch: int,
+    ) -> Workload:
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(0, vocab, int(rng.integers(*prompt_range))).tolist() for _ in range(requests)]
+        new_tokens = [int(rng.integers(*output_range)) for _ in range(requests)]
+        return cls(prompts, new_tokens, static_batch)
+
+    def batches(self) -> list[list[int]]:
+        order = list(range(len(self.prompts)))
+        return [order[i : i + self.static_batch] for i in range(0, len(order), self.static_batch)]
+
+
+def summary(seconds: float, first_token: list[float], tokens: int) -> dict[str, float]:
+    ordered = sorted(first_token)
+    return dict(
+        seconds=seconds,
+        tokens=tokens,
+        tokens_per_second=tokens / seconds,
+        ttft_mean=statistics.fmean(ordered),
+        ttft_median=statistics.median(ordered),
+        ttft_p90=ordered[int(0.9 * (len(ordered) - 1))],
+    )
+
+
+def run_engine(model: CausalLM, workload: Workload, deterministic: bool, context: int) -> dict[str, float]:
+    config = EngineConfig(
+        page_size=64, num_pages=64 * -(-context // 64) + 8, max_context=context, max_running=64, chunk_size=128,
+        max_prefill_rows=4, deterministic=deterministic,
+    )  # fmt: skip
+    engine = Engine(model, config)
+    results = []
+    for _ in range(2):
+        started = time.perf_counter()
+        first: dict[str, float] = {}
+        ids = [
+            engine.add_request(prompt, SamplingParams(max_tokens=count, temperature=0.0, ignore_eos=True))
+            for prompt, count in zip(workload.prompts, workload.new_tokens)
+        ]
+        generated = 0
+        while engine.has_work:
+            for update in engine.step():
+                if update.token_ids and update.request_id not in first:
+                    first[update.request_id] = time.perf_counter() - started
+                generated += len(update.token_ids)
+        assert generated == sum(workload.new_tokens) and len(first) == len(ids)
+        results.append(summary(time.perf_counter() - started, [first[i] for i in ids], generated))
+    warm = results[1]
+    warm["compile_seconds"] = engine.runner.compile_seconds
+    warm["first_run_seconds"] = results[0]["seconds"]
+    warm["compiled_shapes"] = len(engine.runner.compiled_shapes)
+    return warm
+
+
+class FirstTokenClock:
+    """A transformers logits processor that notes when the first token's logits are ready (seconds since
+    ``started``) and changes nothing."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.first = 0.0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if not self.first:
+            self.first = time.perf_counter() - self.started
+        return scores
+
+
+def run_transformers(folder: Path, workload: Workload) -> dict[str, float]:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = None
+    results = []
+    for _ in range(2):
+        started = time.perf_counter()
+        first: list[float] = [0.0] * len(workload.prompts)
+        for batch in workload.batches():
+            prompts = [workload.prompts[i] for i in batch]
+            longest = max(map(len, prompts))
+            ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+            clock = FirstTokenClock(started)
+            with torch.no_grad():
+                model.generate(
+                    ids, attention_mask=mask, max_new_tokens=max(workload.new_tokens[i] for i in batch),
+                    do_sample=False, pad_token_id=0, logits_processor=[clock],
+                )  # fmt: skip
+            for index in batch:
+                first[index] = clock.first
+        results.append(summary(time.perf_counter() - started, first, sum(workload.new_tokens)))
+    warm = results[1]
+    warm["first_run_seconds"] = results[0]["seconds"]
+    return warm
+
+
+OLD_GENERATE_SCRIPT = """
+import json, sys, time
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from benchmark_models import llama_config
+from llama_baselines import LlamaShapes
+from halyard.models import init_model
+from halyard.models.sampling import SamplingConfig, generate
+job = json.loads(open(sys.argv[2]).read())
+model = init_model(llama_config(LlamaShapes(**job["shapes"])), jax.random.key(0))
+results = []
+for _ in range(2):
+    started = time.perf_counter()
+    first = [0.0] * len(job["prompts"])
+    probing = 0.0
+    for batch in job["batches"]:
+        count = max(job["new_tokens"][i] for i in batch)
+        config = SamplingConfig(max_new_tokens=count, temperature=0.0, stop_tokens=())
+        begun = time.perf_counter() - started - probing  # when this batch starts, probes not counted
+        one = generate(model, [job["prompts"][i] for i in batch], SamplingConfig(max_new_tokens=1, temperature=0.0, stop_tokens=()))
+        np.asarray(one.tokens)
+        prefill = time.perf_counter() - started - probing - begun  # the batch's first token
+        probing += prefill
+        out = generate(model, [job["prompts"][i] for i in batch], config)
+        np.asarray(out.tokens)
+        for index in batch:
+            first[index] = begun + prefill
+    results.append(dict(seconds=time.perf_counter() - started - probing, first=first))
+print(json.dumps(results))
+"""
+
+
+def run_old_generate(shapes: LlamaShapes, workload: Workload, checkout: Path | None) -> dict[str, float]:
+    """The old sampler in a subprocess on a checkout of `OLD_GENERATE_COMMIT` (a temporary git worktree
+    unless ``checkout`` is given). Its time to first token is the batch's start plus a one-token run of the
+    same batch (the old sampler streams nothing), and that one-token run is not counted in its time."""
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary)
+        if checkout is None:
+            checkout = folder / "old"
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(checkout), OLD_GENERATE_COMMIT],
+                check=True,
+                capture_output=True,
+            )
+        try:
+            job = folder / "job.json"
+            job.write_text(
+                json.dumps(
+                    dict(
+                        shapes=shapes.__dict__,
+                        prompts=workload.prompts,
+                        new_tokens=workload.new_tokens,
+                        batches=workload.batches(),
+                    )
+                )
+            )
+            sources = [str(checkout / "packages" / name / "src") for name in ("named", "shard", "models")]
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(sources))
+            done = subprocess.run(
+                [sys.executable, "-c", OLD_GENERATE_SCRIPT, str(checkout / "benchmarks"), str(job)],
+                check=True, capture_output=True, text=True, env=env,
+            )  # fmt: skip
+        finally:
+            if checkout == folder / "old":
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(checkout)],
+                    capture_output=True,
+                )
+    first_run, warm = json.loads(done.stdout.strip().splitlines()[-1])
+    result = summary(warm["seconds"], warm["first"], sum(workload.new_tokens))
+    result["first_run_seconds"] = first_run["seconds"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and 16 requests (a smoke test)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=ARMS, help="arms to leave out")
+    parser.add_argument(
+        "--old-checkout", type=Path, default=None, help=f"a checkout of {OLD_GENERATE_COMMIT}"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    if args.quick:
+        shapes = replace(QUICK_LLAMA, seq_len=128)
+        workload = Workload.make(16, shapes.vocab_size, (4, 40), (4, 24), static_batch=8)
+    else:
+        shapes = replace(LlamaShapes(), seq_len=512)
+        workload = Workload.make(128, shapes.vocab_size, (16, 193), (16, 129), static_batch=32)
+    context = shapes.seq_len
+    model = init_model(llama_config(shapes), jax.random.key(0))
+    results: dict[str, Any] = {"model": shapes.__dict__, "requests": len(workload.prompts)}
+    arms: dict[str, dict[str, float]] = {}
+    if "engine" not in args.skip:
+        arms["engine"] = run_engine(model, workload, False, context)
+    if "engine_deterministic" not in args.skip:
+        arms["engine_deterministic"] = run_engine(model, workload, True, context)
+    if "transformers" not in args.skip:
+        from halyard.export import export_hf
+
+        with tempfile.TemporaryDirectory() as folder:
+            export_hf(model, folder)
+            arms["transformers"] = run_transformers(Path(folder), workload)
+    if "old_generate" not in args.skip:
+        arms["old_generate"] = run_old_generate(shapes, workload, args.old_checkout)
+    results["arms"] = arms
+    ratios: dict[str, float] = {}
+    engine = arms.get("engine")
+    if engine is not None:
+        for other in ("transformers", "old_generate"):
+            if other in arms:
+                ratios[f"engine_over_{other}_throughput"] = (
+                    engine["tokens_per_second"] / arms[other]["tokens_per_second"]
+                )
+                ratios[f"{other}_over_engine_ttft_median"] = (
+                    arms[other]["ttft_median"] / engine["ttft_median"]
+                )
+        if "engine_deterministic" in arms:
+            ratios["deterministic_over_fast_seconds"] = (
+                arms["engine_deterministic"]["seconds"] / engine["seconds"]
+            )
+    results["ratios"] = ratios
+    for name, arm in arms.items():
+        print(
+            f"{name:22s} {arm['tokens_per_second']:9.1f} tokens/s  {arm['seconds']:7.2f} s  "
+            f"ttft mean {arm['ttft_mean']:.2f} median {arm['ttft_median']:.2f} p90 {arm['ttft_p90']:.2f} s"
+            + (f"  (first run {arm['first_run_seconds']:.1f} s)" if "first_run_seconds" in arm else "")
+        )
+    for name, value in ratios.items():
+        print(f"{name:40s} {value:.3f}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
