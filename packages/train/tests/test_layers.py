@@ -18,7 +18,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("config",)),
     (
         "components",
-        ("user_errors", "checkpoint", "optim", "trackers", "perf", "corpora", "plot", "step", "invariant"),
+        (
+            "user_errors",
+            "checkpoint",
+            "optim",
+            "trackers",
+            "perf",
+            "corpora",
+            "plot",
+            "step",
+            "invariant",
+            "watch",
+        ),
     ),
     (
         "schema",
