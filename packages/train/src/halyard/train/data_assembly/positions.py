@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from halyard.data import LMDataset
 from halyard.train.data_assembly.mixture_batches import SourceMixture
 
@@ -36,13 +38,13 @@ def example_position(train: Any, *, step: int, row: int, batch_size: int) -> dic
     position: dict[str, Any] = {"row": row}
     dataset = train
     if isinstance(train, SourceMixture):
-        components, local = train.rows_for(batch_size).assignments([example], batch_size)
+        components, local = train.rows_for(batch_size).assignments(np.array([example]), batch_size)
         name = train.names[int(components[0])]
         dataset, example = train.datasets[name], int(local[0])
         position["source"] = name
     if not isinstance(dataset, LMDataset):
         return None
-    window = int(dataset.windows([example])[0])
+    window = int(dataset.windows(np.array([example]))[0])
     start = window * dataset.seq_len
     position.update(example=example, window=window, token=start, documents=_documents(dataset, start))
     return position
