@@ -26,6 +26,7 @@ from halyard.train.objectives.run_objective import objective_evaluator, sequence
 from halyard.train.perf.goodput import Goodput
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
+from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
 from halyard.train.trainer.evaluations import PeriodicEvaluation, PeriodicValidation
 from halyard.train.trainer.harness_eval import periodic_harness
@@ -124,6 +125,17 @@ class TrainingSession:
         self.manager.close()
 
 
+def run_data_position(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
+    """What each checkpoint records of the data, which a resume (and `halyard replay`) must find unchanged:
+    the data order, the batch size and the seed (the RNG key is restored from the checkpoint, so another
+    ``trainer.seed`` would be silently ignored; it is refused instead)."""
+    return {
+        "manifest": data.train.manifest.to_dict(),
+        "batch_size": config.trainer.batch_size,
+        "trainer_seed": config.trainer.seed,
+    }
+
+
 def start_session(
     setup: RunSetup, run_dir: Path, goodput: Goodput, clock: Callable[[], float]
 ) -> TrainingSession:
@@ -141,13 +153,7 @@ def start_session(
     # Every process tokenizes its share in the background; batches wait for tokens not built yet.
     data, build = start_background_build(config.data, run_dir, init=cfg.init)
     check_model_fits_data(setup.model_config, data)
-    # A resume must continue the same run: its data order, batch size and seed (the RNG key is restored
-    # from the checkpoint, so another trainer.seed would be silently ignored; it is refused instead).
-    data_position = {
-        "manifest": data.train.manifest.to_dict(),
-        "batch_size": cfg.batch_size,
-        "trainer_seed": cfg.seed,
-    }
+    data_position = run_data_position(config, data)
     manager = CheckpointManager(
         run_dir / "checkpoints",
         save_policy=SavePolicy(config.checkpoint.every_steps, config.checkpoint.every_seconds),
