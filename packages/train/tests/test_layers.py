@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "perf",
             "corpora",
             "plot",
+            "plot_layers",
             "step",
             "invariant",
             "watch",

@@ -31,7 +31,7 @@ SUBCOMMANDS = {
     "export": "halyard.train.commands.export:export_main",
     "eval": "halyard.train.commands.evaluate:eval_main",
     "plan": "halyard.train.plan.command:plan_main",
-    "plot": "halyard.train.plot:plot_main",
+    "plot": "halyard.train.commands.plot:plot_main",
     "replay": "halyard.train.commands.replay:replay_main",
     "config": "halyard.train.commands.config_show:config_main",
 }
