@@ -13,7 +13,7 @@ SKIPPED_FOLDERS = {".git", ".venv", "node_modules", "dist", "build", "site", "__
 
 # README (relative to the repository) -> (its number of python blocks, the tests that execute them all)
 TESTED_READMES: dict[str, tuple[int, list[str]]] = {
-    "packages/named/README.md": (2, ["packages/named/tests/test_readme.py"]),
+    "packages/named/README.md": (3, ["packages/named/tests/test_readme.py"]),
     "packages/shard/README.md": (7, ["packages/shard/tests/test_readme.py"]),
     "packages/models/README.md": (2, ["packages/models/tests/test_readme.py"]),
     "packages/export/README.md": (3, ["packages/export/tests/test_readme.py"]),

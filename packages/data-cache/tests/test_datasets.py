@@ -200,3 +200,19 @@ def test_loader_prefetches_the_same_batches_and_resumes_by_step(cache: TokenCach
 def test_a_cache_shorter_than_one_window_is_a_clear_error(small_cache: TokenCache):
     with pytest.raises(ValueError, match="not one window of seq_len \\+ 1"):
         len(LMDataset(small_cache, seq_len=10**7))
+
+
+def test_every_position_names_its_document_offset_and_source(cache: TokenCache):
+    """document_at against document_span for every token; document_source against the shard files' order."""
+    for index in range(cache.num_documents):
+        start, stop = cache.document_span(index)
+        for position in (start, (start + stop) // 2, stop - 1):
+            assert cache.document_at(position) == (index, position - start)
+    shards = [cache.document_source(index) for index in range(cache.num_documents)]
+    urls = [source["url"] for source, _ in shards]
+    assert urls == sorted(urls) and len(set(urls)) == 2  # two shard files, in shard order
+    for url in set(urls):
+        numbers = [number for (source, number) in shards if source["url"] == url]
+        assert numbers == list(range(len(numbers)))  # each shard's documents numbered from 0
+    with pytest.raises(IndexError, match="outside the cache"):
+        cache.document_at(cache.num_tokens)

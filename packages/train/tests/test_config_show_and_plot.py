@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from trainer_fixtures import load_config, write_config
+from matplotlib.image import imread
+from trainer_fixtures import fails, load_config, write_config
 
 from halyard.train.cli import main, resolve_config_paths, train_main
 from halyard.train.config.parse import parse_config
 from halyard.train.plot import PLOT_NAME
+from halyard.train.plot_layers import metric_matrix
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.trainer import Trainer
 
@@ -55,3 +58,34 @@ def test_fit_writes_the_loss_plot_and_plot_overlays_runs(
     with pytest.raises(SystemExit) as raised:
         main(["plot", "--run", str(tmp_path / "missing")])
     assert raised.value.code == 2 and "missing/metrics.jsonl does not exist" in capsys.readouterr().err
+
+
+def test_plot_metric_draws_layers_against_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 1, "loss": 5.0}]  # a step that was not watched: no per-layer metrics
+    rows += [
+        {
+            "step": step,
+            "loss": 4.0,
+            **{f"grad_norm/layers/{i}": step + i / 100 for i in range(12)},
+            "grad_norm/layers.mlp/layers/0": 9.0,
+        }
+        for step in (10, 20, 30)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    names, steps, values = metric_matrix(run, "grad_norm/layers/*")
+    assert names == [f"grad_norm/layers/{i}" for i in range(12)]  # layer 10 after layer 9; modules left out
+    assert steps == [10, 20, 30]
+    np.testing.assert_allclose(values, [[step + i / 100 for step in (10, 20, 30)] for i in range(12)])
+    assert main(["plot", "--run", str(run), "--metric", "grad_norm/layers/*"]) == 0
+    assert f"wrote {run / 'grad_norm_layers.png'}" in capsys.readouterr().out
+    image = imread(run / "grad_norm_layers.png")
+    assert image.shape[0] > 100 and image.shape[1] > 400
+    assert (
+        main(["plot", "--run", str(run), "--metric", "loss", "--out", str(tmp_path / "loss.png")]) == 0
+    )  # a line
+    code, message = fails(capsys, ["plot", "--run", str(run), "--metric", "grad_nrm/layers/*"])
+    assert code == 2 and "close names: grad_norm/layers/0" in message
+    code, message = fails(capsys, ["plot", "--run", str(run), str(run), "--metric", "loss"])
+    assert code == 2 and "--metric plots one run" in message

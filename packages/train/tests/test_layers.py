@@ -18,7 +18,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("config",)),
     (
         "components",
-        ("user_errors", "checkpoint", "optim", "trackers", "perf", "corpora", "plot", "step", "invariant"),
+        (
+            "user_errors",
+            "checkpoint",
+            "optim",
+            "trackers",
+            "perf",
+            "corpora",
+            "plot",
+            "plot_layers",
+            "step",
+            "invariant",
+            "watch",
+        ),
     ),
     (
         "schema",

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import math
-import struct
-import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tensorboardX.proto import event_pb2
+from tracker_files import read_tensorboard_scalars, read_when_flushed
 
 from halyard.train.trackers.base import Tracker
 from halyard.train.trackers.config import (
@@ -22,43 +19,8 @@ from halyard.train.trackers.config import (
 from halyard.train.trackers.jsonl import JsonlTracker, read_jsonl
 from halyard.train.trackers.multi import MultiTracker
 from halyard.train.trackers.tensorboard import TensorBoardTracker
-from halyard.train.trackers.wandb_offline import offline_run_files, read_offline_run
+from halyard.train.trackers.wandb_offline import offline_run_files
 from halyard.train.trackers.wandb_tracker import RUN_ID_FILE
-
-
-def read_tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Parse TFRecord event files (u64 length, u32 crc, payload, u32 crc) into tag -> [(step, value)]."""
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        position = 0
-        while position < len(data):
-            (length,) = struct.unpack("<Q", data[position : position + 8])
-            event = event_pb2.Event()
-            event.ParseFromString(data[position + 12 : position + 12 + length])
-            position += 12 + length + 4
-            for value in event.summary.value:
-                if value.HasField("simple_value"):
-                    scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
-
-
-def read_when_flushed(path: Path, patience_seconds: float = 60.0) -> dict:
-    """wandb's service may still be writing a run file just after `finish()` returns: wait (bounded) for it."""
-    deadline = time.monotonic() + patience_seconds
-    while True:
-        run = read_offline_run(path)
-        if (run["run_id"] is not None and run["history"]) or time.monotonic() > deadline:
-            return run
-        time.sleep(0.2)
-
-
-@pytest.fixture
-def offline_wandb(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(variable, str(tmp_path / "wandb_home"))
 
 
 def test_jsonl_one_line_per_step_with_numbers_from_any_source(tmp_path):

@@ -24,6 +24,7 @@ from halyard.models.batch import LmBatch
 from halyard.models.context_order import balanced_batch
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.loss import next_token_loss
+from halyard.models.reports import report_logits_max
 from halyard.named import Axis, NamedArray
 
 
@@ -199,6 +200,7 @@ class CausalLM(eqx.Module):
         token_mask: dict[str, Any] = {"token_mask": batch.loss_mask} if self.decoder_takes_token_mask else {}
         softcap: dict[str, Any] = {} if self.logit_softcap is None else {"logit_softcap": self.logit_softcap}
         output = model.decoder(batch.tokens, mask=mask, positions=batch.positions, **token_mask)
+        report_logits_max(output.hidden, model.unembedding, batch.loss_mask)  # when a step collects
         cross_entropy, loss_metrics = next_token_loss(
             output.hidden,
             model.unembedding.astype(output.hidden.dtype),

@@ -46,6 +46,14 @@ from halyard.named.joining import concatenate, split, stack, unstack
 from halyard.named.padding import flip, pad, roll
 from halyard.named.rearrange import rearrange
 from halyard.named.reductions import all, any, argmax, argmin, logsumexp, max, mean, min, prod, std, sum, var
+from halyard.named.reporting import (
+    ReportingError,
+    Reports,
+    capture_reports,
+    collect_reports,
+    collecting_reports,
+    report,
+)
 from halyard.named.shape_ops import flatten_axes, rearrange_axes, rename, unflatten_axis, unwrap
 from halyard.named.softmax import log_softmax, softmax
 from halyard.named.sorting import argsort, sort, top_k
@@ -56,6 +64,8 @@ __all__ = [
     "AxisSelector",
     "AxisSpec",
     "NamedArray",
+    "ReportingError",
+    "Reports",
     "abs",
     "all",
     "any",
@@ -66,8 +76,11 @@ __all__ = [
     "broadcast_arrays",
     "broadcast_axis",
     "broadcast_to",
+    "capture_reports",
     "ceil",
     "clip",
+    "collect_reports",
+    "collecting_reports",
     "concatenate",
     "cos",
     "cummax",
@@ -114,6 +127,7 @@ __all__ = [
     "rearrange_axes",
     "reciprocal",
     "rename",
+    "report",
     "roll",
     "round",
     "rsqrt",

@@ -2,8 +2,8 @@
 
 Subcommands of ``halyard``: ``train`` (as ``train``), ``cache`` (build a token cache offline; the
 arguments of ``python -m halyard.data``), ``generate``, ``eval`` and ``export`` (a run's latest checkpoint),
-``configs`` (list the built-in configs). A config is a YAML
-file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Mistakes a user can anticipate
+``configs`` (list the built-in configs), ``plot`` and ``replay`` (recompute a step of a run exactly). A config
+is a YAML file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Mistakes a user can anticipate
 print one line ``error: ...`` (what, where, what to do) and exit with code 2 (bad input: config,
 data, tokenizer, checkpoint, mesh, schedule) or 1 (a runtime failure), without a traceback unless
 ``HALYARD_DEBUG=1`` or ``--debug`` (see `halyard.train.user_errors`); preemption (SIGTERM) saves a
@@ -31,7 +31,8 @@ SUBCOMMANDS = {
     "export": "halyard.train.commands.export:export_main",
     "eval": "halyard.train.commands.evaluate:eval_main",
     "plan": "halyard.train.plan.command:plan_main",
-    "plot": "halyard.train.plot:plot_main",
+    "plot": "halyard.train.commands.plot:plot_main",
+    "replay": "halyard.train.commands.replay:replay_main",
     "config": "halyard.train.commands.config_show:config_main",
 }
 """``halyard`` subcommand -> ``module:function`` taking its arguments; the module is imported only when the
@@ -51,7 +52,10 @@ commands:
   configs   list the built-in configs
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64
   config    print a resolved config with every key's meaning: halyard config show demo [--trainer.steps 10]
-  plot      the loss of runs, overlaid, as a PNG: halyard plot --run runs/a runs/b [--out loss.png]
+  plot      the loss of runs, overlaid, as a PNG: halyard plot --run runs/a runs/b [--out loss.png];
+            per-layer metrics as a heatmap: halyard plot --run runs/a --metric 'grad_norm/layers/*'
+  replay    recompute a step exactly from the checkpoint before it: each example's loss and documents,
+            the step's per-layer statistics: halyard replay --run runs/demo --step 31
 
   --version print every installed halyard package and its version
   --debug   show the traceback of an error (also HALYARD_DEBUG=1); errors are one line without it

@@ -1,11 +1,11 @@
 """The loss plot: training (and validation) loss against the step, one run or several overlaid.
 
-``fit`` writes ``<run_dir>/loss.png`` at the end; ``halyard plot --run R [R2 ...]`` draws any runs.
+``fit`` writes ``<run_dir>/loss.png`` at the end; ``halyard plot --run R [R2 ...]`` draws any runs
+(`halyard.train.commands.plot`).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from collections.abc import Sequence
@@ -87,23 +87,6 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike
     figure.savefig(path, bbox_inches="tight")
     plt.close(figure)
     return path
-
-
-def plot_main(argv: Sequence[str]) -> int:
-    """``halyard plot --run R [R2 ...] [--out FILE]``: the loss of one or several runs, overlaid."""
-    parser = argparse.ArgumentParser(prog="halyard plot", description=plot_main.__doc__)
-    parser.add_argument(
-        "--run", nargs="+", action="extend", required=True, help="run folders (trainer.run_dir)"
-    )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help=f"the PNG to write (default: RUN/{PLOT_NAME} for one run, ./{PLOT_NAME} for several)",
-    )
-    args = parser.parse_args(argv)
-    out = args.out or (Path(args.run[0]) / PLOT_NAME if len(args.run) == 1 else Path(PLOT_NAME))
-    print(f"wrote {plot_runs(args.run, out)}")
-    return 0
 
 
 def _finite(value: object) -> bool:

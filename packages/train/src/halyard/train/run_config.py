@@ -17,6 +17,7 @@ from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixtur
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim.config import AdamWConfig, OptimizerConfig
 from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig
+from halyard.train.watch.config import SpikeConfig, WatchConfig
 
 INIT_MODES = ("auto", "scratch", "resume")
 INIT_PREFIXES = ("checkpoint:", "weights:", "hf:")
@@ -190,6 +191,10 @@ class TrainerConfig:
     """With trainer.invariant: slices per microbatch, a power of two; the devices on replica x data x fsdp must divide it. 0 takes the largest power of two that divides a microbatch's rows (batch_size / accumulation)."""
     objective: str = "lm"
     """What the run minimises: lm (next-token cross-entropy on the target tokens) or dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section)."""
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    """Statistics every trainer.watch.every steps: norms per module and per layer, what the model reports from inside its layers, histograms (off by default)."""
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
+    """The loss-spike test: a step's loss far above the recent steps' is logged with its data position and worst examples (halyard replay recomputes it)."""
 
     REMOVED_KEYS: ClassVar[dict[str, str]] = {
         "precision": "set model.param_dtype (stored parameters, e.g. float32) and model.compute_dtype "

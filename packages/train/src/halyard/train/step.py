@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from halyard.named import capture_reports, collect_reports
 from halyard.train.invariant import (
     CanonicalSlices,
     canonical_norm,
@@ -17,11 +18,17 @@ from halyard.train.invariant import (
     isolated,
     sliced_sums,
 )
+from halyard.train.watch.config import WatchConfig
+from halyard.train.watch.norms import histograms, module_norms, optimizer_state_norms, top_names
 
 # loss_fn(params, batch, key) -> (loss_sum, stats). ``loss_sum`` is the *sum* of per-token losses of the
 # batch and ``stats["num_tokens"]`` the number of tokens it was summed over; every other stat is a sum
 # too. Sums (not means) make accumulated gradients exactly the token mean over the whole batch.
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+EXAMPLE_STATS = {"example_loss": "loss", "example_tokens": "tokens"}
+"""Stats of ``loss_fn`` given per example (``[rows]``: each row's loss sum and its counted tokens) instead of
+summed: the step returns them in the batch's row order as ``metrics["examples"]["loss"]`` / ``["tokens"]``."""
 
 
 class TrainState(eqx.Module):
@@ -80,7 +87,8 @@ def make_train_step(
     microbatch_sharding: Any = None,
     join: Callable[[Any, Any], Any] | None = None,
     invariant: CanonicalSlices | None = None,
-) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
+    watch: WatchConfig | None = None,
+) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """Build ``train_step(state, batch, frozen=None) -> (state, metrics)``; jit it with the state donated.
 
     Args:
@@ -111,7 +119,7 @@ def make_train_step(
 
     Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
     ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
-    means of the other stats of ``loss_fn``; floating metrics are float32 whatever the parameter dtype.
+    means of the other stats of ``loss_fn``, in float32; `_watched` adds ``examples`` and ``watch``'s statistics.
     """
 
     gradients = _Gradients(loss_fn, join, accumulation, microbatch_sharding, invariant)
@@ -121,7 +129,7 @@ def make_train_step(
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
         loss_key, optimizer_key = jax.random.split(key)
-        grad_sums, loss_sum, stats = gradients.sums(state.params, batch, loss_key, frozen)
+        grad_sums, loss_sum, stats, examples = gradients.sums(state.params, batch, loss_key, frozen)
         num_tokens = jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
         grads = _token_means(grad_sums, num_tokens, isolate=invariant is not None)
         extra = {}
@@ -146,9 +154,61 @@ def make_train_step(
             key=state.key,
             nonfinite_steps=state.nonfinite_steps + metrics["nonfinite"],
         )
-        return new_state, {name: _float32_if_floating(value) for name, value in metrics.items()}
+        return new_state, _finished(metrics, _watched(watch, state, new_state, grads, examples))
 
-    return train_step
+    return _collecting(train_step) if watch is not None and watch.model else train_step
+
+
+def _collecting(
+    train_step: Callable[..., tuple[TrainState, dict[str, Any]]],
+) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
+    """``train_step`` collecting what the model reports (`halyard.named.report`) into ``metrics["watch"]``."""
+
+    def watched_step(
+        state: TrainState, batch: dict[str, jax.Array], frozen: Any = None
+    ) -> tuple[TrainState, dict[str, Any]]:
+        (new_state, metrics), reports = collect_reports(train_step)(state, batch, frozen)
+        metrics["watch"].update(reports.finished())
+        return new_state, metrics
+
+    return watched_step
+
+
+def _finished(metrics: dict[str, Any], statistics: dict[str, Any]) -> dict[str, Any]:
+    """The step's metrics and statistics, every floating value float32."""
+    return jax.tree_util.tree_map(_float32_if_floating, {**metrics, **statistics})
+
+
+def _watched(
+    watch: WatchConfig | None,
+    before: TrainState,
+    after: TrainState,
+    grads: Any,
+    examples: dict[str, jax.Array],
+) -> dict[str, Any]:
+    """The metrics beside the loss: ``examples`` (``{"loss": [rows], "tokens": [rows]}``, from the per-example
+    stats) and, for the watched step, statistics of the gradients (before clipping), the new parameters, their
+    change and the optimizer state: ``watch`` (``{name: value}``) and ``histograms`` (``{name: {"counts",
+    "edges"}}``)."""
+    result: dict[str, Any] = {}
+    if examples:
+        result["examples"] = {EXAMPLE_STATS[name]: value for name, value in examples.items()}
+    if watch is None:
+        return result
+    watched: dict[str, Any] = {}
+    if watch.norms:
+        change = jax.tree_util.tree_map(
+            lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), after.params, before.params
+        )
+        watched.update(module_norms(grads, "grad_norm"))
+        watched.update(module_norms(after.params, "param_norm"))
+        watched.update(module_norms(change, "update_norm"))
+        watched.update(optimizer_state_norms(after.opt_state, top_names(after.params)))
+    result["watch"] = watched
+    if watch.histograms:
+        bins = watch.histogram_bins
+        result["histograms"] = {**histograms(after.params, "param", bins), **histograms(grads, "grad", bins)}
+    return result
 
 
 def _token_means(grad_sums: Any, num_tokens: jax.Array, *, isolate: bool) -> Any:
@@ -228,9 +288,15 @@ class _Gradients:
             self.grad_fn = sliced_sums(self.grad_fn, invariant)
 
     def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
-        """``(loss sum in float32, stats)`` of ``batch``."""
-        loss_sum, stats = self.loss_fn(params if self.join is None else self.join(frozen, params), batch, key)
-        return loss_sum.astype(jnp.float32), stats
+        """``(loss sum in float32, (stats, per-example stats, what the model reported))`` of ``batch``.
+
+        The reports leave the gradient's trace as its auxiliary output; without a collector there are none.
+        """
+        model = params if self.join is None else self.join(frozen, params)
+        (loss_sum, stats), reports = capture_reports(self.loss_fn)(model, batch, key)
+        stats = dict(stats)
+        examples = {name: stats.pop(name) for name in EXAMPLE_STATS if name in stats}
+        return loss_sum.astype(jnp.float32), (stats, examples, reports)
 
     def _placed(self, microbatch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         if self.microbatch_sharding is None:
@@ -248,37 +314,46 @@ class _Gradients:
             )
 
         def mean_loss(params: Any) -> jax.Array:
-            loss_sum, stats = self.loss(params, first, key, frozen)
+            loss_sum, (stats, _, _) = self.loss(params, first, key, frozen)
             return loss_sum / jnp.maximum(stats["num_tokens"].astype(jnp.float32), 1.0)
 
         return mean_loss
 
     def sums(
         self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any
-    ) -> tuple[Any, jax.Array, Any]:
-        """``(gradient sums, loss sum, stat sums)`` over the batch's microbatches, in order."""
+    ) -> tuple[Any, jax.Array, Any, dict[str, jax.Array]]:
+        """``(gradient sums, loss sum, stat sums, per-example stats)`` over the batch's microbatches, in order;
+        the per-example stats in the batch's row order. What the model reported, combined over the
+        microbatches, goes to the watched step's collector (`_collecting`; nowhere without one)."""
         if self.accumulation == 1:
-            (loss_sum, stats), grads = self.grad_fn(params, batch, key, frozen)
-            return grads, loss_sum, stats
+            (loss_sum, (stats, examples, reports)), grads = self.grad_fn(params, batch, key, frozen)
+            reports.emit()
+            return grads, loss_sum, stats, examples
         micro = split_microbatches(batch, self.accumulation)
         keys = jax.random.split(key, self.accumulation)
         first = jax.tree_util.tree_map(lambda x: x[0], micro)
-        (_, stats_shape), _ = jax.eval_shape(self.grad_fn, params, first, keys[0], frozen)
+        (_, (stats_shape, _, _)), _ = jax.eval_shape(self.grad_fn, params, first, keys[0], frozen)
         zero_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
         zero_stats = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), stats_shape)
 
-        def body(carry: Any, inputs: Any) -> tuple[Any, None]:
+        def body(carry: Any, inputs: Any) -> tuple[Any, Any]:
             grads, loss_sum, stats = carry
             microbatch, micro_key = inputs
-            (mb_loss, mb_stats), mb_grads = self.grad_fn(params, self._placed(microbatch), micro_key, frozen)
+            (mb_loss, (mb_stats, mb_examples, mb_reports)), mb_grads = self.grad_fn(
+                params, self._placed(microbatch), micro_key, frozen
+            )
             grads = jax.tree_util.tree_map(jnp.add, grads, mb_grads)
             stats = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), stats, mb_stats)
-            return (grads, loss_sum + mb_loss, stats), None
+            return (grads, loss_sum + mb_loss, stats), (mb_examples, mb_reports)
 
-        (grads, loss_sum, stats), _ = jax.lax.scan(
+        (grads, loss_sum, stats), (examples, reports) = jax.lax.scan(
             body, (zero_grads, jnp.zeros((), jnp.float32), zero_stats), (micro, keys)
         )
-        return grads, loss_sum, stats
+        # Microbatch m holds rows m, m + M, m + 2M, ... (`split_microbatches`): row j of microbatch m is row
+        # j * M + m of the batch.
+        examples = {name: jnp.swapaxes(value, 0, 1).reshape(-1) for name, value in examples.items()}
+        reports.combined().emit()
+        return grads, loss_sum, stats, examples
 
 
 def schedule_count(opt_state: Any, *, default: jax.Array) -> jax.Array:

@@ -361,6 +361,38 @@ class TokenCache:
         begin = 0 if local == 0 else int(ends[local - 1])
         return chunk.token_start + begin, chunk.token_start + int(ends[local])
 
+    def document_at(self, position: int) -> tuple[int, int]:
+        """``(document, offset)``: the index of the document holding stream position ``position`` and the
+        position's offset inside it (0 at its first token). Waits like ``read``.
+
+        Raises:
+            IndexError: a position outside the finished cache.
+        """
+        if position >= self.num_tokens:
+            self.wait_for_tokens(position + 1)
+        if not 0 <= position < self.num_tokens:
+            raise IndexError(
+                f"token {position} is outside the cache at {self.root}, which holds {self.num_tokens} tokens"
+            )
+        chunk = self._chunks[bisect.bisect_right(self._token_ends, position)]
+        local_position = position - chunk.token_start
+        ends = self._chunk_ends(chunk)
+        local = int(np.searchsorted(ends, local_position, side="right"))
+        start = 0 if local == 0 else int(ends[local - 1])
+        return chunk.document_start + local, local_position - start
+
+    def document_source(self, index: int) -> tuple[dict[str, Any], int]:
+        """``(source, number)``: the source shard document ``index`` was read from (as the ledger records it:
+        ``url``, ``format``, ...) and the document's number among that shard's documents (0 for its first).
+
+        Raises:
+            IndexError: past the last document of a finished cache.
+        """
+        self.document_span(index)  # waits for it, or raises IndexError
+        chunk = self._chunks[bisect.bisect_right(self._document_ends, index)]
+        first = next(c.document_start for c in self._chunks if c.shard_index == chunk.shard_index)
+        return dict(self.identity["shards"][chunk.shard_index]), index - first
+
     def _chunk_ends(self, chunk: _Chunk) -> np.ndarray:
         key = (chunk.shard_index, chunk.chunk_index)
         with self._lock:

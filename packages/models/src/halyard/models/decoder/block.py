@@ -22,6 +22,7 @@ from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.layers.self_attention import SelfAttention
+from halyard.models.reports import report_rms
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import LayerNorm, RMSNorm
 from halyard.shard import constrain
@@ -144,6 +145,7 @@ class DecoderBlock(eqx.Module):
         if self.post_mlp_norm is not None:
             mlp_out = self.post_mlp_norm(mlp_out)
         out = constrain(h + mlp_out)
+        report_rms("activation/rms", out)  # when a step collects (trainer.watch.model)
         if self.report_coordinates:
             extras = {
                 "attention": jnp.mean(jnp.abs(attended.array)),

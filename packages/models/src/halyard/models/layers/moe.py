@@ -27,7 +27,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from halyard.named import Axis, NamedArray
+from halyard.named import Axis, NamedArray, collecting_reports, report
 from halyard.named.nn import Linear, activation
 from halyard.shard import constrain
 
@@ -65,6 +65,16 @@ def load_balancing_loss(stats: RouterStats) -> jax.Array:
 def router_z_loss(stats: RouterStats) -> jax.Array:
     """Mean over every counted token (of every layer) of ``logsumexp(router_logits)**2``."""
     return jnp.sum(stats.z_loss) / _at_least_one(jnp.sum(stats.tokens))
+
+
+def _report_router(stats: RouterStats) -> None:
+    """What a step collecting the model's reports gets from this layer (`halyard.models.reports`)."""
+    if not collecting_reports():
+        return
+    report("moe/tokens_per_expert", stats.assignments, reduce="sum")
+    report("moe/dropped_tokens", 0.0, reduce="sum")  # dropless dispatch: no token is ever skipped
+    report("moe/load_balancing_loss", load_balancing_loss(stats))
+    report("moe/router_z_loss", router_z_loss(stats))
 
 
 def _at_least_one(tokens: jax.Array) -> jax.Array:
@@ -189,6 +199,7 @@ class MoeMLP(eqx.Module):
                 tokens=jnp.sum(weight),
                 z_loss=jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * weight),
             )
+        _report_router(stats)
         return constrain(y), stats
 
     @staticmethod

@@ -15,6 +15,7 @@ import jax
 
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.layers.paged_kv import PagedKV
+from halyard.models.reports import report_attention_logit_max
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import Linear, RMSNorm
@@ -173,6 +174,7 @@ class SelfAttention(eqx.Module):
             new_cache = (key, value)
             key, value = cache.context(key, value)
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
+        report_attention_logit_max(query, key, mask, self.scale)  # when a step collects (trainer.watch.model)
         attended = attention(
             query,
             key,

@@ -24,6 +24,7 @@ from halyard.named.nn.layer_stack import (
     match_carry,
 )
 from halyard.named.nn.remat import check_remat, checkpoint_layer
+from halyard.named.reporting import capture_reports
 
 if TYPE_CHECKING:
     from halyard.named.nn.stacked import Stacked
@@ -128,11 +129,11 @@ class BlockSeq(LayerStack[M]):
                 layer_kwargs = {**layer_kwargs, "key": layer_key}
             if kinds is not None:
                 layer_kwargs = {**layer_kwargs, "kind": kind}
-            result = layer(carry, *layer_args, **layer_kwargs)
+            result, reports = capture_reports(layer)(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
-            return match_carry(new_carry, carry, "BlockSeq"), output
+            return match_carry(new_carry, carry, "BlockSeq"), (output, reports)
 
-        outputs = []
+        outputs, reports = [], []
         for i, layer in enumerate(self.blocks):
             params, static = eqx.partition(layer, eqx.is_array)
             # The static half holds no arrays, so it is closed over rather than traced.
@@ -140,8 +141,13 @@ class BlockSeq(LayerStack[M]):
             run_layer = checkpoint_layer(
                 lambda p, c, k, s, static=static, kind=kind: step(p, static, c, k, s, kind), self.remat
             )
-            x, output = run_layer(params, x, None if keys is None else keys[i], [a[i] for a in inputs.sliced])
+            x, (output, layer_reports) = run_layer(
+                params, x, None if keys is None else keys[i], [a[i] for a in inputs.sliced]
+            )
             outputs.append(output)
+            reports.append(layer_reports)
+        # What the layers reported, stacked per layer like a scan's outputs (see halyard.named.reporting).
+        jax.tree.map(lambda *values: jax.numpy.stack(values), *reports).per_layer().emit()
         if not with_outputs:
             return x, None
         stacked_outputs = jax.tree.map(lambda *ys: jax.numpy.stack(ys), *outputs)

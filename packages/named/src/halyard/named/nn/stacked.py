@@ -28,6 +28,7 @@ from halyard.named.nn.layer_stack import (
     stack_layers,
 )
 from halyard.named.nn.remat import check_remat, checkpoint_layer, nested_block_size
+from halyard.named.reporting import capture_reports
 
 if TYPE_CHECKING:
     from halyard.named.nn.block_seq import BlockSeq
@@ -189,9 +190,10 @@ class Stacked(LayerStack[M]):
                 layer_kwargs = {**layer_kwargs, "key": layer_key}
             if kinds is not None:
                 layer_kwargs = {**layer_kwargs, "kind": kind}
-            result = layer(carry, *layer_args, **layer_kwargs)
+            # What the layer reports leaves the scan (and its remat) as one more output, stacked per layer.
+            result, reports = capture_reports(layer)(carry, *layer_args, **layer_kwargs)
             new_carry, output = result if with_outputs else (result, None)
-            return match_carry(new_carry, carry, "Stacked"), output
+            return match_carry(new_carry, carry, "Stacked"), (output, reports)
 
         xs = (dynamic, keys, inputs.sliced)
         runs = repeating_runs(kinds) if kinds is not None else [Run(0, num_layers, 1)]
@@ -204,6 +206,8 @@ class Stacked(LayerStack[M]):
                 carry, piece = self._run_pattern(step, carry, xs, run, kinds, unroll)
                 pieces.append(piece)
             outputs = pieces[0] if len(pieces) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+        outputs, reports = outputs
+        reports.per_layer().emit()
         return carry, add_layers_axis(outputs, self.Layers) if with_outputs else None
 
     def _run_pattern(

@@ -25,7 +25,19 @@ def objective_loss_fn(
     """The train step's ``loss_fn``: next-token cross-entropy (lm) or the DPO loss (dpo)."""
     if config.trainer.objective == "dpo":
         return dpo_loss_fn(config.dpo.beta, config.dpo.label_smoothing)
-    return lm_loss_fn(config.trainer.z_loss_weight)
+    return lm_loss_fn(config.trainer.z_loss_weight, per_example=per_example_losses(config))
+
+
+def per_example_losses(config: TrainConfig) -> bool:
+    """Whether the step returns each example's loss (for the spike test's worst examples): an lm run with
+    ``trainer.spikes`` naming examples, without ``trainer.invariant`` (whose slices add every output up)."""
+    spikes = config.trainer.spikes
+    return (
+        config.trainer.objective == "lm"
+        and spikes.enabled
+        and spikes.worst_examples > 0
+        and not config.trainer.invariant
+    )
 
 
 def sequences_per_example(config: TrainConfig) -> int:

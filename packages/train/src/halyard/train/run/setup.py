@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.models import MupConfig, lr_multipliers
 from halyard.shard import Layout
@@ -149,9 +150,10 @@ class RunSetup:
             manager=manager,
         )
 
-    def train_step(self) -> Any:
+    def train_step(self, *, watched: bool = False) -> Any:
         """The jitted train step ``(state, batch, frozen) -> (state, metrics)``: the state donated and kept in
-        its shardings; ``frozen`` is a LoRA run's base, else None."""
+        its shardings, the metrics on every device (each process reads them whole); ``frozen`` is a LoRA run's
+        base, else None. ``watched``: the step of ``trainer.watch``, with its statistics in the metrics."""
         config = self.config
         invariant = canonical_slices(config, self.mesh)
         step = make_train_step(
@@ -161,5 +163,7 @@ class RunSetup:
             learning_rate=self.schedule,
             join=join if config.lora.enabled else None,
             invariant=invariant,
+            watch=config.trainer.watch if watched else None,
         )
-        return jax.jit(step, donate_argnums=0, out_shardings=(self.abstract_state.shardings, None))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.jit(step, donate_argnums=0, out_shardings=(self.abstract_state.shardings, replicated))

@@ -29,6 +29,12 @@ class Tracker(Protocol):
         ...
 
 
+HISTOGRAMS_METHOD = "log_histograms"
+"""A tracker that draws histograms also has ``log_histograms(histograms, step)``, ``histograms`` mapping a name
+to ``(counts [bins], bin edges [bins + 1])`` numpy arrays (TensorBoard, wandb; `MultiTracker` forwards to
+those that have it)."""
+
+
 def scalar_metrics(metrics: Metrics) -> dict[str, float | int]:
     """Convert metric values to Python numbers (jax/numpy scalars and 0-d or 1-element arrays included).
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from halyard.train.trackers.base import Metrics, Tracker
 
@@ -20,6 +22,13 @@ class MultiTracker:
         """Log `metrics` at `step` to every tracker."""
         for tracker in self.trackers:
             tracker.log(metrics, step)
+
+    def log_histograms(self, histograms: Mapping[str, tuple[np.ndarray, np.ndarray]], step: int) -> None:
+        """Log histograms at `step` to every tracker that draws them (one with a ``log_histograms`` method)."""
+        for tracker in self.trackers:
+            log = getattr(tracker, "log_histograms", None)
+            if log is not None:
+                log(histograms, step)
 
     def log_summary(self, metrics: Metrics) -> None:
         """Record the summary in every tracker."""

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from halyard.train.trackers.base import Metrics, scalar_metrics
 
 
@@ -31,6 +33,23 @@ class TensorBoardTracker:
         """Add one scalar per metric at `step`."""
         for key, value in scalar_metrics(metrics).items():
             self._writer.add_scalar(key, value, global_step=int(step))
+
+    def log_histograms(self, histograms: Mapping[str, tuple[np.ndarray, np.ndarray]], step: int) -> None:
+        """Add each ``name: (counts, edges)`` as a TensorBoard histogram at `step` (bucket limits: the upper edges)."""
+        for name, (counts, edges) in histograms.items():
+            counts, edges = np.asarray(counts, np.float64), np.asarray(edges, np.float64)
+            centres = (edges[:-1] + edges[1:]) / 2
+            self._writer.add_histogram_raw(
+                name,
+                min=float(edges[0]),
+                max=float(edges[-1]),
+                num=float(counts.sum()),
+                sum=float((counts * centres).sum()),
+                sum_squares=float((counts * centres**2).sum()),
+                bucket_limits=edges[1:].tolist(),
+                bucket_counts=counts.tolist(),
+                global_step=int(step),
+            )
 
     def log_summary(self, metrics: Metrics) -> None:
         """Add each summary value as text under `summary/<name>`."""

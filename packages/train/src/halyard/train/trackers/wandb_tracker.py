@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from halyard.train.trackers.base import Metrics, scalar_metrics
 
 RUN_ID_FILE = "wandb_run_id"
@@ -76,6 +78,18 @@ class WandbTracker:
     def log(self, metrics: Metrics, step: int) -> None:
         """Log `metrics` at `step` (wandb ignores steps not above the last one logged)."""
         self.run.log(scalar_metrics(metrics), step=int(step))
+
+    def log_histograms(self, histograms: Mapping[str, tuple[np.ndarray, np.ndarray]], step: int) -> None:
+        """Log each ``name: (counts, edges)`` as a ``wandb.Histogram`` at `step`."""
+        import wandb
+
+        self.run.log(
+            {
+                name: wandb.Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))
+                for name, (counts, edges) in histograms.items()
+            },
+            step=int(step),
+        )
 
     def log_summary(self, metrics: Metrics) -> None:
         """Set the run's summary values."""

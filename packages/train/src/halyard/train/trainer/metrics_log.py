@@ -22,6 +22,7 @@ from halyard.train.perf.peaks import device_peak_flops
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.config import build_trackers
 from halyard.train.trainer.compilation_cache import cache_counts, cache_directory
+from halyard.train.trainer.insights import Locate, StepInsights
 from halyard.train.trainer.progress import StepProgress
 
 
@@ -40,6 +41,10 @@ class MetricsLog:
         model_config: the model's config (for FLOPs per token).
         goodput: the run's goodput accounting, started when the trainer started (default: now).
         clock: a monotonic seconds counter (the goodput's own).
+        locate: the data position of a batch row (named with a loss spike's worst examples).
+
+    A step's watched statistics, histograms and loss spike (`StepInsights`) are logged at that step, also
+    between two ``log_every`` steps.
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class MetricsLog:
         model_config: Any,
         goodput: Goodput | None = None,
         clock: Callable[[], float] = time.monotonic,
+        locate: Locate | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -68,6 +74,7 @@ class MetricsLog:
             else None
         )
         self.history: list[dict[str, float]] = []
+        self.insights = StepInsights(config, run_dir, start_step=start_step, main=self.main, locate=locate)
         self.last: dict[str, float] = {}
         self.num_devices = int(mesh.devices.size)
         self.flops_per_token = float(model_config.flops_per_token(config.data.seq_len))
@@ -123,10 +130,16 @@ class MetricsLog:
         return fetch
 
     def _flush(self) -> None:
-        for step, metrics in self._pending:
-            host = host_metrics(jax.device_get(metrics), self.source_names)
-            host["step"] = step
+        for index, (step, metrics) in enumerate(self._pending):
+            fetched = jax.device_get(metrics)
+            inside, histograms = self.insights.take(step, fetched)
+            host = {**host_metrics(fetched, self.source_names), **inside, "step": step}
             self.history.append(host)
+            if self.tracker is not None and histograms:
+                self.tracker.log_histograms(histograms, step)
+            if self.tracker is not None and inside and index < len(self._pending) - 1:
+                # The step's own record: trackers get the watched statistics at the step they belong to.
+                self.tracker.log({k: v for k, v in host.items() if k != "step"}, step)
         self._pending = []
         record = dict(self.history[-1])
         if self.extra_metrics is not None:

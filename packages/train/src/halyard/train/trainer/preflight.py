@@ -58,6 +58,7 @@ def check_shapes(setup: RunSetup) -> None:
     check_batch(config, setup.mesh, setup.layout)
     canonical_slices(config, setup.mesh)  # trainer.invariant: the optimizer, the mesh axes, the slices
     check_lora(config, setup.model_config)
+    _check_watch(config, setup.mesh)
     checkpoint = config.checkpoint
     as_config_error("checkpoint", lambda: SavePolicy(checkpoint.every_steps, checkpoint.every_seconds))
     as_config_error("checkpoint", lambda: KeepPolicy(checkpoint.keep_last, checkpoint.keep_every_steps))
@@ -67,6 +68,24 @@ def check_shapes(setup: RunSetup) -> None:
         f"model on trainer.layout={config.trainer.layout} and trainer.mesh {sizes}",
         lambda: setup.abstract_state,
     )
+
+
+def _check_watch(config: TrainConfig, mesh: Any) -> None:
+    """``trainer.watch.model`` where the step can carry the model's reports out: not through the invariant
+    step's summed slices nor through the pipeline's stages (norms and histograms work everywhere)."""
+    watch = config.trainer.watch
+    if not (watch.enabled and watch.model):
+        return
+    if config.trainer.invariant:
+        raise ConfigError(
+            "trainer.watch.model needs trainer.invariant false: the invariant step adds its slices' outputs "
+            "up, which a maximum does not survive; set trainer.watch.model false to watch the norms only"
+        )
+    if mesh_axis_sizes(mesh).get("stage", 1) > 1:
+        raise ConfigError(
+            "trainer.watch.model does not reach inside a pipeline (trainer.mesh.stage > 1) yet; set "
+            "trainer.watch.model false to watch the norms only"
+        )
 
 
 def check_model_fits_data(model_config: Any, data: PreparedData) -> None:

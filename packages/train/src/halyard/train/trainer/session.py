@@ -17,6 +17,7 @@ from halyard.train.checkpoint.manager import CheckpointManager, CheckpointWriteE
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.parse import save_resolved_config
 from halyard.train.data_assembly.datasets import PreparedData
+from halyard.train.data_assembly.positions import example_position
 from halyard.train.data_assembly.run_data import start_background_build
 from halyard.train.lora.adapters import with_base
 from halyard.train.lora.base import checkpoint_metadata
@@ -25,6 +26,7 @@ from halyard.train.objectives.run_objective import objective_evaluator, sequence
 from halyard.train.perf.goodput import Goodput
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
+from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
 from halyard.train.trainer.evaluations import PeriodicEvaluation, PeriodicValidation
 from halyard.train.trainer.harness_eval import periodic_harness
@@ -51,6 +53,7 @@ class TrainingSession:
         add_reference: ``batch -> batch`` before each step (DPO's reference log-probabilities).
         metadata: what each checkpoint records besides the state (data position, LoRA base).
         step_fn: the jitted train step.
+        watched_step_fn: the jitted step of ``trainer.watch`` (the same update, with its statistics), or None.
         log: metrics, trackers and goodput.
         evaluations: validation and harness tasks, in that order.
         loader: this host's batches from the first step on.
@@ -68,12 +71,20 @@ class TrainingSession:
     add_reference: Callable[[Batch], Batch]
     metadata: dict[str, Any]
     step_fn: Callable[..., Any]
+    watched_step_fn: Callable[..., Any] | None
     log: MetricsLog
     evaluations: list[PeriodicEvaluation]
     loader: Loader
     profile: ProfileWindow
     tokens_per_step: int
     start_step: int
+
+    def step_for(self, step: int) -> Callable[..., Any]:
+        """The compiled step that runs step ``step`` (1-based: the count after its update): the watched one at
+        the steps ``trainer.watch.every`` names."""
+        if self.watched_step_fn is not None and self.setup.config.trainer.watch.watches(step):
+            return self.watched_step_fn
+        return self.step_fn
 
     def model(self, state: TrainState) -> Any:
         """The whole model of ``state`` (a LoRA run's base joined with its adapters)."""
@@ -114,6 +125,17 @@ class TrainingSession:
         self.manager.close()
 
 
+def run_data_position(config: TrainConfig, data: PreparedData) -> dict[str, Any]:
+    """What each checkpoint records of the data, which a resume (and `halyard replay`) must find unchanged:
+    the data order, the batch size and the seed (the RNG key is restored from the checkpoint, so another
+    ``trainer.seed`` would be silently ignored; it is refused instead)."""
+    return {
+        "manifest": data.train.manifest.to_dict(),
+        "batch_size": config.trainer.batch_size,
+        "trainer_seed": config.trainer.seed,
+    }
+
+
 def start_session(
     setup: RunSetup, run_dir: Path, goodput: Goodput, clock: Callable[[], float]
 ) -> TrainingSession:
@@ -131,13 +153,7 @@ def start_session(
     # Every process tokenizes its share in the background; batches wait for tokens not built yet.
     data, build = start_background_build(config.data, run_dir, init=cfg.init)
     check_model_fits_data(setup.model_config, data)
-    # A resume must continue the same run: its data order, batch size and seed (the RNG key is restored
-    # from the checkpoint, so another trainer.seed would be silently ignored; it is refused instead).
-    data_position = {
-        "manifest": data.train.manifest.to_dict(),
-        "batch_size": cfg.batch_size,
-        "trainer_seed": cfg.seed,
-    }
+    data_position = run_data_position(config, data)
     manager = CheckpointManager(
         run_dir / "checkpoints",
         save_policy=SavePolicy(config.checkpoint.every_steps, config.checkpoint.every_seconds),
@@ -159,16 +175,6 @@ def start_session(
     step_fn = setup.train_step()
     host_index, host_count = batch_share(setup.mesh, setup.layout)  # the rows this process's devices hold
     start_step = int(state.step)
-    log = MetricsLog(
-        config,
-        run_dir,
-        setup.mesh,
-        start_step=start_step,
-        model_config=setup.model_config,
-        goodput=goodput,
-        clock=clock,
-    )
-    log.extra_metrics = build.metrics  # the build's progress in every logged record
     return TrainingSession(
         setup=setup,
         data=data,
@@ -179,7 +185,8 @@ def start_session(
         add_reference=add_reference,
         metadata={"data": data_position, **checkpoint_metadata(base), **setup.checkpoint_metadata()},
         step_fn=step_fn,
-        log=log,
+        watched_step_fn=setup.train_step(watched=True) if cfg.watch.enabled else None,
+        log=_metrics_log(setup, run_dir, data, build, start_step, goodput, clock),
         evaluations=_evaluations(setup, run_dir, data, add_reference, with_base(state, frozen).params),
         loader=Loader(
             data.train,
@@ -193,6 +200,32 @@ def start_session(
         tokens_per_step=cfg.batch_size * config.data.seq_len * sequences_per_example(config),
         start_step=start_step,
     )
+
+
+def _metrics_log(
+    setup: RunSetup,
+    run_dir: Path,
+    data: PreparedData,
+    build: Any,
+    start_step: int,
+    goodput: Goodput,
+    clock: Callable[[], float],
+) -> MetricsLog:
+    """The run's log: its trackers from ``start_step`` on, the build's progress in every record, and the data
+    position of a batch row (named with a loss spike's worst examples)."""
+    batch_size = setup.config.trainer.batch_size
+    log = MetricsLog(
+        setup.config,
+        run_dir,
+        setup.mesh,
+        start_step=start_step,
+        model_config=setup.model_config,
+        goodput=goodput,
+        clock=clock,
+        locate=lambda step, row: example_position(data.train, step=step, row=row, batch_size=batch_size),
+    )
+    log.extra_metrics = build.metrics  # the build's progress in every logged record
+    return log
 
 
 def _evaluations(

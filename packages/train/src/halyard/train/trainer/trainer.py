@@ -181,7 +181,7 @@ class Trainer:
             session.profile.before_step(step)
             # Compile-time exhaustion raises here; a run-time one where the metrics are fetched.
             with out_of_memory_advice(self.config, f"compiling or running train step {step + 1}"):
-                state, metrics = session.step_fn(state, batch, session.frozen)
+                state, metrics = session.step_for(step + 1)(state, batch, session.frozen)
                 session.profile.after_step(step, metrics)
                 fetched = log.after_step(step + 1, metrics, tokens=session.tokens_per_step)
             self._apply_nonfinite_policy(metrics, state, fetched=fetched)

@@ -1,0 +1,132 @@
+"""``train --config`` with ``trainer.watch``: per module and per layer norms equal numpy's on the run's own
+checkpoints (1 device and an FSDP mesh of 8), the gradient's and what the layers report equal the same
+figures computed outside the step, in metrics.jsonl, TensorBoard and wandb at the watched steps."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tracker_files import read_tensorboard_scalars, read_when_flushed
+from trainer_fixtures import load_config, run_cli, write_config
+
+import halyard.named as hn
+from halyard.named import is_named
+from halyard.train.data_assembly.run_data import prepare_data
+from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.trackers.jsonl import read_jsonl
+from halyard.train.trackers.wandb_offline import offline_run_files
+from halyard.train.trainer.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("watch-cache")
+
+
+def numpy_norms(tree, prefix: str) -> dict[str, float]:
+    """``prefix`` (all), ``prefix/<module>``, ``prefix/<module>/layers/<i>`` and ``prefix/layers/<i>`` with
+    numpy (float64)."""
+    squares: dict[str, float] = defaultdict(float)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named)[0]:
+        names = [str(getattr(entry, "name", getattr(entry, "key", ""))) for entry in path]
+        names = [name for name in names if name != "stacked"]
+        module = ".".join(names[:-1])
+        array = np.asarray(leaf.array if is_named(leaf) else leaf, np.float64)
+        squares[f"{prefix}/{module}"] += float(np.sum(array**2))
+        squares[prefix] += float(np.sum(array**2))
+        if is_named(leaf) and leaf.axes[0].name == "layers":
+            for index in range(array.shape[0]):
+                layer = float(np.sum(array[index] ** 2))
+                squares[f"{prefix}/{module}/layers/{index}"] += layer
+                squares[f"{prefix}/layers/{index}"] += layer
+    return {name: float(np.sqrt(value)) for name, value in squares.items()}
+
+
+def assert_close(logged: dict, expected: dict[str, float], rtol: float) -> None:
+    assert expected, "nothing to compare"
+    for name, value in expected.items():
+        assert logged[name] == pytest.approx(value, rel=rtol, abs=1e-7), name
+
+
+@pytest.mark.parametrize(
+    "devices, trainer",
+    [
+        (1, {}),
+        (8, {"layout": "fsdp", "min_shard": 1, "mesh": {"data": 1, "fsdp": 8}}),
+    ],
+    ids=["1-device", "fsdp-8"],
+)
+def test_watched_statistics_equal_the_checkpoints_and_values_computed_outside(
+    tmp_path: Path, cache_dir: Path, devices: int, trainer: dict, offline_wandb
+) -> None:
+    path = write_config(
+        tmp_path / "watch.yaml",
+        tmp_path / "run",
+        cache_dir,
+        trainer={"steps": 4, "log_every": 10, "watch": {"every": 2}, **trainer},
+        checkpoint={"every_steps": 1},
+        trackers=[{"type": "jsonl"}, {"type": "tensorboard"}, {"type": "wandb", "mode": "offline"}],
+    )
+    result = run_cli(["--config", str(path)], devices=devices)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line["step"]: line for line in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
+    assert sorted(lines) == [1, 2, 4] and "grad_norm/layers/0" not in lines[1]
+
+    config = load_config(path)
+    restorer = Trainer(config)
+    before, after = restorer.restore_state(3), restorer.restore_state(4)
+    logged = lines[4]
+    assert_close(logged, numpy_norms(after.params, "param_norm"), rtol=1e-5)  # param_norm itself included
+    change = jax.tree.map(
+        lambda new, old: np.asarray(new, np.float64) - np.asarray(old, np.float64),
+        after.params,
+        before.params,
+    )
+    modules = {k: v for k, v in numpy_norms(change, "update_norm").items() if k != "update_norm"}
+    assert_close(logged, modules, rtol=1e-3)  # the global update_norm is optax's update, not the change
+    adam = after.opt_state[1]  # adamw's chain: its scale_by_adam state holds the first and second moments
+    for field in ("mu", "nu"):
+        prefix = f"opt_state_norm/{field}"
+        norms = numpy_norms(getattr(adam, field), prefix)
+        per_layer = {k: v for k, v in norms.items() if k == prefix or k.startswith(f"{prefix}/layers/")}
+        assert_close(logged, per_layer, rtol=1e-5)
+
+    # The gradient and the reports of step 4, computed outside the step from checkpoint 3 and step 4's batch.
+    data = prepare_data(config.data, tmp_path / "run", progress=False, init=config.trainer.init)
+    batch = {
+        name: jnp.asarray(value) for name, value in data.train.batch(3, config.trainer.batch_size).items()
+    }
+    loss_fn = lm_loss_fn(config.trainer.z_loss_weight, per_example=True)
+
+    def mean_loss(params):
+        loss_sum, stats = loss_fn(params, batch, None)
+        return loss_sum / stats["num_tokens"]
+
+    (_, reports), grads = jax.jit(jax.value_and_grad(hn.collect_reports(mean_loss), has_aux=True))(
+        before.params
+    )
+    assert_close(logged, numpy_norms(grads, "grad_norm"), rtol=1e-3)
+    reported = {}
+    for name, value in reports.finished().items():
+        for index, number in enumerate(np.atleast_1d(np.asarray(value))):
+            reported[f"{name}/{index}" if np.ndim(value) else name] = float(number)
+    assert {"activation/rms/layers/1", "attention/logit_max/layers/1", "logits/max"} <= set(reported)
+    assert_close(logged, reported, rtol=1e-4)
+
+    scalars = read_tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    (wandb_file,) = offline_run_files(tmp_path / "run")
+    wandb_rows = {row["_step"]: row for row in read_when_flushed(wandb_file)["history"] if "_step" in row}
+    for name in (
+        "activation/rms/layers/1",
+        "attention/logit_max/layers/0",
+        "grad_norm/layers/1",
+        "logits/max",
+    ):
+        assert dict(scalars[name])[4] == pytest.approx(logged[name], rel=1e-6)
+        assert wandb_rows[4][name] == pytest.approx(logged[name], rel=1e-6)
+        assert sorted(dict(scalars[name])) == [2, 4]
