@@ -8,17 +8,21 @@ import numpy as np
 import pytest
 from tiny_models import tiny_model
 
-from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve import Engine, EngineConfig, Replicas, SamplingParams
 from halyard.shard import Layout, MeshSpec
 
-CONFIG = EngineConfig(page_size=8, num_pages=32, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2)
+CONFIG = EngineConfig(
+    page_size=8, num_pages=32, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
+)
 PROMPTS = [[5, 9, 2, 7, 1, 33, 60, 12], [3], list(range(1, 30))]
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, seed=5, logprobs=True)
 
 
 @pytest.mark.parametrize("tensor", [4])
 def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
-    model = tiny_model("llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64)
+    model = tiny_model(
+        "llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64
+    )
     alone = Engine(model, CONFIG).generate(PROMPTS, PARAMS)
     mesh = MeshSpec(data=1, tensor=tensor).build(jax.devices()[:tensor])
     layout = Layout.tensor_parallel(min_shard=1)
@@ -28,5 +32,35 @@ def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
     sharded = engine.generate(PROMPTS, PARAMS)
     for one, many in zip(alone, sharded, strict=True):
         assert one.samples[0].token_ids == many.samples[0].token_ids
-        np.testing.assert_allclose(one.samples[0].logprobs, many.samples[0].logprobs, atol=1e-5)
+        np.testing.assert_allclose(one.samples[0].logprobs, many.samples[0].logprobs, rtol=1e-5, atol=2e-5)
     assert engine.pages.in_use == 0
+
+
+def test_data_parallel_replicas_spread_requests_and_draw_what_one_engine_draws() -> None:
+    model = tiny_model(
+        "llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64
+    )
+    config = EngineConfig(
+        page_size=8,
+        num_pages=32,
+        max_context=96,
+        max_running=4,
+        chunk_size=16,
+        max_prefill_rows=2,
+        deterministic=True,
+    )
+    alone = Engine(model, config).generate(PROMPTS * 2, PARAMS)
+    replicas = Replicas(model, 2, config, devices_per_replica=2)
+    try:
+        together = replicas.generate(PROMPTS * 2, PARAMS)
+        assert all(engine.stats.requests_added == 3 for engine in replicas.engines)  # spread evenly
+        for one, many in zip(alone, together, strict=True):
+            assert one.samples[0].token_ids == many.samples[0].token_ids
+            np.testing.assert_allclose(
+                one.samples[0].logprobs, many.samples[0].logprobs, rtol=1e-5, atol=2e-5
+            )
+        stats = replicas.stats
+        assert stats.requests_finished == 6 and stats.pages_in_use == 0 and stats.pages_total == 64
+        assert not replicas.has_work
+    finally:
+        replicas.close()

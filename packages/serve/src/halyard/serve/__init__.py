@@ -10,6 +10,7 @@ from halyard.serve.engine import Engine
 from halyard.serve.outputs import RequestOutput, SampleOutput, Update
 from halyard.serve.pages import OutOfPages, PageTable
 from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.replicas import Replicas
 from halyard.serve.stats import EngineStats
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "OutOfPages",
     "PageTable",
     "ParameterError",
+    "Replicas",
     "RequestOutput",
     "SampleOutput",
     "SamplingParams",

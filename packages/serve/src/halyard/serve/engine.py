@@ -179,6 +179,10 @@ class Engine:
         self.runner.model = model
         self.pages.clear_cache()
 
+    def knows(self, request_id: str) -> bool:
+        """Whether ``request_id`` is unfinished here."""
+        return request_id in self._requests
+
     @property
     def has_work(self) -> bool:
         """Whether any request is unfinished (or an update is still to be handed out)."""

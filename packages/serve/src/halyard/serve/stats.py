@@ -36,6 +36,18 @@ class EngineStats:
     steps: int = 0
     compile_seconds: float = 0.0
     _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
+    _rate: float | None = None
+
+    @classmethod
+    def combined(cls, parts: list[EngineStats]) -> EngineStats:
+        """The stats of several engines added up (compile time: the longest; tokens/s: the sum)."""
+        total = cls(pages_total=sum(part.pages_total for part in parts))
+        for field in dataclasses.fields(cls):
+            if not field.name.startswith("_") and field.name != "pages_total":
+                setattr(total, field.name, sum(getattr(part, field.name) for part in parts))
+        total.compile_seconds = max((part.compile_seconds for part in parts), default=0.0)
+        total._rate = sum(part.tokens_per_second() for part in parts)
+        return total
 
     def record_step(
         self, *, seconds: float, waiting: int, running: int, pages_in_use: int, compile_seconds: float
@@ -48,6 +60,8 @@ class EngineStats:
 
     def tokens_per_second(self) -> float:
         """Generated tokens per second over the recent steps (0 before two steps)."""
+        if self._rate is not None:
+            return self._rate
         if len(self._recent) < 2:
             return 0.0
         (start, first), (end, last) = self._recent[0], self._recent[-1]
