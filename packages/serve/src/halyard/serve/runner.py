@@ -211,7 +211,8 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) 
     # dozen rows especially): every program computes its sampled logits at the same row count.
     padded = jnp.pad(chosen, ((0, max(0, logit_rows - rows)), (0, 0)))
     logits = compute.logits(named(padded, ("batch", "embed"))).unwrap("batch", "vocab")[:rows]
-    drawn = draw(logits, inputs.settings, MAX_TOP_LOGPROBS)
+    num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
+    drawn = draw(logits, inputs.settings, num_top)
     prompt: tuple = (None, None, None)
     if inputs.next_tokens is not None:
         all_logits = compute.logits(plain).unwrap("batch", "pos", "vocab")
@@ -219,6 +220,6 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) 
         targets = jnp.clip(inputs.next_tokens, 0, logprobs.shape[-1] - 1)
         next_logprob = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
         next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
-        top_logprobs, top_tokens = jax.lax.top_k(logprobs, MAX_TOP_LOGPROBS)
+        top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
     return pages.without_rows(), (*drawn, *prompt)
