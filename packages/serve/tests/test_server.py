@@ -69,7 +69,7 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: ServerProcess)
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     metrics = httpx.get(server.url + "/metrics").text
     assert (
-        "halyard_serve_pages_total 96.0" in metrics and "# TYPE halyard_serve_pages_in_use gauge" in metrics
+        "halyard_serve_pages_total 40.0" in metrics and "# TYPE halyard_serve_pages_in_use gauge" in metrics
     )
     stats = server.stats()
     for key in (
