@@ -6,7 +6,10 @@ parameter, the API key, and a client that leaves freeing its pages."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +25,8 @@ from tokenizers import Tokenizer
 
 from halyard.export import import_hf
 
+REPOSITORY = Path(__file__).resolve().parents[3]
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 API_KEY = "test-key"
 PROMPT = "the word of the hot one"  # every word is in the tokenizer's vocabulary
 MESSAGES = [
@@ -377,3 +382,35 @@ def test_a_client_that_leaves_frees_its_pages(client: openai.OpenAI, server: Ser
     stats = _wait_for(server, lambda s: s["requests_cancelled"] > before and s["pages_in_use"] == 0)
     assert stats["requests_cancelled"] == before + 1 and stats["pages_in_use"] == 0, stats
     assert stats["requests_in_flight"] == 0
+
+
+def _blocks(readme: Path) -> list[tuple[str, str]]:
+    return [(match.group(1), match.group(2)) for match in BLOCK.finditer(readme.read_text())]
+
+
+def _printed(code: str, name: str) -> str:
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(code, name, "exec"), {"__name__": "readme"})
+    return output.getvalue()
+
+
+def test_the_readme_python_blocks_run(server: ServerProcess) -> None:
+    """The serve README's engine block prints its ```text block; its client block and the root README's
+    run against this module's server (its URL, key and model name put in)."""
+    blocks = _blocks(REPOSITORY / "packages" / "serve" / "README.md")
+    python = [i for i, (kind, _) in enumerate(blocks) if kind == "python"]
+    assert len(python) == 2, "the serve README has 2 python blocks: update this test with it"
+    engine, client = python
+    assert blocks[engine + 1][0] == "text"
+    assert _printed(blocks[engine][1], "serve README block 1") == blocks[engine + 1][1]
+    (root,) = [code for kind, code in _blocks(REPOSITORY / "README.md") if kind == "python"]
+    for code, model in ((blocks[client][1], "hf-folder"), (root, "demo")):
+        for old, new in (
+            ("http://127.0.0.1:8000/v1", server.url + "/v1"),
+            ('api_key="none"', f'api_key="{API_KEY}"'),
+            (f'model="{model}"', f'model="{MODEL_NAME}"'),
+        ):
+            assert old in code, (old, code)
+            code = code.replace(old, new)
+        assert _printed(code, "README client block").strip()  # the model's words

@@ -6,7 +6,13 @@ app = create_app(served, EngineConfig(num_pages=256))     # or, from a shell: ha
 """
 
 from halyard.serve.server.app import create_app
-from halyard.serve.server.cli import add_server_arguments, engine_config_of, run_server
+from halyard.serve.server.cli import (
+    OptionError,
+    add_server_arguments,
+    chat_template_of,
+    engine_config_of,
+    run_server,
+)
 from halyard.serve.server.driver import AsyncEngine, EngineUnavailable
 from halyard.serve.server.errors import APIError
 from halyard.serve.server.loading import ServedModel, load_hf_folder, served_model
@@ -16,9 +22,11 @@ __all__ = [
     "APIError",
     "AsyncEngine",
     "EngineUnavailable",
+    "OptionError",
     "ServedModel",
     "TextTokenizer",
     "add_server_arguments",
+    "chat_template_of",
     "create_app",
     "engine_config_of",
     "load_hf_folder",

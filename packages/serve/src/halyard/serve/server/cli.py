@@ -146,6 +146,7 @@ def run_server(served: ServedModel, args: argparse.Namespace, **placement: Any) 
     Raises:
         OptionError: the engine options do not fit the model.
     """
+    logging.basicConfig(format="%(levelname)s:     %(message)s")
     config = engine_config_of(args)
     try:
         app = create_app(served, config, api_key=args.api_key, **placement)
@@ -185,11 +186,14 @@ def run_server(served: ServedModel, args: argparse.Namespace, **placement: Any) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``halyard-serve``."""
-    parser = argparse.ArgumentParser(prog="halyard-serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="halyard-serve",
+        description="Serve a Hugging Face folder over OpenAI's API until Ctrl-C or SIGTERM (halyard serve --run R "
+        "in halyard-train serves a run's checkpoint with the same options).",
+    )
     parser.add_argument("--hf", required=True, help="a Hugging Face folder (config.json, weights, tokenizer)")
     add_server_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(format="%(levelname)s:     %(message)s")
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
         served = load_hf_folder(args.hf, name=args.model_name, chat_template=chat_template_of(args))
