@@ -293,6 +293,7 @@ ERRORS: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 200}, "max_tokens"),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 200}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the " * 120}]}, "messages"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("/v1/completions", {"model": "gpt-4", "prompt": PROMPT}, "model"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, "temperature"),
@@ -371,6 +372,8 @@ def _wait_for(server: ServerProcess, condition: Any, timeout: float = 60) -> dic
 
 
 def test_a_client_that_leaves_frees_its_pages(client: openai.OpenAI, server: ServerProcess) -> None:
+    """A streaming client, and one waiting for the whole answer, that go away: their requests are cancelled.
+    (8 samples of 88 tokens need 96 pages of the 40: they run in waves, hundreds of steps.)"""
     before = server.stats()["requests_cancelled"]
     stream = client.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=88, n=8, stream=True, extra_body={"ignore_eos": True}
@@ -382,6 +385,16 @@ def test_a_client_that_leaves_frees_its_pages(client: openai.OpenAI, server: Ser
     stats = _wait_for(server, lambda s: s["requests_cancelled"] > before and s["pages_in_use"] == 0)
     assert stats["requests_cancelled"] == before + 1 and stats["pages_in_use"] == 0, stats
     assert stats["requests_in_flight"] == 0
+    body = {"prompt": PROMPT, "max_tokens": 88, "n": 8, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.url + "/v1/completions",
+            json={"model": MODEL_NAME, **body},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=httpx.Timeout(60, read=0.3),
+        )
+    stats = _wait_for(server, lambda s: s["requests_cancelled"] > before + 1 and s["pages_in_use"] == 0)
+    assert stats["requests_cancelled"] == before + 2 and stats["pages_in_use"] == 0, stats
 
 
 def _blocks(readme: Path) -> list[tuple[str, str]]:

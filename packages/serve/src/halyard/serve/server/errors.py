@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+
+from halyard.serve.params import ParameterError
 
 logger = logging.getLogger("halyard.serve.server")
 
@@ -45,6 +48,21 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+
+def parameter_error(error: ParameterError, renamed: Mapping[str, str] | None = None) -> APIError:
+    """The 400 of a value the engine refused, naming the field as the request spelt it.
+
+    Args:
+        error: what the engine (or `halyard.serve.SamplingParams`) raised.
+        renamed: engine parameter names -> the request's (``prompt`` -> ``messages`` for a chat).
+    """
+    param = (renamed or {}).get(error.parameter, error.parameter)
+    message = str(error)
+    if param != error.parameter and message.startswith(error.parameter):
+        message = param + message[len(error.parameter) :]
+    too_long = param in ("prompt", "messages", "max_tokens", "max_completion_tokens") and "context" in message
+    return APIError(message, param, code="context_length_exceeded" if too_long else None)
 
 
 def validation_error(error: ValidationError, fields: list[str]) -> APIError:

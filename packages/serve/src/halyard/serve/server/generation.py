@@ -12,7 +12,7 @@ from fastapi import Request
 from halyard.serve.outputs import RequestOutput, SampleOutput, Update
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.server.driver import AsyncEngine, EngineUnavailable
-from halyard.serve.server.errors import APIError
+from halyard.serve.server.errors import APIError, parameter_error
 
 T = TypeVar("T")
 
@@ -67,12 +67,7 @@ class Generation:
                 self._unfinished[request_id] = self.params.n
         except ParameterError as error:
             self.cancel()
-            param = self.renamed.get(error.parameter, error.parameter)
-            message = str(error)
-            if param != error.parameter and message.startswith(error.parameter):
-                message = param + message[len(error.parameter) :]
-            code = "context_length_exceeded" if "context" in message else None
-            raise APIError(message, param, code=code) from None
+            raise parameter_error(error, self.renamed) from None
         except EngineUnavailable as error:
             self.cancel()
             raise unavailable(error) from None

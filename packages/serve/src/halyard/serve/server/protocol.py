@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from halyard.serve.params import MAX_TOP_LOGPROBS, ParameterError, SamplingParams
-from halyard.serve.server.errors import APIError, validation_error
+from halyard.serve.server.errors import APIError, parameter_error, validation_error
 
 NEUTRAL = object()
 """Marks a refused field's accepted values: see `OpenAIRequest.NOT_IMPLEMENTED`."""
@@ -116,9 +116,15 @@ class OpenAIRequest(BaseModel):
         return tuple(stops)
 
     def sampling(
-        self, *, max_tokens: int, logprobs: bool, top_logprobs: int, prompt_logprobs: bool
+        self,
+        *,
+        max_tokens: int,
+        logprobs: bool,
+        top_logprobs: int,
+        prompt_logprobs: bool,
+        renamed: dict[str, str] | None = None,
     ) -> SamplingParams:
-        """The engine's settings for this request.
+        """The engine's settings for this request (``renamed``: engine names -> the request's fields).
 
         Raises:
             APIError: a value out of range (naming its field).
@@ -141,7 +147,7 @@ class OpenAIRequest(BaseModel):
                 prompt_logprobs=prompt_logprobs,
             )
         except ParameterError as error:
-            raise APIError(str(error), error.parameter) from None
+            raise parameter_error(error, renamed) from None
 
     @property
     def include_usage(self) -> bool:
@@ -318,6 +324,7 @@ class ChatRequest(OpenAIRequest):
             logprobs=bool(self.logprobs),
             top_logprobs=self.top_logprobs or 0,
             prompt_logprobs=False,
+            renamed={"max_tokens": self.limit_field},
         )
 
     @property
