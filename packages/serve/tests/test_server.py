@@ -7,6 +7,7 @@ parameter, the API key, and a client that leaves freeing its pages."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -24,6 +25,8 @@ from tiny_models import forward_logprobs, greedy_reference
 from tokenizers import Tokenizer
 
 from halyard.export import import_hf
+from halyard.serve import EngineConfig
+from halyard.serve.server import OptionError, create_app, load_hf_folder, tensor_parallel
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -427,3 +430,30 @@ def test_the_readme_python_blocks_run(server: ServerProcess) -> None:
             assert old in code, (old, code)
             code = code.replace(old, new)
         assert _printed(code, "README client block").strip()  # the model's words
+
+
+def test_tensor_parallel_over_two_devices_answers_as_one_device(client: openai.OpenAI, folder: Path) -> None:
+    """--tensor 2 (in this process, on its simulated devices): the same greedy text as the one-device
+    server; a split that does not divide, or more devices than there are, is refused naming --tensor."""
+    from starlette.testclient import TestClient
+
+    served = load_hf_folder(folder, name=MODEL_NAME)
+    model, placement = tensor_parallel(served.model, 2)
+    config = EngineConfig(
+        page_size=8,
+        num_pages=40,
+        max_context=96,
+        max_running=8,
+        chunk_size=16,
+        max_prefill_rows=2,
+        deterministic=True,
+    )
+    app = create_app(dataclasses.replace(served, model=model), config, **placement)
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    with TestClient(app) as local:
+        sharded = local.post("/v1/completions", json=body).json()
+        assert app.state.server.driver.engine.runner.pages.key_pages.array.sharding.spec[3] == "tensor"
+    assert sharded["choices"][0]["text"] == client.completions.create(**body).choices[0].text
+    for devices, message in ((3, "does not divide"), (64, "there are 8 devices")):
+        with pytest.raises(OptionError, match=f"--tensor {devices}: .*{message}"):
+            tensor_parallel(served.model, devices)

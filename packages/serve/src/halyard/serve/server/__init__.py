@@ -12,6 +12,7 @@ from halyard.serve.server.cli import (
     chat_template_of,
     engine_config_of,
     run_server,
+    tensor_parallel,
 )
 from halyard.serve.server.driver import AsyncEngine, EngineUnavailable
 from halyard.serve.server.errors import APIError
@@ -32,4 +33,5 @@ __all__ = [
     "load_hf_folder",
     "run_server",
     "served_model",
+    "tensor_parallel",
 ]
