@@ -6,8 +6,8 @@ parameter, the API key, and a client that leaves freeing its pages."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import dataclasses
 import io
 import json
 import re
@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 from halyard.export import import_hf
 from halyard.serve import EngineConfig
-from halyard.serve.server import OptionError, create_app, load_hf_folder, tensor_parallel
+from halyard.serve.server import OptionError, build_engine, create_app, load_hf_folder
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -432,13 +432,16 @@ def test_the_readme_python_blocks_run(server: ServerProcess) -> None:
         assert _printed(code, "README client block").strip()  # the model's words
 
 
-def test_tensor_parallel_over_two_devices_answers_as_one_device(client: openai.OpenAI, folder: Path) -> None:
-    """--tensor 2 (in this process, on its simulated devices): the same greedy text as the one-device
-    server; a split that does not divide, or more devices than there are, is refused naming --tensor."""
+@pytest.mark.parametrize(("tensor", "replicas"), [(2, 1), (1, 2)])
+def test_tensor_parallel_and_replicas_answer_as_one_device(
+    client: openai.OpenAI, folder: Path, tensor: int, replicas: int
+) -> None:
+    """--tensor 2 and --replicas 2 (in this process, on its simulated devices): the one-device server's
+    greedy texts (deterministic mode: whichever replica runs a request); a split that does not divide, or
+    more devices than there are, is refused naming the option."""
     from starlette.testclient import TestClient
 
     served = load_hf_folder(folder, name=MODEL_NAME)
-    model, placement = tensor_parallel(served.model, 2)
     config = EngineConfig(
         page_size=8,
         num_pages=40,
@@ -448,12 +451,32 @@ def test_tensor_parallel_over_two_devices_answers_as_one_device(client: openai.O
         max_prefill_rows=2,
         deterministic=True,
     )
-    app = create_app(dataclasses.replace(served, model=model), config, **placement)
-    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    app = create_app(served, config, tensor=tensor, replicas=replicas)
+    prompts = [PROMPT, "how are you", "the one"]
     with TestClient(app) as local:
-        sharded = local.post("/v1/completions", json=body).json()
-        assert app.state.server.driver.engine.runner.pages.key_pages.array.sharding.spec[3] == "tensor"
-    assert sharded["choices"][0]["text"] == client.completions.create(**body).choices[0].text
-    for devices, message in ((3, "does not divide"), (64, "there are 8 devices")):
-        with pytest.raises(OptionError, match=f"--tensor {devices}: .*{message}"):
-            tensor_parallel(served.model, devices)
+        engine = app.state.server.driver.engine
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as clients:  # at once: both replicas busy
+            answers = list(
+                clients.map(
+                    lambda p: local.post(
+                        "/v1/completions",
+                        json={"model": MODEL_NAME, "prompt": p, "max_tokens": 8, "temperature": 0},
+                    ),
+                    prompts,
+                )
+            )
+        if replicas == 1:
+            assert engine.runner.pages.key_pages.array.sharding.spec[3] == "tensor"  # kv heads split
+        else:
+            assert all(e.stats.requests_added >= 1 for e in engine.engines)  # the least busy takes each
+        assert local.get("/stats").json()["pages_total"] == 40 * replicas
+    for prompt, answer in zip(prompts, answers):
+        alone = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0)
+        assert answer.json()["choices"][0]["text"] == alone.choices[0].text
+    for devices, copies, message in (
+        (3, 1, "--tensor 3: heads=4 does not divide"),
+        (64, 1, "there are 8"),
+        (4, 4, "need 16 devices"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            build_engine(served, config, tensor=devices, replicas=copies)

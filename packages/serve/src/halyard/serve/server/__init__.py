@@ -6,17 +6,11 @@ app = create_app(served, EngineConfig(num_pages=256))     # or, from a shell: ha
 """
 
 from halyard.serve.server.app import create_app
-from halyard.serve.server.cli import (
-    OptionError,
-    add_server_arguments,
-    chat_template_of,
-    engine_config_of,
-    run_server,
-    tensor_parallel,
-)
+from halyard.serve.server.cli import add_server_arguments, chat_template_of, engine_config_of, run_server
 from halyard.serve.server.driver import AsyncEngine, EngineUnavailable
 from halyard.serve.server.errors import APIError
 from halyard.serve.server.loading import ServedModel, load_hf_folder, served_model
+from halyard.serve.server.placement import OptionError, build_engine, tensor_parallel
 from halyard.serve.server.tokenizer import TextTokenizer
 
 __all__ = [
@@ -27,6 +21,7 @@ __all__ = [
     "ServedModel",
     "TextTokenizer",
     "add_server_arguments",
+    "build_engine",
     "chat_template_of",
     "create_app",
     "engine_config_of",

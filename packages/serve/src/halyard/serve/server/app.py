@@ -7,12 +7,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import jax
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from halyard.serve.config import EngineConfig
-from halyard.serve.engine import Engine
+from halyard.serve.replicas import Replicas
 from halyard.serve.server.chat import create_chat_completion
 from halyard.serve.server.completions import create_completion
 from halyard.serve.server.driver import AsyncEngine
@@ -20,8 +19,8 @@ from halyard.serve.server.errors import APIError, install_error_handlers
 from halyard.serve.server.formatting import now
 from halyard.serve.server.generation import ClientGone
 from halyard.serve.server.loading import ServedModel
+from halyard.serve.server.placement import build_engine
 from halyard.serve.server.state import ServerState
-from halyard.shard import Layout
 
 METRICS = {
     "waiting": ("gauge", "sequences waiting for admission (the queue)"),
@@ -47,28 +46,23 @@ def create_app(
     config: EngineConfig | None = None,
     *,
     api_key: str | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    layout: Layout | None = None,
+    tensor: int = 1,
+    replicas: int = 1,
 ) -> FastAPI:
     """The server of ``served`` (the engine is built here; its thread runs while the app does).
 
     Args:
-        served: the model, its tokenizer and name.
-        config: the engine's sizes and policies.
+        served: the model (on one device), its tokenizer and name.
+        config: the engine's sizes and policies (each replica's).
         api_key: the bearer token ``/v1`` routes require (None: none).
-        mesh, layout: run the model sharded (see `halyard.serve.Engine`).
+        tensor: devices the model is split over, tensor parallel (see `tensor_parallel`).
+        replicas: copies of the engine, each on ``tensor`` devices of its own (`halyard.serve.Replicas`).
 
     Raises:
+        OptionError: too few devices, or a model that does not divide over ``tensor``.
         ValueError: the config does not fit the model (see `halyard.serve.EngineConfig.context_for`).
     """
-    engine = Engine(
-        served.model,
-        config,
-        decode=served.tokenizer.decode,
-        eos_token_ids=served.eos_token_ids,
-        mesh=mesh,
-        layout=layout,
-    )
+    engine = build_engine(served, config, tensor=tensor, replicas=replicas)
     driver = AsyncEngine(engine)
     state = ServerState(driver, served.tokenizer, served.name, engine.max_context, now(), api_key)
 
@@ -79,6 +73,8 @@ def create_app(
             yield
         finally:
             driver.stop()
+            if isinstance(engine, Replicas):
+                engine.close()
 
     app = FastAPI(title=f"halyard serve: {served.name}", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state

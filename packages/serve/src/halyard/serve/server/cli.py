@@ -19,18 +19,15 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
-import jax
 import uvicorn
 
 from halyard.data import DataInputError
 from halyard.export import HfConversionError
-from halyard.models import CausalLM
 from halyard.serve.config import EngineConfig
 from halyard.serve.server.app import create_app
 from halyard.serve.server.loading import ServedModel, load_hf_folder
-from halyard.shard import Layout, MeshSpec
+from halyard.serve.server.placement import OptionError
 
 API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
 """The environment variable ``--api-key`` defaults to (a key in the environment stays out of ``ps``)."""
@@ -38,10 +35,6 @@ API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
 ENGINE_OPTIONS = ("page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows")
 
 logger = logging.getLogger("halyard.serve.server")
-
-
-class OptionError(ValueError):
-    """A command-line option the model or the engine cannot take (the message names the option)."""
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +66,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
+    )
+    engine.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="copies of the engine, each on its own --tensor devices; a request goes to the least busy "
+        "(data parallel, for throughput) (default: 1)",
     )
     engine.add_argument(
         "--tensor",
@@ -142,35 +142,11 @@ def chat_template_of(args: argparse.Namespace) -> str | None:
         ) from None
 
 
-def tensor_parallel(model: CausalLM, tensor: int) -> tuple[CausalLM, dict[str, Any]]:
-    """``model`` split over ``tensor`` devices (``--tensor``): the placed model and the engine's ``mesh`` and
-    ``layout`` (none for one device).
-
-    Raises:
-        OptionError: fewer devices than ``tensor``, or axes of the model that do not divide over them.
-    """
-    if tensor == 1:
-        return model, {}
-    devices = jax.devices()
-    if not 1 <= tensor <= len(devices):
-        raise OptionError(f"--tensor {tensor}: there are {len(devices)} devices; give 1 to {len(devices)}")
-    try:
-        mesh = MeshSpec(data=1, tensor=tensor).build(devices[:tensor])
-        layout = Layout.tensor_parallel(min_shard=1)  # every head, MLP and vocabulary axis split
-        placed = jax.device_put(model, layout.shardings(model, mesh))
-    except ValueError as error:
-        # The layout lists each weight that stays whole and why; the axes that do not divide say it all.
-        reasons = dict.fromkeys(re.findall(r"\w+=\d+ does not divide over tensor=\d+", str(error)))
-        why = ", ".join(reasons) if reasons else " ".join(str(error).split())
-        raise OptionError(f"--tensor {tensor}: {why}; choose a --tensor that divides them") from None
-    return placed, {"mesh": mesh, "layout": layout}
-
-
 def run_server(served: ServedModel, args: argparse.Namespace) -> int:
     """Serve ``served`` with the options ``args`` until Ctrl-C or SIGTERM.
 
     Args:
-        served: the model (on one device: ``--tensor`` places it).
+        served: the model (on one device: ``--tensor`` and ``--replicas`` place it).
         args: options of `add_server_arguments`.
 
     Returns:
@@ -181,19 +157,22 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
     """
     logging.basicConfig(format="%(levelname)s:     %(message)s")
     config = engine_config_of(args)
-    model, placement = tensor_parallel(served.model, args.tensor)
     try:
-        app = create_app(dataclasses.replace(served, model=model), config, api_key=args.api_key, **placement)
+        app = create_app(served, config, api_key=args.api_key, tensor=args.tensor, replicas=args.replicas)
+    except OptionError:
+        raise
     except ValueError as error:
         raise OptionError(as_options(str(error))) from None
     driver = app.state.server.driver
     logger.warning(
-        "halyard serve: %r, context %d tokens, %d pages of %d tokens, %s mode, %d device(s), on http://%s:%d",
+        "halyard serve: %r, context %d tokens, %d pages of %d tokens, %s mode, %d replica(s) of %d device(s), "
+        "on http://%s:%d",
         served.name,
         app.state.server.max_context,
         config.num_pages,
         config.page_size,
         "deterministic" if config.deterministic else "fast",
+        args.replicas,
         args.tensor,
         args.host,
         args.port,

@@ -25,6 +25,7 @@ from typing import Any
 from halyard.serve.engine import Engine
 from halyard.serve.outputs import Update
 from halyard.serve.params import SamplingParams
+from halyard.serve.replicas import Replicas
 
 logger = logging.getLogger("halyard.serve.server")
 
@@ -43,13 +44,13 @@ class _Route:
 
 
 class AsyncEngine:
-    """An `Engine` in a background thread, used from asyncio.
+    """An `Engine` (or `Replicas`: the same interface) in a background thread, used from asyncio.
 
     Args:
         engine: the engine; only the background thread calls it once `start` ran.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine | Replicas):
         self.engine = engine
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
