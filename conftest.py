@@ -59,6 +59,7 @@ FILE_SECONDS = {
     "test_family_gemma.py": 75,
     "test_pipeline_benchmark_smoke.py": 71,
     "test_invariant_benchmark_smoke.py": 60,  # new: 31 s alone
+    "test_server.py": 45,  # new: 33-43 s alone (halyard-serve's, a server subprocess)
     "test_train_while_tokenizing.py": 68,
     "test_damaged_checkpoints.py": 68,
     "test_checkpoint_benchmark_smoke.py": 68,
@@ -98,6 +99,7 @@ FILE_SECONDS = {
     "test_family_qwen3.py": 28,
     "test_multiprocess_throughput.py": 27,
     "test_attention_implementations.py": 26,
+    "test_server_load.py": 25,  # new: 15-25 s alone
     "test_lora_dpo.py": 25,
     "test_harness_referee.py": 25,
     "test_continue_schedule.py": 25,
@@ -117,6 +119,7 @@ FILE_SECONDS = {
     "test_harness_command.py": 18,
     "test_export_integration.py": 18,
     "test_tokenizer_folder_everywhere.py": 17,
+    "test_serve_command.py": 17,  # new: 15-18 s alone
     "test_kill_resume.py": 16,
     "test_checkpoint_roundtrip.py": 16,
     "test_indexing.py": 15,

@@ -1,7 +1,8 @@
 """Command line: ``train --config CONFIG [--section.key value ...]`` and ``halyard SUBCOMMAND``.
 
 Subcommands of ``halyard``: ``train`` (as ``train``), ``cache`` (build a token cache offline; the
-arguments of ``python -m halyard.data``), ``generate``, ``eval`` and ``export`` (a run's latest checkpoint),
+arguments of ``python -m halyard.data``), ``generate``, ``eval``, ``export`` and ``serve`` (a run's latest
+checkpoint; ``serve`` also a Hugging Face folder),
 ``configs`` (list the built-in configs), ``plot`` and ``replay`` (recompute a step of a run exactly). A config
 is a YAML file or the name of a built-in one (``demo``, ``gpt2-small``, ...). Mistakes a user can anticipate
 print one line ``error: ...`` (what, where, what to do) and exit with code 2 (bad input: config,
@@ -34,6 +35,7 @@ SUBCOMMANDS = {
     "plot": "halyard.train.commands.plot:plot_main",
     "replay": "halyard.train.commands.replay:replay_main",
     "config": "halyard.train.commands.config_show:config_main",
+    "serve": "halyard.train.commands.serve:serve_main",
 }
 """``halyard`` subcommand -> ``module:function`` taking its arguments; the module is imported only when the
 subcommand runs (``halyard configs`` need not import jax)."""
@@ -48,6 +50,8 @@ commands:
   eval      validation loss / perplexity / bits per byte of a run's checkpoint: halyard eval --run runs/demo;
             lm-evaluation-harness tasks: halyard eval --run runs/demo --tasks hellaswag [--limit 100]
   export    write a Hugging Face folder from a run's checkpoint: halyard export --run runs/demo --out hf/
+  serve     an OpenAI-compatible server of a run's checkpoint or a Hugging Face folder:
+            halyard serve --run runs/demo [--port 8000] (or --hf FOLDER); halyard serve --help
             a LoRA run: --lora merge (default) | adapter (a PEFT adapter folder) | base
   configs   list the built-in configs
   plan      before launch: memory per device, FLOPs, step time: halyard plan --config llama-8b --devices 64

@@ -1,0 +1,240 @@
+"""``halyard-serve --hf FOLDER``: serve a Hugging Face folder over OpenAI's API (``halyard serve --run R``
+in halyard-train serves a run's checkpoint with the same options).
+
+It listens on 127.0.0.1 unless ``--host`` says otherwise. Ctrl-C or SIGTERM stops it: no new request is
+accepted, those running get ``--shutdown-timeout`` seconds to finish (then they end with a 503, or an error
+event in a stream), the engine's thread ends and the process exits with code 0; a second Ctrl-C stops at
+once. Bad options print one line ``error: ...`` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from halyard.data import DataInputError
+from halyard.export import HfConversionError
+from halyard.serve.config import EngineConfig
+from halyard.serve.server.app import create_app
+from halyard.serve.server.loading import ServedModel, load_hf_folder
+from halyard.serve.server.placement import OptionError
+
+API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
+"""The environment variable ``--api-key`` defaults to (a key in the environment stays out of ``ps``)."""
+
+ENGINE_OPTIONS = ("page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows")
+
+logger = logging.getLogger("halyard.serve.server")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the engine's and the server's options (everything but where the model comes from)."""
+    defaults = EngineConfig()
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    engine = parser.add_argument_group("engine")
+    helps = {
+        "page_size": "tokens per KV page",
+        "num_pages": "KV pages in the pool (KV memory: num-pages * page-size tokens of every layer)",
+        "max_context": "the longest sequence, prompt plus completion (default: the model's positions, else 4096)",
+        "max_running": "the most sequences decoding at once (rows of the decoding program)",
+        "chunk_size": "the most prompt tokens a sequence is fed per step (chunked prefill)",
+        "max_prefill_rows": "the most sequences prefilled in one step",
+    }
+    for name in ENGINE_OPTIONS:
+        default = getattr(defaults, name)
+        engine.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=default,
+            help=f"{helps[name]} (default: {default})" if fields[name].default is not None else helps[name],
+        )
+    engine.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="a request's tokens and log-probs are bitwise the same whatever runs beside it; every program "
+        "runs at its full row count (costs up to max-running times the work of a lone request)",
+    )
+    engine.add_argument(
+        "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
+    )
+    engine.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="copies of the engine, each on its own --tensor devices; a request goes to the least busy "
+        "(data parallel, for throughput) (default: 1)",
+    )
+    engine.add_argument(
+        "--tensor",
+        type=int,
+        default=1,
+        help="split the model over this many devices, tensor parallel: heads, kv heads, MLP and vocabulary "
+        "(and the KV pages on kv heads) (default: 1)",
+    )
+    engine.add_argument(
+        "--seed", type=int, default=defaults.seed, help="draws the seeds of requests that give none"
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--model-name", help="the name /v1/models lists and requests give (default: the folder's)"
+    )
+    server.add_argument("--chat-template", help="a Jinja file replacing the tokenizer's chat template")
+    server.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
+    server.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_VARIABLE),
+        help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_VARIABLE}, else none)",
+    )
+    server.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="seconds running requests get to finish after Ctrl-C or SIGTERM (default: 5)",
+    )
+    server.add_argument("--log-level", default="info", help="uvicorn's log level (default: info)")
+
+
+def engine_config_of(args: argparse.Namespace) -> EngineConfig:
+    """The `EngineConfig` of parsed options.
+
+    Raises:
+        OptionError: an option out of range (named as on the command line).
+    """
+    values = {name: getattr(args, name) for name in ENGINE_OPTIONS}
+    try:
+        return EngineConfig(
+            **values, deterministic=args.deterministic, prefix_cache=not args.no_prefix_cache, seed=args.seed
+        )
+    except ValueError as error:
+        raise OptionError(as_options(str(error))) from None
+
+
+def as_options(message: str) -> str:
+    """An `EngineConfig` message with its fields named as command-line options (``--num-pages``)."""
+    pattern = r"\b(?:EngineConfig\.)?(" + "|".join(ENGINE_OPTIONS) + r")\b"
+    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
+def chat_template_of(args: argparse.Namespace) -> str | None:
+    """The text of ``--chat-template`` (None when not given).
+
+    Raises:
+        OptionError: the file cannot be read.
+    """
+    if args.chat_template is None:
+        return None
+    try:
+        return Path(args.chat_template).read_text(encoding="utf-8")
+    except OSError as error:
+        raise OptionError(
+            f"--chat-template {args.chat_template}: cannot be read ({error.strerror})"
+        ) from None
+
+
+def run_server(served: ServedModel, args: argparse.Namespace) -> int:
+    """Serve ``served`` with the options ``args`` until Ctrl-C or SIGTERM.
+
+    Args:
+        served: the model (on one device: ``--tensor`` and ``--replicas`` place it).
+        args: options of `add_server_arguments`.
+
+    Returns:
+        0 after a clean stop.
+
+    Raises:
+        OptionError: the engine options do not fit the model.
+    """
+    logging.basicConfig(format="%(levelname)s:     %(message)s")
+    config = engine_config_of(args)
+    try:
+        app = create_app(served, config, api_key=args.api_key, tensor=args.tensor, replicas=args.replicas)
+    except OptionError:
+        raise
+    except ValueError as error:
+        raise OptionError(as_options(str(error))) from None
+    driver = app.state.server.driver
+    logger.warning(
+        "halyard serve: %r, context %d tokens, %d pages of %d tokens, %s mode, %d replica(s) of %d device(s), "
+        "on http://%s:%d",
+        served.name,
+        app.state.server.max_context,
+        config.num_pages,
+        config.page_size,
+        "deterministic" if config.deterministic else "fast",
+        args.replicas,
+        args.tensor,
+        args.host,
+        args.port,
+    )
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=int(args.shutdown_timeout) + 5,  # a backstop: the drain ends first
+        ),
+        on_exit=lambda: driver.drain(args.shutdown_timeout),
+    )
+    # uvicorn raises the signal that stopped it again once it has shut down (for the handlers that were
+    # there before); these ones let the process end normally, with code 0.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _stopped)
+    try:
+        server.run()
+    finally:
+        driver.stop()
+    return 0 if server.started else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``halyard-serve``."""
+    parser = argparse.ArgumentParser(
+        prog="halyard-serve",
+        description="Serve a Hugging Face folder over OpenAI's API until Ctrl-C or SIGTERM (halyard serve --run R "
+        "in halyard-train serves a run's checkpoint with the same options).",
+    )
+    parser.add_argument("--hf", required=True, help="a Hugging Face folder (config.json, weights, tokenizer)")
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        engine_config_of(args)  # before the model loads: a bad option costs no loading time
+        served = load_hf_folder(args.hf, name=args.model_name, chat_template=chat_template_of(args))
+        return run_server(served, args)
+    except (OptionError, HfConversionError, DataInputError) as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        return 130
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the engine to drain when the first stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def _stopped(sig: int, frame: FrameType | None) -> None:
+    pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""`ServerState`: what every route of one server reads (the engine's driver, the tokenizer, the model's
+name and context, the API key)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+
+from halyard.serve.server.driver import AsyncEngine
+from halyard.serve.server.errors import APIError
+from halyard.serve.server.tokenizer import TextTokenizer
+
+
+@dataclasses.dataclass
+class ServerState:
+    """The server's shared state.
+
+    Attributes:
+        driver: the engine, driven from asyncio.
+        tokenizer: the model's tokenizer.
+        model_name: the one model this server serves (what ``model`` must say).
+        max_context: the engine's longest sequence (prompt plus completion), in tokens.
+        created: when the server started (seconds since the epoch; ``/v1/models``' ``created``).
+        api_key: the bearer token ``/v1`` routes require, or None for none.
+    """
+
+    driver: AsyncEngine
+    tokenizer: TextTokenizer
+    model_name: str
+    max_context: int
+    created: int
+    api_key: str | None = None
+
+    def check_model(self, name: str) -> None:
+        """Raises `APIError` (param ``model``) unless ``name`` is the served model."""
+        if name != self.model_name:
+            raise APIError(
+                f"model: {name!r} is not served here; this server serves {self.model_name!r} (GET /v1/models)",
+                "model",
+                code="model_not_found",
+            )
+
+    def check_key(self, authorization: str | None) -> None:
+        """Raises a 401 `APIError` unless ``authorization`` is ``Bearer <the key>`` (or no key is set)."""
+        if self.api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.api_key.encode()
+        ):
+            said = "no Authorization header" if authorization is None else "a wrong API key"
+            raise APIError(
+                f"this server needs an API key: send 'Authorization: Bearer <key>' (the request had {said})",
+                status=401,
+                code="invalid_api_key",
+            )

@@ -1,0 +1,53 @@
+"""``halyard serve``: a run's checkpoint (``--run``, the latest complete one unless ``--step``) or a Hugging
+Face folder (``--hf``) over OpenAI's API, with halyard.serve's server and its options (``--port``,
+``--api-key``, engine sizes...; ``halyard serve --help``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+
+from halyard.serve.server import (
+    OptionError,
+    add_server_arguments,
+    chat_template_of,
+    engine_config_of,
+    load_hf_folder,
+    run_server,
+    served_model,
+)
+from halyard.train.config.errors import ConfigError
+from halyard.train.run.loading import load_run_model
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """Serve a run's checkpoint or a Hugging Face folder until Ctrl-C or SIGTERM (then exit with code 0)."""
+    parser = argparse.ArgumentParser(prog="halyard serve", description=serve_main.__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--run", help="a training run folder (trainer.run_dir): its latest complete checkpoint"
+    )
+    source.add_argument("--hf", help="a Hugging Face folder (config.json, weights, tokenizer files)")
+    parser.add_argument("--step", type=int, default=None, help="with --run: the checkpoint's step")
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.step is not None and args.run is None:
+        raise ConfigError("--step needs --run (a Hugging Face folder has one set of weights)")
+    try:
+        engine_config_of(args)  # before the model loads: a bad option costs no loading time
+        chat_template = chat_template_of(args)
+        if args.run is not None:
+            loaded = load_run_model(Path(args.run), args.step)
+            # The engine runs the model on one device, as halyard generate does (not the training mesh).
+            name = args.model_name or Path(args.run).resolve().name
+            served = served_model(
+                jax.device_get(loaded.model), loaded.tokenizer, name, chat_template=chat_template
+            )
+        else:
+            served = load_hf_folder(args.hf, name=args.model_name, chat_template=chat_template)
+        return run_server(served, args)
+    except OptionError as error:
+        raise ConfigError(str(error)) from None
