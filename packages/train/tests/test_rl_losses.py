@@ -30,14 +30,17 @@ from halyard.train.rl.losses import group_advantages, loss_normalizer, policy_lo
 GROUPS, GROUP_SIZE, TOKENS = 4, 4, 7
 
 
-def make_case(seed: int, *, off_policy: bool = True, drift: float = 0.25) -> Case:
-    """Random log-probs near each other (ratios around 1 by ``drift``) and 0/0.5/1 rewards, one group equal."""
+def make_case(seed: int, *, off_policy: bool = True, unscored: bool = False, drift: float = 0.25) -> Case:
+    """Random log-probs near each other (ratios around 1 by ``drift``) and 0/0.5/1 rewards, one group equal;
+    ``unscored``: a NaN reward in one group, only one scored in another."""
     rng = np.random.default_rng(seed)
     sequences = GROUPS * GROUP_SIZE
     lengths = rng.integers(1, TOKENS + 1, sequences)
     lengths[0] = TOKENS  # TRL pads to the longest completion: keep the width
     rewards = rng.integers(0, 3, (GROUPS, GROUP_SIZE)).astype(np.float32) / 2
     rewards[1] = 0.5
+    if unscored:
+        rewards[2, 1] = rewards[3, 1:] = np.nan
     old = rng.normal(-1.5, 0.6, (sequences, TOKENS)).astype(np.float32)
 
     def near(base: np.ndarray, scale: float) -> np.ndarray:
@@ -97,44 +100,51 @@ def halyard_grpo(options: Options, case: Case) -> dict:
 
 
 CASES = {
-    "grpo-on-policy": (Options(), False),
-    "grpo": (Options(), True),
-    "bnpo": (Options(loss_type="bnpo"), True),
-    "dr_grpo": (Options(loss_type="dr_grpo", scale="none"), True),
-    "dapo-clip-higher": (Options(loss_type="dapo", clip_high=0.28), True),
-    "grpo-batch-scale": (Options(scale="batch"), True),
-    "two-sided-clipping": (Options(ratio_cap=1.15), True),
-    "kl": (Options(kl_beta=0.04), True),
-    "kl-unweighted": (Options(kl_beta=0.04, kl_importance_weighted=False), True),
-    "kl-on-policy": (Options(kl_beta=0.1), False),
-    "is-token": (Options(importance_sampling="token", importance_cap=1.3), True),
-    "is-token-on-policy": (Options(importance_sampling="token", importance_cap=1.3), False),
-    "is-sequence": (Options(importance_sampling="sequence", importance_cap=2.0, importance_floor=0.5), True),
+    "grpo-on-policy": (Options(), {"off_policy": False}),
+    "grpo": (Options(), {}),
+    "bnpo": (Options(loss_type="bnpo"), {}),
+    "dr_grpo": (Options(loss_type="dr_grpo", scale="none"), {}),
+    "dapo-clip-higher": (Options(loss_type="dapo", clip_high=0.28), {}),
+    "grpo-batch-scale": (Options(scale="batch"), {}),
+    "two-sided-clipping": (Options(ratio_cap=1.15), {}),
+    "kl": (Options(kl_beta=0.04), {}),
+    "kl-unweighted": (Options(kl_beta=0.04, kl_importance_weighted=False), {}),
+    "kl-on-policy": (Options(kl_beta=0.1), {"off_policy": False}),
+    "is-token": (Options(importance_sampling="token", importance_cap=1.3), {}),
+    "is-token-on-policy": (Options(importance_sampling="token", importance_cap=1.3), {"off_policy": False}),
+    "is-sequence": (Options(importance_sampling="sequence", importance_cap=2.0, importance_floor=0.5), {}),
     "is-token-mask": (
         Options(importance_sampling="token_mask", importance_cap=1.4, importance_floor=0.7),
-        True,
+        {},
     ),
     "is-sequence-mask": (
         Options(loss_type="dapo", importance_sampling="sequence_mask", importance_cap=1.5),
-        True,
+        {},
     ),
-    "gspo": (Options(level="sequence", clip_low=0.03, clip_high=0.04), True),
+    "gspo": (Options(level="sequence", clip_low=0.03, clip_high=0.04), {}),
     "gspo-kl-is": (
         Options(
             level="sequence", clip_low=0.03, clip_high=0.04, kl_beta=0.04, importance_sampling="sequence"
         ),
-        True,
+        {},
     ),
+    "unscored": (Options(), {"unscored": True}),
+    "unscored-dr_grpo": (Options(loss_type="dr_grpo", scale="none"), {"unscored": True}),
+    "unscored-batch-scale": (Options(scale="batch"), {"unscored": True}),
 }
 
 # Logged by TRL from what Halyard's loss does not see: the rewards (the trainer logs those) and the entropy.
 NOT_FROM_THE_LOSS = {"reward", "reward_std", "rewards/reward/mean", "rewards/reward/std", "entropy"}
 
 
+def case_named(name: str) -> tuple[Options, Case]:
+    options, case_options = CASES[name]
+    return options, make_case(seed=sorted(CASES).index(name), **case_options)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_loss_and_gradient_equal_trl(name: str) -> None:
-    options, off_policy = CASES[name]
-    case = make_case(seed=sorted(CASES).index(name), off_policy=off_policy)
+    options, case = case_named(name)
     expected, ours = trl_grpo(options, case), halyard_grpo(options, case)
 
     np.testing.assert_allclose(ours["advantages"], expected["advantages"], atol=1e-6, rtol=1e-6)
@@ -145,7 +155,10 @@ def test_loss_and_gradient_equal_trl(name: str) -> None:
     trl_metrics = dict(expected["metrics"])
     zero_std = trl_metrics.pop("frac_reward_zero_std")
     if options.scale != "batch":  # with batch scaling TRL logs whether the batch's std is 0
-        assert zero_std == pytest.approx(ours["all_equal"].mean()) and zero_std > 0
+        # TRL does not count a group with fewer than two scored rewards; Halyard flags it (nothing to learn).
+        scored = np.sum(~np.isnan(case.rewards), axis=1)
+        assert zero_std == pytest.approx(np.mean(ours["all_equal"] & (scored >= 2))) and zero_std > 0
+        np.testing.assert_array_equal(ours["all_equal"][scored < 2], True)
     shared = set(trl_metrics) - NOT_FROM_THE_LOSS
     assert shared <= set(ours["metrics"]), sorted(shared - set(ours["metrics"]))
     for metric in sorted(shared):
@@ -155,18 +168,17 @@ def test_loss_and_gradient_equal_trl(name: str) -> None:
 def test_the_cases_clip_and_correct() -> None:
     """Each off-policy case clips some ratios, two-sided clipping's cap and the sampler weights act."""
     results = {}
-    for name, (options, off_policy) in CASES.items():
-        results[name] = halyard_grpo(options, make_case(sorted(CASES).index(name), off_policy=off_policy))
+    for name in CASES:
+        options, case = case_named(name)
+        results[name] = halyard_grpo(options, case)
         metrics = results[name]["metrics"]
-        assert (metrics["clip_ratio/region_mean"] > 0) == off_policy, name
+        assert (metrics["clip_ratio/region_mean"] > 0) == (case.old_logps is not None), name
         if options.importance_sampling != "none":
             ratio = "sampling/importance_sampling_ratio"
             assert metrics[f"{ratio}/min"] < 1 < metrics[f"{ratio}/max"] <= options.importance_cap, name  # type: ignore[operator]
             assert (metrics[f"{ratio}/min"] == 0) == options.importance_sampling.endswith("mask"), name
-    options, _ = CASES["two-sided-clipping"]
-    uncapped = halyard_grpo(
-        dataclasses.replace(options, ratio_cap=None), make_case(sorted(CASES).index("two-sided-clipping"))
-    )
+    options, case = case_named("two-sided-clipping")
+    uncapped = halyard_grpo(dataclasses.replace(options, ratio_cap=None), case)
     assert abs(uncapped["loss"] - results["two-sided-clipping"]["loss"]) > 1e-3
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,12 +37,12 @@ class Options:
     level: str = "token"
     ratio_cap: float | None = None
     max_completion_length: int = 16
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Case:
-    """Identical inputs for both sides: float32 ``[sequences, tokens]`` log-probs, rewards ``[groups, size]``."""
+    """Identical inputs for both sides: float32 ``[sequences, tokens]`` log-probs, rewards ``[groups, size]``
+    (NaN: not scored, TRL's None)."""
 
     rewards: np.ndarray
     logps: np.ndarray

@@ -46,10 +46,11 @@ class GroupAdvantages(NamedTuple):
     """What `group_advantages` returns.
 
     Attributes:
-        advantages: float ``[groups, group_size]``, each completion's advantage.
-        all_equal: bool ``[groups]``, True where a group's rewards are all equal (their standard deviation
-            is 0 up to 1e-8, TRL's ``isclose``): every advantage in it is 0 and the group teaches nothing.
-            DAPO's dynamic sampling drops these groups; their share is TRL's ``frac_reward_zero_std``.
+        advantages: float ``[groups, group_size]``, each completion's advantage (0 for an unscored one).
+        all_equal: bool ``[groups]``, True where a group's scored rewards are all equal (their standard
+            deviation is 0 up to 1e-8, TRL's ``isclose``) or fewer than two are scored: every advantage in
+            it is 0 and the group teaches nothing. DAPO's dynamic sampling drops these groups; their share is
+            TRL's ``frac_reward_zero_std`` (which does not count groups with fewer than two scored rewards).
     """
 
     advantages: jax.Array
@@ -62,7 +63,9 @@ def group_advantages(
     """Each completion's reward minus its group's mean, divided by a standard deviation (or not).
 
     The standard deviation is the unbiased one (Bessel's correction, TRL's ``nanstd``); a group of one
-    completion has standard deviation 0.
+    completion has standard deviation 0. A NaN reward means the completion could not be scored (TRL's
+    ``None``, `halyard.train.rl.rewards`): it is left out of the means and deviations and its advantage
+    is 0, as are those of a group with fewer than two scored completions.
 
     Args:
         rewards: ``rewards[g, i]`` is the reward of prompt ``g``'s completion ``i``.
@@ -76,23 +79,26 @@ def group_advantages(
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"rewards scale {scale!r} is not one of group, batch, none")
-    centred = rewards - jnp.mean(rewards, axis=1, keepdims=True)
-    group_std = _unbiased_std(rewards, axis=1)
+    centred = rewards - jnp.nanmean(rewards, axis=1, keepdims=True)
+    group_std = _unbiased_nanstd(rewards, axis=1)
     if scale == "group":
         centred = centred / (group_std + eps)
     elif scale == "batch":
-        centred = centred / (_unbiased_std(rewards.reshape(-1), axis=0) + eps)
-    return GroupAdvantages(centred, jnp.abs(group_std[:, 0]) <= 1e-8)
+        centred = centred / (_unbiased_nanstd(rewards.reshape(-1), axis=0) + eps)
+    scored = jnp.sum(~jnp.isnan(rewards), axis=1)
+    all_equal = (jnp.abs(group_std[:, 0]) <= 1e-8) | (scored < 2)
+    return GroupAdvantages(jnp.nan_to_num(centred, nan=0.0), all_equal)
 
 
-def _unbiased_std(values: jax.Array, *, axis: int) -> jax.Array:
-    """The standard deviation with Bessel's correction along ``axis`` (kept); 0 for a single value."""
-    count = values.shape[axis]
-    if count < 2:
-        return jnp.zeros_like(jnp.mean(values, axis=axis, keepdims=True))
-    mean = jnp.mean(values, axis=axis, keepdims=True)
-    variance = jnp.mean((values - mean) ** 2, axis=axis, keepdims=True) * (count / (count - 1))
-    return jnp.sqrt(variance)
+def _unbiased_nanstd(values: jax.Array, *, axis: int) -> jax.Array:
+    """The standard deviation of the non-NaN values with Bessel's correction along ``axis`` (kept): NaN
+    for fewer than two such values, 0 when ``axis`` has one entry (TRL's ``nanstd`` and its special case)."""
+    if values.shape[axis] < 2:
+        return jnp.zeros_like(jnp.nanmean(values, axis=axis, keepdims=True))
+    count = jnp.sum(~jnp.isnan(values), axis=axis, keepdims=True).astype(values.dtype)
+    mean = jnp.nanmean(values, axis=axis, keepdims=True)
+    correction = jnp.where(count > 1, count / jnp.maximum(count - 1, 1), jnp.nan)
+    return jnp.sqrt(jnp.nanmean((values - mean) ** 2, axis=axis, keepdims=True) * correction)
 
 
 class PolicyLoss(NamedTuple):
