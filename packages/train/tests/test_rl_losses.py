@@ -1,0 +1,291 @@
+"""GRPO's advantages and policy loss against TRL's `GRPOTrainer` on identical inputs, and their algebra.
+
+Each case runs TRL's own `_generate_and_score_completions` and `_compute_loss` (trl_grpo_harness.py) and
+Halyard's `group_advantages` and `policy_loss` (jitted) on the same float32 arrays: the advantages, the
+loss (within 1e-6), its gradient with respect to the per-token log-probs (within 1e-5; torch autograd
+against jax.grad) and every metric both log must agree, for each loss type, clip-higher, two-sided
+clipping, the KL term with and without its importance weight, each importance-sampling mode and GSPO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from trl_grpo_harness import Case, Options, trl_grpo
+
+from halyard.train.rl.losses import group_advantages, loss_normalizer, policy_loss
+
+GROUPS, GROUP_SIZE, TOKENS = 4, 4, 7
+
+
+def make_case(seed: int, *, off_policy: bool = True, unscored: bool = False, drift: float = 0.25) -> Case:
+    """Random log-probs near each other (ratios around 1 by ``drift``) and 0/0.5/1 rewards, one group equal;
+    ``unscored``: a NaN reward in one group, only one scored in another."""
+    rng = np.random.default_rng(seed)
+    sequences = GROUPS * GROUP_SIZE
+    lengths = rng.integers(1, TOKENS + 1, sequences)
+    lengths[0] = TOKENS  # TRL pads to the longest completion: keep the width
+    rewards = rng.integers(0, 3, (GROUPS, GROUP_SIZE)).astype(np.float32) / 2
+    rewards[1] = 0.5
+    if unscored:
+        rewards[2, 1] = rewards[3, 1:] = np.nan
+    old = rng.normal(-1.5, 0.6, (sequences, TOKENS)).astype(np.float32)
+
+    def near(base: np.ndarray, scale: float) -> np.ndarray:
+        return np.minimum(base + rng.normal(0.0, scale, base.shape), -1e-3).astype(np.float32)
+
+    logps = near(old, drift)
+    return Case(
+        rewards=rewards,
+        logps=logps,
+        old_logps=old if off_policy else None,
+        sampler_logps=near(old if off_policy else logps, 0.3),
+        reference_logps=near(old, 0.3),
+        lengths=lengths,
+    )
+
+
+def halyard_grpo(options: Options, case: Case) -> dict:
+    """Halyard's advantages, loss, gradient with respect to ``logps`` and metrics, jitted."""
+    advantages, all_equal = group_advantages(jnp.asarray(case.rewards), scale=options.scale)  # type: ignore[arg-type]
+    loss_fn = jax.jit(
+        functools.partial(
+            policy_loss,
+            loss_type=options.loss_type,
+            clip_low=options.clip_low,
+            clip_high=options.clip_high,
+            kl_beta=options.kl_beta,
+            kl_importance_weighted=options.kl_importance_weighted,
+            importance_sampling=options.importance_sampling,
+            importance_cap=options.importance_cap,
+            importance_floor=options.importance_floor,
+            level=options.level,
+            ratio_cap=options.ratio_cap,
+            max_completion_length=options.max_completion_length,
+        )
+    )
+    correction = options.importance_sampling != "none"
+
+    def loss(logps: jax.Array) -> tuple[jax.Array, dict]:
+        out = loss_fn(
+            logps,
+            None if case.old_logps is None else jnp.asarray(case.old_logps),
+            jnp.asarray(case.sampler_logps) if correction else None,
+            advantages.reshape(-1),
+            jnp.asarray(case.mask),
+            jnp.asarray(case.reference_logps) if options.kl_beta else None,
+        )
+        return out.loss, out.metrics
+
+    (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(case.logps))
+    return {
+        "advantages": np.asarray(advantages).reshape(-1),
+        "all_equal": np.asarray(all_equal),
+        "loss": float(value),
+        "grad": np.asarray(grad),
+        "metrics": {name: float(v) for name, v in metrics.items()},
+    }
+
+
+CASES = {
+    "grpo-on-policy": (Options(), {"off_policy": False}),
+    "grpo": (Options(), {}),
+    "bnpo": (Options(loss_type="bnpo"), {}),
+    "dr_grpo": (Options(loss_type="dr_grpo", scale="none"), {}),
+    "dapo-clip-higher": (Options(loss_type="dapo", clip_high=0.28), {}),
+    "grpo-batch-scale": (Options(scale="batch"), {}),
+    "two-sided-clipping": (Options(ratio_cap=1.15), {}),
+    "kl": (Options(kl_beta=0.04), {}),
+    "kl-unweighted": (Options(kl_beta=0.04, kl_importance_weighted=False), {}),
+    "kl-on-policy": (Options(kl_beta=0.1), {"off_policy": False}),
+    "is-token": (Options(importance_sampling="token", importance_cap=1.3), {}),
+    "is-token-on-policy": (Options(importance_sampling="token", importance_cap=1.3), {"off_policy": False}),
+    "is-sequence": (Options(importance_sampling="sequence", importance_cap=2.0, importance_floor=0.5), {}),
+    "is-token-mask": (
+        Options(importance_sampling="token_mask", importance_cap=1.4, importance_floor=0.7),
+        {},
+    ),
+    "is-sequence-mask": (
+        Options(loss_type="dapo", importance_sampling="sequence_mask", importance_cap=1.5),
+        {},
+    ),
+    "gspo": (Options(level="sequence", clip_low=0.03, clip_high=0.04), {}),
+    "gspo-kl-is": (
+        Options(
+            level="sequence", clip_low=0.03, clip_high=0.04, kl_beta=0.04, importance_sampling="sequence"
+        ),
+        {},
+    ),
+    "unscored": (Options(), {"unscored": True}),
+    "unscored-dr_grpo": (Options(loss_type="dr_grpo", scale="none"), {"unscored": True}),
+    "unscored-batch-scale": (Options(scale="batch"), {"unscored": True}),
+}
+
+# Logged by TRL from what Halyard's loss does not see: the rewards (the trainer logs those) and the entropy.
+NOT_FROM_THE_LOSS = {"reward", "reward_std", "rewards/reward/mean", "rewards/reward/std", "entropy"}
+
+
+def case_named(name: str) -> tuple[Options, Case]:
+    options, case_options = CASES[name]
+    return options, make_case(seed=sorted(CASES).index(name), **case_options)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_and_gradient_equal_trl(name: str) -> None:
+    options, case = case_named(name)
+    expected, ours = trl_grpo(options, case), halyard_grpo(options, case)
+
+    np.testing.assert_allclose(ours["advantages"], expected["advantages"], atol=1e-6, rtol=1e-6)
+    assert np.abs(expected["grad"]).max() > 1e-3  # a real gradient is compared
+    np.testing.assert_allclose(ours["loss"], expected["loss"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(ours["grad"], expected["grad"], atol=1e-5, rtol=0)
+
+    trl_metrics = dict(expected["metrics"])
+    zero_std = trl_metrics.pop("frac_reward_zero_std")
+    if options.scale != "batch":  # with batch scaling TRL logs whether the batch's std is 0
+        # TRL does not count a group with fewer than two scored rewards; Halyard flags it (nothing to learn).
+        scored = np.sum(~np.isnan(case.rewards), axis=1)
+        assert zero_std == pytest.approx(np.mean(ours["all_equal"] & (scored >= 2))) and zero_std > 0
+        np.testing.assert_array_equal(ours["all_equal"][scored < 2], True)
+    shared = set(trl_metrics) - NOT_FROM_THE_LOSS
+    assert shared <= set(ours["metrics"]), sorted(shared - set(ours["metrics"]))
+    for metric in sorted(shared):
+        np.testing.assert_allclose(ours["metrics"][metric], trl_metrics[metric], atol=1e-6, err_msg=metric)
+
+
+def test_the_cases_clip_and_correct() -> None:
+    """Each off-policy case clips some ratios, two-sided clipping's cap and the sampler weights act."""
+    results = {}
+    for name in CASES:
+        options, case = case_named(name)
+        results[name] = halyard_grpo(options, case)
+        metrics = results[name]["metrics"]
+        assert (metrics["clip_ratio/region_mean"] > 0) == (case.old_logps is not None), name
+        if options.importance_sampling != "none":
+            ratio = "sampling/importance_sampling_ratio"
+            assert metrics[f"{ratio}/min"] < 1 < metrics[f"{ratio}/max"] <= options.importance_cap, name  # type: ignore[operator]
+            assert (metrics[f"{ratio}/min"] == 0) == options.importance_sampling.endswith("mask"), name
+    options, case = case_named("two-sided-clipping")
+    uncapped = halyard_grpo(dataclasses.replace(options, ratio_cap=None), case)
+    assert abs(uncapped["loss"] - results["two-sided-clipping"]["loss"]) > 1e-3
+
+
+def test_options_are_checked() -> None:
+    case = make_case(0)
+    arrays = (jnp.asarray(case.logps), None, None, jnp.zeros(GROUPS * GROUP_SIZE), jnp.asarray(case.mask))
+    with pytest.raises(ValueError, match="not one of grpo, bnpo, dr_grpo, dapo"):
+        policy_loss(*arrays, loss_type="ppo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_completion_length"):
+        policy_loss(*arrays, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="needs reference_logps"):
+        policy_loss(*arrays, kl_beta=0.1)
+    with pytest.raises(ValueError, match="needs sampler_logps"):
+        policy_loss(*arrays, importance_sampling="token")
+    with pytest.raises(ValueError, match="token, sequence"):
+        policy_loss(*arrays, level="group")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="group, batch, none"):
+        group_advantages(jnp.zeros((2, 2)), scale="std")  # type: ignore[arg-type]
+
+
+rewards_arrays = hnp.arrays(
+    np.float32,
+    st.tuples(st.integers(1, 5), st.integers(2, 6)),
+    elements=st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rewards=rewards_arrays, shift=st.floats(-3, 3))
+def test_advantages_are_centred_and_shift_invariant(rewards: np.ndarray, shift: float) -> None:
+    for scale in ("group", "none"):
+        advantages, all_equal = group_advantages(jnp.asarray(rewards), scale=scale)  # type: ignore[arg-type]
+        np.testing.assert_allclose(np.sum(advantages, axis=1), 0.0, atol=1e-4)
+        shifted, _ = group_advantages(jnp.asarray(rewards + np.float32(shift)), scale=scale)  # type: ignore[arg-type]
+        np.testing.assert_allclose(shifted, advantages, atol=1e-4)
+        equal = (rewards == rewards[:, :1]).all(axis=1)
+        np.testing.assert_array_equal(all_equal, equal)
+        assert np.all(np.asarray(advantages)[equal] == 0)
+    # Group scaling: unit (unbiased) standard deviation in each group with different rewards.
+    advantages, all_equal = group_advantages(jnp.asarray(rewards), scale="group")
+    spread = np.std(np.asarray(advantages), axis=1, ddof=1)[~np.asarray(all_equal)]
+    np.testing.assert_allclose(spread, 1.0, rtol=1e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), loss_type=st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo"]))
+def test_on_policy_gradient_is_the_policy_gradient(seed: int, loss_type: str) -> None:
+    """At ``pi_theta = pi_old`` no ratio is clipped and the gradient is ``-A_i / normaliser`` on each token
+    (``grpo``: ``-A_i / (len_i * sequences)``): REINFORCE with the group baseline."""
+    case = make_case(seed, off_policy=False)
+    rng = np.random.default_rng(seed)
+    advantages = jnp.asarray(rng.normal(size=GROUPS * GROUP_SIZE).astype(np.float32))
+    mask = jnp.asarray(case.mask)
+
+    def loss(logps: jax.Array) -> jax.Array:
+        return policy_loss(
+            logps,
+            None,
+            None,
+            advantages,
+            mask,
+            loss_type=loss_type,
+            max_completion_length=TOKENS,  # type: ignore[arg-type]
+        ).loss
+
+    value, grad = jax.value_and_grad(loss)(jnp.asarray(case.logps))
+    normalizer = loss_normalizer(mask, loss_type=loss_type, max_completion_length=TOKENS)  # type: ignore[arg-type]
+    per_token = -advantages[:, None] * mask
+    if loss_type == "grpo":
+        per_token = per_token / jnp.sum(mask, axis=1, keepdims=True)
+    np.testing.assert_allclose(grad, per_token / normalizer, atol=1e-6)
+    np.testing.assert_allclose(value, jnp.sum(per_token) / normalizer, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), level=st.sampled_from(["token", "sequence"]))
+def test_padding_does_not_matter(seed: int, level: str) -> None:
+    """Values under the mask (and rows with no tokens) change neither the loss nor the metrics, and get no
+    gradient."""
+    case = dataclasses.replace(make_case(seed), lengths=make_case(seed).lengths.copy())
+    case.lengths[-1] = 0
+    mask = jnp.asarray(case.mask)
+    noise = np.random.default_rng(seed).normal(0.0, 5.0, case.logps.shape).astype(np.float32) * (
+        1 - case.mask
+    )
+    advantages = jnp.asarray(np.linspace(-1, 1, GROUPS * GROUP_SIZE, dtype=np.float32))
+    options = {"level": level, "kl_beta": 0.05, "importance_sampling": "sequence", "loss_type": "grpo"}
+
+    def run(garbage: np.ndarray) -> tuple:
+        def loss(logps: jax.Array) -> tuple:
+            out = policy_loss(
+                logps,
+                jnp.asarray(case.old_logps + garbage),  # type: ignore[operator]
+                jnp.asarray(case.sampler_logps + garbage),
+                advantages,
+                mask,
+                jnp.asarray(case.reference_logps + garbage),
+                **options,  # type: ignore[arg-type]
+            )
+            return out.loss, out.metrics
+
+        return jax.value_and_grad(loss, has_aux=True)(jnp.asarray(case.logps + garbage))
+
+    (clean, clean_metrics), clean_grad = run(np.zeros_like(noise))
+    (noisy, noisy_metrics), noisy_grad = run(noise)
+    np.testing.assert_allclose(noisy, clean, atol=1e-6)
+    np.testing.assert_allclose(noisy_grad, clean_grad, atol=1e-6)
+    assert np.all(np.asarray(noisy_grad)[np.asarray(case.mask) == 0] == 0)
+    for name, value in clean_metrics.items():
+        np.testing.assert_allclose(noisy_metrics[name], value, atol=1e-6, err_msg=name)
