@@ -8,6 +8,7 @@ import numpy as np
 from halyard.models import init_model, model_config
 from halyard.named import named
 from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.server import cli  # noqa: F401  (the server imports: fastapi, uvicorn, the chat templates)
 
 sizes = dict(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, max_position=64

@@ -1,4 +1,4 @@
-"""halyard.serve: an inference engine (paged KV cache, continuous batching, deterministic by default) and an
+"""halyard.serve: an inference engine (paged KV cache, continuous batching, an opt-in deterministic mode) and an
 OpenAI-compatible server.
 
 engine = Engine(model, EngineConfig(num_pages=256), decode=tokenizer.decode)
