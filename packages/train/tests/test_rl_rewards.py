@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from halyard.train.config.errors import ConfigError
-from halyard.train.rl.rewards import RewardError, load_reward, load_rewards
+from halyard.train.rl.rewards import RewardError, load_reward, load_rewards, overlong_penalty
 from halyard.train.rl.rewards.exact import exact_reward
 from halyard.train.rl.rewards.math_answer import math_reward
 from halyard.train.user_errors import exit_code_of
@@ -239,3 +239,15 @@ def test_a_failing_reward_names_itself_and_the_example(rewards_folder: Path) -> 
         load_rewards(["fragile:word"]).score(["p"], ["c"], ["a"])
     with pytest.raises(RewardError, match="on example 0, prompt 'p'$"):
         load_rewards(["fragile:divide"]).score(["p"], ["zero"], ["a"])
+
+
+@pytest.mark.parametrize(("max_length", "buffer"), [(100, 20), (16, 0), (16, 16), (7, 3)])
+def test_overlong_penalty_equals_trl(max_length: int, buffer: int) -> None:
+    trl_rewards = pytest.importorskip("trl.rewards")
+    lengths = list(range(0, max_length + 5))
+    expected = trl_rewards.get_soft_overlong_punishment(max_length, buffer)([[1] * n for n in lengths])
+    ours = overlong_penalty(lengths, max_completion_length=max_length, buffer=buffer)
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    assert ours.dtype == np.float32 and ours.min() == -1.0 and ours.max() == 0.0
+    with pytest.raises(ValueError, match="between 0 and max_completion_length"):
+        overlong_penalty(lengths, max_completion_length=max_length, buffer=max_length + 1)

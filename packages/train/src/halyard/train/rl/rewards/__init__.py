@@ -5,8 +5,10 @@
 each ``(prompt: str, completion: str, answer: str) -> float``. `load_rewards` weighs several
 (``rl.reward_weights``) into a `RewardSet`, whose ``score`` returns the weighted sum and each function's
 rewards; a function that raises stops scoring with a one-line `RewardError` naming it and the example.
+`overlong_penalty` is DAPO's penalty of a completion's length in tokens, added to those rewards.
 """
 
+from halyard.train.rl.rewards.overlong import overlong_penalty
 from halyard.train.rl.rewards.registry import BUILTIN_REWARDS, NamedReward, RewardFunction, load_reward
 from halyard.train.rl.rewards.scoring import RewardError, RewardScores, RewardSet, load_rewards
 
@@ -19,4 +21,5 @@ __all__ = [
     "RewardSet",
     "load_reward",
     "load_rewards",
+    "overlong_penalty",
 ]
