@@ -57,8 +57,12 @@ def make_case(seed: int, *, off_policy: bool = True, unscored: bool = False, dri
     )
 
 
-def halyard_grpo(options: Options, case: Case) -> dict:
-    """Halyard's advantages, loss, gradient with respect to ``logps`` and metrics, jitted."""
+def halyard_grpo(options: Options, case: Case, micro_batches: int = 1) -> dict:
+    """Halyard's advantages, loss, gradient with respect to ``logps`` and metrics, jitted.
+
+    With ``micro_batches`` > 1 the rows are split into that many equal micro-batches and accumulated
+    as the train step does: the sum of their ``loss_sum`` over the sum of their ``normalizer``.
+    """
     advantages, all_equal = group_advantages(jnp.asarray(case.rewards), scale=options.scale)  # type: ignore[arg-type]
     loss_fn = jax.jit(
         functools.partial(
@@ -78,16 +82,24 @@ def halyard_grpo(options: Options, case: Case) -> dict:
     )
     correction = options.importance_sampling != "none"
 
+    def rows_of(array: np.ndarray | None, rows: slice) -> jax.Array | None:
+        return None if array is None else jnp.asarray(array[rows])
+
     def loss(logps: jax.Array) -> tuple[jax.Array, dict]:
-        out = loss_fn(
-            logps,
-            None if case.old_logps is None else jnp.asarray(case.old_logps),
-            jnp.asarray(case.sampler_logps) if correction else None,
-            advantages.reshape(-1),
-            jnp.asarray(case.mask),
-            jnp.asarray(case.reference_logps) if options.kl_beta else None,
-        )
-        return out.loss, out.metrics
+        size = logps.shape[0] // micro_batches
+        parts = [
+            loss_fn(
+                logps[rows],
+                rows_of(case.old_logps, rows),
+                rows_of(case.sampler_logps if correction else None, rows),
+                advantages.reshape(-1)[rows],
+                jnp.asarray(case.mask[rows]),
+                rows_of(case.reference_logps if options.kl_beta else None, rows),
+            )
+            for rows in (slice(start, start + size) for start in range(0, logps.shape[0], size))
+        ]
+        loss_sum = sum(part.loss_sum for part in parts)
+        return loss_sum / sum(part.normalizer for part in parts), parts[-1].metrics
 
     (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(case.logps))
     return {
@@ -165,6 +177,36 @@ def test_loss_and_gradient_equal_trl(name: str) -> None:
         np.testing.assert_allclose(ours["metrics"][metric], trl_metrics[metric], atol=1e-6, err_msg=metric)
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo-clip-higher", "gspo-kl-is", "unscored"])
+def test_accumulated_micro_batches_equal_trl(name: str) -> None:
+    """Two micro-batches of a generation batch, accumulated the train step's way, give TRL's loss and
+    gradient over the same two gradient-accumulation steps (``bnpo`` is left out: accumulated so it is
+    ``dapo``, where TRL averages the micro-batches' means)."""
+    options, case = case_named(name)
+    expected, ours = trl_grpo(options, case, micro_batches=2), halyard_grpo(options, case, micro_batches=2)
+    np.testing.assert_allclose(ours["loss"], expected["loss"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(ours["grad"], expected["grad"], atol=1e-5, rtol=0)
+    whole = halyard_grpo(options, case)
+    np.testing.assert_allclose(ours["loss"], whole["loss"], atol=1e-6)
+    np.testing.assert_allclose(ours["grad"], whole["grad"], atol=1e-6)
+    if options.loss_type == "dapo":  # each micro-batch's loss over the generation batch's token count
+        half = GROUPS * GROUP_SIZE // 2
+        parts = [
+            policy_loss(
+                jnp.asarray(case.logps[rows]),
+                jnp.asarray(case.old_logps[rows]),  # type: ignore[index]
+                None,
+                jnp.asarray(whole["advantages"][rows]),
+                jnp.asarray(case.mask[rows]),
+                loss_type="dapo",
+                clip_high=options.clip_high,
+                total_tokens=case.mask.sum(),
+            ).loss
+            for rows in (slice(0, half), slice(half, None))
+        ]
+        np.testing.assert_allclose(sum(parts), whole["loss"], atol=1e-6)
+
+
 def test_the_cases_clip_and_correct() -> None:
     """Each off-policy case clips some ratios, two-sided clipping's cap and the sampler weights act."""
     results = {}
@@ -221,6 +263,23 @@ def test_advantages_are_centred_and_shift_invariant(rewards: np.ndarray, shift: 
     advantages, all_equal = group_advantages(jnp.asarray(rewards), scale="group")
     spread = np.std(np.asarray(advantages), axis=1, ddof=1)[~np.asarray(all_equal)]
     np.testing.assert_allclose(spread, 1.0, rtol=1e-3)
+
+
+def test_equal_rewards_float32_cannot_hold_give_zero_advantages() -> None:
+    """Three rewards of 2.9: their float32 mean is a rounding off 2.9, and TRL's arithmetic gives them
+    advantages of -0.0024 and misses the group in its zero-std share; Halyard's are 0, the group flagged."""
+    torch = pytest.importorskip("torch")
+    from trl.trainer.utils import nanstd
+
+    rewards = np.asarray([[2.9, 2.9, 2.9], [0.1, 0.2, 0.3]], np.float32)
+    grouped = torch.tensor(rewards)
+    trl_std = nanstd(grouped, dim=1, keepdim=True)
+    trl_advantages = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (trl_std + 1e-4)
+    assert abs(float(trl_advantages[0, 0])) > 1e-3 and not torch.isclose(trl_std[0], torch.zeros(1))
+    advantages, all_equal = group_advantages(jnp.asarray(rewards))
+    np.testing.assert_array_equal(all_equal, [True, False])
+    np.testing.assert_array_equal(advantages[0], 0.0)
+    np.testing.assert_allclose(advantages[1], trl_advantages[1].numpy(), atol=1e-6)
 
 
 @settings(max_examples=25, deadline=None)

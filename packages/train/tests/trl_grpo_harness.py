@@ -139,21 +139,41 @@ def trainer_for(options: Options, case: Case) -> Any:
     return trainer
 
 
-def trl_grpo(options: Options, case: Case) -> dict[str, Any]:
-    """TRL's advantages, loss, gradient with respect to the log-probs and logged metrics of ``case``."""
+def trl_grpo(options: Options, case: Case, micro_batches: int = 1) -> dict[str, Any]:
+    """TRL's advantages, loss, gradient with respect to the log-probs and logged metrics of ``case``.
+
+    With ``micro_batches`` > 1 the generation batch is split into that many equal micro-batches of
+    rows, each a `_compute_loss` call of one gradient-accumulation window (TRL's
+    ``steps_per_generation`` = ``gradient_accumulation_steps``), and the loss is their sum (the gradients
+    add up in the log-probs' ``.grad``); the metrics are then the last micro-batch's.
+    """
     trainer = trainer_for(options, case)
     groups, group_size = case.rewards.shape
-    inputs = trainer._generate_and_score_completions([{"prompt": "p"}] * (groups * group_size))
+    sequences = groups * group_size
+    inputs = trainer._generate_and_score_completions([{"prompt": "p"}] * sequences)
     logps = torch.tensor(case.logps, requires_grad=True)
-    entropies = torch.zeros_like(logps)
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
-    loss = trainer._compute_loss(trainer.model, inputs)
-    loss.backward()
+    trainer.args.steps_per_generation = trainer.current_gradient_accumulation_steps = micro_batches
+    rows_per_micro_batch = sequences // micro_batches
+    total = 0.0
+    for start in range(0, sequences, rows_per_micro_batch):
+        rows = slice(start, start + rows_per_micro_batch)
+        part = {
+            key: value[rows] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+            for key, value in inputs.items()
+        }
+        trainer._get_per_token_logps_and_entropies = lambda *args, rows=rows, **kwargs: (
+            logps[rows],
+            torch.zeros_like(logps[rows]),
+            None,
+        )
+        loss = trainer._compute_loss(trainer.model, part)
+        loss.backward()
+        total += float(loss.detach())
     assert logps.grad is not None
     metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
     return {
         "advantages": inputs["advantages"].numpy(),
-        "loss": float(loss.detach()),
+        "loss": total,
         "grad": logps.grad.numpy(),
         "metrics": metrics,
     }

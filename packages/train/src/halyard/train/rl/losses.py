@@ -47,10 +47,10 @@ class GroupAdvantages(NamedTuple):
 
     Attributes:
         advantages: float ``[groups, group_size]``, each completion's advantage (0 for an unscored one).
-        all_equal: bool ``[groups]``, True where a group's scored rewards are all equal (their standard
-            deviation is 0 up to 1e-8, TRL's ``isclose``) or fewer than two are scored: every advantage in
-            it is 0 and the group teaches nothing. DAPO's dynamic sampling drops these groups; their share is
-            TRL's ``frac_reward_zero_std`` (which does not count groups with fewer than two scored rewards).
+        all_equal: bool ``[groups]``, True where a group's scored rewards are all equal or fewer than two
+            are scored: every advantage in it is 0 and the group teaches nothing. DAPO's dynamic sampling
+            drops these groups; their share is TRL's ``frac_reward_zero_std`` (which does not count groups
+            with fewer than two scored rewards).
     """
 
     advantages: jax.Array
@@ -66,6 +66,10 @@ def group_advantages(
     completion has standard deviation 0. A NaN reward means the completion could not be scored (TRL's
     ``None``, `halyard.train.rl.rewards`): it is left out of the means and deviations and its advantage
     is 0, as are those of a group with fewer than two scored completions.
+
+    A group whose rewards are all equal gets advantages of exactly 0. TRL computes them as the others: the
+    float32 mean of equal rewards can be a rounding off them (three of 2.9), which leaves advantages of
+    about 1e-7 / (1e-7 + eps), -0.0024 there, and a deviation its ``isclose(std, 0)`` does not call 0.
 
     Args:
         rewards: ``rewards[g, i]`` is the reward of prompt ``g``'s completion ``i``.
@@ -86,8 +90,9 @@ def group_advantages(
     elif scale == "batch":
         centred = centred / (_unbiased_nanstd(rewards.reshape(-1), axis=0) + eps)
     scored = jnp.sum(~jnp.isnan(rewards), axis=1)
-    all_equal = (jnp.abs(group_std[:, 0]) <= 1e-8) | (scored < 2)
-    return GroupAdvantages(jnp.nan_to_num(centred, nan=0.0), all_equal)
+    all_equal = (jnp.nanmin(rewards, axis=1) == jnp.nanmax(rewards, axis=1)) | (scored < 2)
+    advantages = jnp.where(all_equal[:, None], 0.0, jnp.nan_to_num(centred, nan=0.0))
+    return GroupAdvantages(advantages, all_equal)
 
 
 def _unbiased_nanstd(values: jax.Array, *, axis: int) -> jax.Array:
