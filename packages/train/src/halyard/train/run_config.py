@@ -16,6 +16,7 @@ from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim.config import AdamWConfig, OptimizerConfig
+from halyard.train.rl.config import RlConfig
 from halyard.train.trackers.config import JsonlTrackerConfig, TrackerConfig
 from halyard.train.watch.config import SpikeConfig, WatchConfig
 
@@ -58,7 +59,7 @@ class DataConfig:
     ray_address: str | None = None
     """builder=ray: the cluster (auto, or ray://host:10001); null starts a local Ray with num_workers CPUs."""
     format: str = "text"
-    """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on), prompt_completion (only the completion is trained on) or preference (a prompt with a chosen and a rejected reply, for trainer.objective=dpo; only the replies count). All but text read jsonl/json sources and store a loss mask in the cache."""
+    """What each record holds: text (a document; every token is trained on), chat (a list of {role, content} messages, roles system/user/assistant; only the assistant turns are trained on), prompt_completion (only the completion is trained on), preference (a prompt with a chosen and a rejected reply, for trainer.objective=dpo; only the replies count) or prompts (a prompt and its reference answer, for trainer.objective=grpo: the model samples completions that rewards score; read from jsonl, json, parquet or arrow, not cached). All but text and prompts read jsonl/json sources and store a loss mask in the cache."""
     messages_field: str = "messages"
     """format=chat: the key of the message list."""
     role_field: str = "role"
@@ -67,6 +68,8 @@ class DataConfig:
     """format=chat: the key of a message's text."""
     prompt_field: str = "prompt"
     """format=prompt_completion or preference: the key of the prompt (for preference a string, one user message, or a list of messages)."""
+    answer_field: str = "answer"
+    """format=prompts: the key of the reference answer the rewards compare a completion with."""
     completion_field: str = "completion"
     """format=prompt_completion: the key of the completion (appended to the prompt as it is)."""
     chosen_field: str = "chosen"
@@ -95,13 +98,15 @@ class DataConfig:
             raise ValueError(f"data.builder={self.builder!r}: use local or ray")
         if self.era_windows < 1:
             raise ValueError(f"data.era_windows={self.era_windows}: must be at least 1")
-        if self.format not in EXAMPLE_KINDS:
-            raise ValueError(f"data.format={self.format!r}: use one of {', '.join(EXAMPLE_KINDS)}")
+        if self.format not in (*EXAMPLE_KINDS, "prompts"):
+            raise ValueError(
+                f"data.format={self.format!r}: use one of {', '.join((*EXAMPLE_KINDS, 'prompts'))}"
+            )
         if self.chat_template not in CHAT_TEMPLATES:
             raise ValueError(
                 f"data.chat_template={self.chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}"
             )
-        if self.format != "text" and self.builtin_corpus is not None:
+        if self.format not in ("text", "prompts") and self.builtin_corpus is not None:
             raise ValueError(
                 f"data.format={self.format!r} needs data.sources of jsonl/json examples; "
                 "data.builtin_corpus is plain text (use data.format=text)"
@@ -190,7 +195,7 @@ class TrainerConfig:
     invariant_slices: int = 0
     """With trainer.invariant: slices per microbatch, a power of two; the devices on replica x data x fsdp must divide it. 0 takes the largest power of two that divides a microbatch's rows (batch_size / accumulation)."""
     objective: str = "lm"
-    """What the run minimises: lm (next-token cross-entropy on the target tokens) or dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section)."""
+    """What the run minimises: lm (next-token cross-entropy on the target tokens), dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section) or grpo (reinforcement learning with verifiable rewards on data.format=prompts: the engine samples completions with the current weights, rewards score them; see the rl section)."""
     watch: WatchConfig = field(default_factory=WatchConfig)
     """Statistics every trainer.watch.every steps: norms per module and per layer, what the model reports from inside its layers, histograms (off by default)."""
     spikes: SpikeConfig = field(default_factory=SpikeConfig)
@@ -273,6 +278,8 @@ class TrainConfig:
     trackers: list[TrackerConfig] = field(default_factory=lambda: [JsonlTrackerConfig()])
     """Where metrics go: a list of `type:` jsonl | tensorboard | wandb (wandb works offline)."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    rl: RlConfig = field(default_factory=RlConfig)
+    """Reinforcement learning with verifiable rewards (trainer.objective: grpo): how completions are sampled, scored and turned into the policy loss."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Low-rank adapters: with lora.rank > 0 only adapters on lora.target_modules train and the weights trainer.init names stay frozen (see README, LoRA fine-tuning)."""
 

@@ -83,6 +83,24 @@ def render_with_template(
     return tuple((text, target) for text, target in segments if text)
 
 
+def render_prompt_with_template(
+    template: str, prompt: list[dict[str, str]], where: str, bos_token: str = "", eos_token: str = ""
+) -> str:
+    """Render ``prompt`` with a Jinja chat template and its generation prompt: the text a model continues
+    to answer (a reinforcement-learning prompt, a chat request).
+
+    Args:
+        template: the ``chat_template`` text.
+        prompt: the conversation so far (checked ``{"role", "content"}`` dicts).
+        where: ``file:line`` for messages.
+        bos_token, eos_token: the values of the template's ``bos_token`` and ``eos_token`` variables.
+
+    Raises:
+        ExampleError: the template raised (named with ``where``).
+    """
+    return _render(_compiled(template), prompt, True, where, bos_token, eos_token)
+
+
 def render_reply_with_template(
     template: str,
     prompt: list[dict[str, str]],

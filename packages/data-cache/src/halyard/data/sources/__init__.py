@@ -11,6 +11,7 @@ from halyard.data.sources.records import (
     RecordCounters,
     UnreadableShardError,
 )
+from halyard.data.sources.rows import Row, read_rows
 from halyard.data.sources.shards import (
     FORMATS,
     ShardSpec,
@@ -31,12 +32,14 @@ __all__ = [
     "MissingFieldError",
     "Record",
     "RecordCounters",
+    "Row",
     "ShardSpec",
     "SourceSpec",
     "UnreadableShardError",
     "expand_braces",
     "expand_urls",
     "infer_format",
+    "read_rows",
     "read_shard",
     "resolve_shards",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OBJECTIVES = ("lm", "dpo")
+OBJECTIVES = ("lm", "dpo", "grpo")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,16 @@ def check_objective_data(objective: str, data_format: str) -> None:
         raise ValueError(
             f"trainer.objective=dpo trains on preference pairs but data.format={data_format!r}: set "
             "data.format=preference (jsonl records with prompt, chosen and rejected)"
+        )
+    if objective == "grpo" and data_format != "prompts":
+        raise ValueError(
+            f"trainer.objective=grpo samples completions of prompts but data.format={data_format!r}: set "
+            "data.format=prompts (records with a prompt and an answer)"
+        )
+    if data_format == "prompts" and objective != "grpo":
+        raise ValueError(
+            f"data.format=prompts holds prompts to sample from, which trainer.objective={objective!r} cannot "
+            "train on: set trainer.objective=grpo"
         )
     if data_format == "preference" and objective != "dpo":
         raise ValueError(

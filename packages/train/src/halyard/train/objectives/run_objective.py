@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 def objective_loss_fn(
     config: TrainConfig,
 ) -> Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
-    """The train step's ``loss_fn``: next-token cross-entropy (lm) or the DPO loss (dpo)."""
+    """The train step's ``loss_fn``: next-token cross-entropy (lm), the DPO loss (dpo) or the GRPO family's
+    policy loss (grpo)."""
+    if config.trainer.objective == "grpo":
+        from halyard.train.rl.objective import grpo_loss_fn
+
+        return grpo_loss_fn(config.rl)
     if config.trainer.objective == "dpo":
         return dpo_loss_fn(config.dpo.beta, config.dpo.label_smoothing)
     return lm_loss_fn(config.trainer.z_loss_weight, per_example=per_example_losses(config))

@@ -18,7 +18,7 @@ from halyard.shard import batch_share, default_batch_axes, mesh_axis_sizes
 from halyard.train.checkpoint.discovery import latest_complete, resolve_checkpoint
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.errors import ConfigError
-from halyard.train.data_assembly.data_section import check_data_section
+from halyard.train.data_assembly.data_section import check_data_section, hf_tokenizer_folder
 from halyard.train.data_assembly.datasets import PreparedData
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.lora.base import check_lora
@@ -144,6 +144,8 @@ def check_init_source(config: TrainConfig, checkpoints: Path) -> None:
 
 def _check_sequence_length(config: TrainConfig, model_config: Any) -> None:
     max_position = getattr(model_config, "max_position", None)
+    if config.trainer.objective == "grpo":  # its sequences are prompt + rl.max_new_tokens, checked with them
+        return
     if max_position is not None and config.data.seq_len > max_position:
         raise ConfigError(
             f"data.seq_len={config.data.seq_len} exceeds model.max_position={max_position}; shorten "
@@ -191,7 +193,16 @@ def check_batch(config: TrainConfig, mesh: Any, layout: Any) -> None:
 
 
 def _check_tokenizer(config: TrainConfig, model_config: Any) -> None:
-    path = check_data_section(config.data, init=config.trainer.init)
+    if config.trainer.objective == "grpo":  # prompt records: no token cache (halyard.train.rl.session)
+        if config.data.builtin_corpus is not None or not config.data.sources:
+            return  # a built-in prompt corpus brings its tokenizer; no sources is named when the prompts load
+        path: str | None = config.data.tokenizer or hf_tokenizer_folder(config.trainer.init)
+        if path is None:
+            raise ConfigError(
+                "data.tokenizer is not set: give a tokenizer.json or folder (or trainer.init: hf:FOLDER)"
+            )
+    else:
+        path = check_data_section(config.data, init=config.trainer.init)
     if path is None:  # trained on the builtin corpus when the data is prepared
         return
     key = (

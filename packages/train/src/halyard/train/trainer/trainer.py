@@ -133,6 +133,10 @@ class Trainer:
                 stop_run(preemption, "before the run started; nothing was written", main=is_main_process())
             check_init_source(self.config, self.run_dir / "checkpoints")
             self._say_what_the_learning_rate_does()
+            if self.config.trainer.objective == "grpo":
+                from halyard.train.rl.fit import fit_rl
+
+                return fit_rl(self, preemption, goodput, cache_at_start)
             # Bad input found before the first step (an empty corpus) leaves no half-made run folder behind.
             with RunFolder(self.run_dir, writes=is_main_process()) as folder:
                 session = start_session(self.setup, self.run_dir, goodput, self.clock)

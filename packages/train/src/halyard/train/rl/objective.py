@@ -1,0 +1,128 @@
+"""The GRPO train step's loss: the policy's log-probabilities of the completion tokens, then `policy_loss`.
+
+The log-probabilities are of the distribution the engine sampled from: the logits divided by
+``rl.temperature`` and, with ``rl.top_p < 1``, truncated to the nucleus exactly as the engine's sampler
+truncates them (`halyard.serve.sampler.filtered_logits`, the one implementation of the filters), so the
+importance ratios compare like with like.
+
+A batch (`halyard.train.rl.batch.RolloutBatch`) holds ``tokens`` ``[sequences, width]`` (prompt, completion,
+padding), ``completion_mask`` over them, the sequences' ``advantages``, the sampler's log-probabilities at the
+label positions and, when needed, the old policy's and the reference's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from halyard.named import named
+from halyard.serve.sampler import RowSettings, filtered_logits
+from halyard.train.rl.config import RlConfig
+from halyard.train.rl.losses import policy_loss
+
+Batch = dict[str, jax.Array]
+
+
+def completion_logprobs(
+    model: Any, tokens: Int[Array, "sequences width"], *, temperature: float, top_p: float
+) -> tuple[Float[Array, "sequences labels"], Float[Array, "sequences labels"]]:
+    """Each label token's log-probability and each position's entropy under the sampling distribution.
+
+    Args:
+        model: a `halyard.models.CausalLM`.
+        tokens: ``[sequences, width]``; position ``t`` predicts token ``t + 1``.
+        temperature: the sampling temperature.
+        top_p: the sampling nucleus (1: none).
+
+    Returns:
+        ``(logps, entropy)``, both float32 ``[sequences, width - 1]``.
+    """
+    logits = model(named(tokens[:, :-1], ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+    rows, width, vocab = logits.shape
+    flat = logits.reshape(rows * width, vocab)
+    if top_p < 1.0:
+        count = rows * width
+        settings = RowSettings(
+            temperature=jnp.full((count,), temperature, jnp.float32),
+            top_k=jnp.zeros((count,), jnp.int32),
+            top_p=jnp.full((count,), top_p, jnp.float32),
+            min_p=jnp.zeros((count,), jnp.float32),
+            seed=jnp.zeros((count, 2), jnp.uint32),
+            sample=jnp.zeros((count,), jnp.int32),
+            position=jnp.zeros((count,), jnp.int32),
+        )
+        scaled = filtered_logits(flat, settings)
+    else:
+        scaled = flat / temperature
+    log_probabilities = jax.nn.log_softmax(scaled, axis=-1).reshape(rows, width, vocab)
+    labels = tokens[:, 1:]
+    logps = jnp.take_along_axis(log_probabilities, labels[..., None], axis=-1)[..., 0]
+    probabilities = jnp.exp(log_probabilities)
+    entropy = -jnp.sum(jnp.where(probabilities > 0, probabilities * log_probabilities, 0.0), axis=-1)
+    return logps, entropy
+
+
+def grpo_loss_fn(
+    config: RlConfig,
+) -> Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
+    """``loss_fn(model, batch, key) -> (loss_sum, stats)`` for `halyard.train.step.make_train_step`.
+
+    ``stats["num_tokens"]`` is the loss's normaliser (`policy_loss`), which the step divides by; every other
+    stat is returned multiplied by it, so the step's division gives back `policy_loss`'s metrics, plus
+    ``entropy`` (the mean over completion tokens) and ``logps/mean``.
+
+    Args:
+        config: the ``rl:`` section.
+    """
+    level = "sequence" if config.loss == "gspo" else "token"
+    loss_type = "grpo" if config.loss == "gspo" else config.loss
+
+    def loss_fn(model: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        del key  # the families have no dropout
+        logps, entropy = completion_logprobs(
+            model, batch["tokens"], temperature=config.temperature, top_p=config.top_p
+        )
+        mask = batch["completion_mask"][:, 1:].astype(jnp.float32)
+        result = policy_loss(
+            logps,
+            batch.get("old_logps"),
+            batch["sampler_logps"],
+            batch["advantages"],
+            mask,
+            batch.get("reference_logps"),
+            loss_type=loss_type,  # type: ignore[arg-type]
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            kl_beta=config.kl_beta,
+            importance_sampling=config.importance_sampling,  # type: ignore[arg-type]
+            importance_cap=config.importance_cap,
+            level=level,  # type: ignore[arg-type]
+            max_completion_length=config.max_new_tokens,
+        )
+        counted = jnp.maximum(jnp.sum(mask), 1.0)
+        stats = dict(result.metrics)
+        stats["entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / counted
+        stats["logps/mean"] = jnp.sum(jax.lax.stop_gradient(logps) * mask) / counted
+        normalizer = jax.lax.stop_gradient(result.normalizer)
+        stats = {name: value * normalizer for name, value in stats.items()}
+        stats["num_tokens"] = normalizer
+        return result.loss_sum, stats
+
+    return loss_fn
+
+
+def policy_logprobs(config: RlConfig) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(model, tokens) -> logps [sequences, width - 1]``, without gradients: the old policy's or the
+    reference's log-probabilities of a rollout batch (jit it)."""
+
+    def logprobs(model: Any, tokens: jax.Array) -> jax.Array:
+        logps, _ = completion_logprobs(
+            jax.lax.stop_gradient(model), tokens, temperature=config.temperature, top_p=config.top_p
+        )
+        return logps
+
+    return logprobs
