@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from halyard.train.config.errors import ConfigError
-from halyard.train.rl.rewards import RewardError, load_reward, load_rewards, overlong_penalty
 from halyard.train.rl.rewards.exact import exact_reward
 from halyard.train.rl.rewards.math_answer import math_reward
+from halyard.train.rl.rewards.overlong import overlong_penalty
+from halyard.train.rl.rewards.registry import load_reward
+from halyard.train.rl.rewards.scoring import RewardError, load_rewards
 from halyard.train.user_errors import exit_code_of
 
 NAN = math.nan

@@ -16,7 +16,7 @@ import numpy as np
 
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import group_advantages
-from halyard.train.rl.rewards import RewardSet
+from halyard.train.rl.rewards.scoring import RewardSet
 from halyard.train.rl.rollouts import Group
 
 

@@ -24,7 +24,7 @@ from halyard.train.lora.base import checkpoint_metadata
 from halyard.train.perf.goodput import Goodput
 from halyard.train.rl.objective import policy_logprobs
 from halyard.train.rl.prompts import PromptSet
-from halyard.train.rl.rewards import RewardSet, load_rewards
+from halyard.train.rl.rewards.scoring import RewardSet, load_rewards
 from halyard.train.rl.rollouts import Rollouts
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base

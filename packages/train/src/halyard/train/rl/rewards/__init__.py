@@ -7,19 +7,3 @@ each ``(prompt: str, completion: str, answer: str) -> float``. `load_rewards` we
 rewards; a function that raises stops scoring with a one-line `RewardError` naming it and the example.
 `overlong_penalty` is DAPO's penalty of a completion's length in tokens, added to those rewards.
 """
-
-from halyard.train.rl.rewards.overlong import overlong_penalty
-from halyard.train.rl.rewards.registry import BUILTIN_REWARDS, NamedReward, RewardFunction, load_reward
-from halyard.train.rl.rewards.scoring import RewardError, RewardScores, RewardSet, load_rewards
-
-__all__ = [
-    "BUILTIN_REWARDS",
-    "NamedReward",
-    "RewardError",
-    "RewardFunction",
-    "RewardScores",
-    "RewardSet",
-    "load_reward",
-    "load_rewards",
-    "overlong_penalty",
-]
