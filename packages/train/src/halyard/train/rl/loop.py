@@ -57,6 +57,8 @@ class GrpoLoop:
         if signalled_on_any_process(self.preemption):
             log.close(quiet=True)
             stop_run(self.preemption, before_steps(session.start_step), main=is_main_process())
+        if session.start_step == 0:
+            self._evaluate(0, state)  # where the run starts from
         for step in range(session.start_step, self.steps):
             rollout = step // self.rl.updates_per_batch
             with log.data_wait_timer():
@@ -162,7 +164,7 @@ class GrpoLoop:
         """Every ``trainer.eval_every`` steps and at the last: the greedy mean reward on the held-out prompts."""
         held = self.session.held_out
         every = self.session.setup.config.trainer.eval_every
-        if held is None or not every or (step % every and step != self.steps):
+        if held is None or not every or (step % every and step != self.steps and step != 0):
             return
         started = time.perf_counter()
         reward = held_out_reward(self.session, state)

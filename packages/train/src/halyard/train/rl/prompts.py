@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from halyard.data import TokenizerSpec
+from halyard.data import DataInputError, TokenizerSpec
 from halyard.data.examples import render_prompt_with_template
 from halyard.data.examples.messages import checked_messages
 from halyard.data.sources import resolve_shards
 from halyard.data.sources.rows import read_rows
 from halyard.train.config.errors import ConfigError
 from halyard.train.run_config import DataConfig
+from halyard.train.user_errors import one_line
 
 
 @dataclass(frozen=True)
@@ -70,26 +71,10 @@ class PromptSet:
             ConfigError: one line naming file:line: a missing field, an empty prompt, an answer that is not a
                 string, a prompt too long, messages that are not messages; or no record at all.
         """
-        built = tokenizer.build()
-        prompts = []
-        for shard in resolve_shards(list(config.sources)):
-            for row in read_rows(shard):
-                text = _prompt_text(row.value, row.where, config, tokenizer)
-                tokens = tuple(built.encode(text, add_special_tokens=False).ids)
-                if not tokens:
-                    raise ConfigError(f"{row.where}: the prompt {text!r} has no tokens; give it some text")
-                if len(tokens) > max_prompt_tokens:
-                    raise ConfigError(
-                        f"{row.where}: the prompt has {len(tokens)} tokens, more than the {max_prompt_tokens} the "
-                        "context leaves beside rl.max_new_tokens; shorten it, or raise model.max_position"
-                    )
-                answer = _field(row.value, config.answer_field, row.where, "data.answer_field")
-                if not isinstance(answer, str | int | float) or isinstance(answer, bool):
-                    raise ConfigError(
-                        f"{row.where}: the answer ({config.answer_field!r}) must be a string or a number"
-                    )
-                prompts.append(Prompt(text, tokens, str(answer), row.where))
-        return cls(prompts, config.seed)
+        try:
+            return cls(_load(config, tokenizer, max_prompt_tokens), config.seed)
+        except DataInputError as error:
+            raise ConfigError(one_line(str(error))) from None
 
     def at(self, position: int) -> tuple[int, Prompt]:
         """The record at ``position`` of the order (any position: epochs repeat with new permutations);
@@ -108,6 +93,29 @@ class PromptSet:
     def batch(self, start: int, count: int) -> list[tuple[int, Prompt]]:
         """The prompts at positions ``start ... start + count - 1``."""
         return [self.at(position) for position in range(start, start + count)]
+
+
+def _load(config: DataConfig, tokenizer: TokenizerSpec, max_prompt_tokens: int) -> list[Prompt]:
+    built = tokenizer.build()
+    prompts = []
+    for shard in resolve_shards(list(config.sources)):
+        for row in read_rows(shard):
+            text = _prompt_text(row.value, row.where, config, tokenizer)
+            tokens = tuple(built.encode(text, add_special_tokens=False).ids)
+            if not tokens:
+                raise ConfigError(f"{row.where}: the prompt {text!r} has no tokens; give it some text")
+            if len(tokens) > max_prompt_tokens:
+                raise ConfigError(
+                    f"{row.where}: the prompt has {len(tokens)} tokens, more than the {max_prompt_tokens} the "
+                    "context leaves beside rl.max_new_tokens; shorten it, or raise model.max_position"
+                )
+            answer = _field(row.value, config.answer_field, row.where, "data.answer_field")
+            if not isinstance(answer, str | int | float) or isinstance(answer, bool):
+                raise ConfigError(
+                    f"{row.where}: the answer ({config.answer_field!r}) must be a string or a number"
+                )
+            prompts.append(Prompt(text, tokens, str(answer), row.where))
+    return prompts
 
 
 def _field(value: dict[str, Any], key: str, where: str, option: str) -> Any:

@@ -169,7 +169,7 @@ def start_rl_session(
         verify_checksums=config.checkpoint.verify_checksums,
     )
     data_position = {
-        "prompts": _fingerprint(prompts),
+        "manifest": {"prompts": _fingerprint(prompts)},
         "batch_size": config.trainer.batch_size,
         "trainer_seed": config.trainer.seed,
     }

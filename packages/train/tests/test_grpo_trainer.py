@@ -1,0 +1,145 @@
+"""trainer.objective: grpo through `train`, as users run it: the grpo-demo's reward rises, a run killed with
+SIGKILL resumes to the uninterrupted run's bits (rollouts, data position, weights), and bad prompt records
+and reward functions that raise get one line each."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainer_fixtures import assert_bitwise_equal, fails, load_config, run_cli
+
+from halyard.train.checkpoint.discovery import latest_complete
+from halyard.train.trainer.trainer import Trainer
+
+# A short run: 4 prompts x 8 completions a step, a checkpoint every 3 steps.
+SHORT = [
+    "--trainer.steps", "9", "--trainer.batch_size", "32", "--rl.max_running", "32", "--trainer.log_every", "1",
+    "--checkpoint.every_steps", "3", "--checkpoint.keep_last", "10", "--trainer.eval_every", "0",
+]  # fmt: skip
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_demo_reward_rises_and_the_sampler_agrees_with_the_trainer(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), "--trainer.steps", "100"]
+    args += ["--trainer.log_every", "1", "--trainer.eval_every", "100", "--checkpoint.every_steps", "100"]
+    result = run_cli(args, devices=1, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in _records(run_dir) if "reward/mean" in r]
+    assert [r["step"] for r in records] == list(range(1, 101))
+    first, last = (
+        np.mean([r["reward/mean"] for r in records[:10]]),
+        np.mean([r["reward/mean"] for r in records[-10:]]),
+    )
+    assert last > first + 0.1, (first, last)  # the sampled (temperature 1) rewards
+    held_out = {r["step"]: r["eval/reward_mean"] for r in _records(run_dir) if "eval/reward_mean" in r}
+    assert held_out[0] <= 0.3 and held_out[100] >= 0.6, held_out  # greedy, on prompts never trained on
+    for record in records:  # the engine's log-probabilities of the sampled tokens and the trainer's
+        assert record["sampling/sampling_logp_difference/max"] <= 1e-5
+        for key in (
+            "rollout/handover_seconds",
+            "rollout/tokens_per_second",
+            "entropy",
+            "pass@8",
+            "groups/zero_advantage",
+        ):
+            assert key in record
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path: Path) -> None:
+    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
+    reference = run_cli(["--config", "grpo-demo", "--trainer.run_dir", str(reference_dir), *SHORT], devices=1)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(killed_dir), *SHORT]
+    flags = "--xla_force_host_platform_device_count=1 " + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        if (latest_complete(killed_dir / "checkpoints") or 0) >= 3:
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
+        "the child should die between checkpoints"
+    )
+    resumed = run_cli(args, devices=1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
+    by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
+    for record in (r for r in _records(reference_dir) if "loss" in r):
+        assert {k: by_step[record["step"]][k] for k in wanted} == {k: record[k] for k in wanted}
+    restored = [
+        Trainer(load_config(Path("grpo-demo"), "--trainer.run_dir", str(folder), *SHORT))
+        .restore_state(9)
+        .params
+        for folder in (reference_dir, killed_dir)
+    ]
+    assert_bitwise_equal(*restored)
+
+
+def raising_reward(prompt: str, completion: str, answer: str) -> float:
+    """A reward function with a bug (for the test below)."""
+    raise ZeroDivisionError("the reward divided by zero")
+
+
+def test_a_reward_that_raises_names_the_function_and_the_example(tmp_path: Path) -> None:
+    run_dir = tmp_path / "raising"
+    args = [
+        "--config",
+        "grpo-demo",
+        "--trainer.run_dir",
+        str(run_dir),
+        *SHORT,
+        "--rl.rewards",
+        "[test_grpo_trainer:raising_reward]",
+    ]
+    result = run_cli(args, devices=1, cwd=Path(__file__).parent)
+    assert result.returncode == 1
+    (message,) = [line.split("error: ", 1)[1] for line in result.stderr.splitlines() if "error: " in line]
+    assert "test_grpo_trainer:raising_reward" in message and "ZeroDivisionError" in message, message
+    assert "prompts.jsonl:" in message  # the example's record
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ('{"prompt": "", "answer": "1"}', "the prompt ('prompt') is empty"),
+        ('{"prompt": "12>"}', "no 'answer' field"),
+        ('{"prompt": "12>", "answer": "1"', "malformed JSON"),
+        ('{"question": "12>", "answer": "1"}', "set data.prompt_field"),
+    ],
+)
+def test_a_bad_prompt_record_gets_one_line_naming_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, complaint: str
+) -> None:
+    records = tmp_path / "prompts.jsonl"
+    records.write_text('{"prompt": "34>", "answer": "4"}\n' + line + "\n")
+    from halyard.train.corpora.max_digit import write_max_digit_prompts
+
+    _, tokenizer = write_max_digit_prompts(tmp_path / "corpus")
+    code, message = fails(
+        capsys,
+        [
+            "train", "--config", "grpo-demo", "--trainer.run_dir", str(tmp_path / "run"), "--data.builtin_corpus", "null",
+            "--data.sources", f"[{records}]", "--data.tokenizer", str(tokenizer), "--data.validation_fraction", "0",
+        ],
+    )  # fmt: skip
+    assert code == 2 and complaint in message and f"{records}:2" in message, message
