@@ -143,3 +143,25 @@ def test_a_bad_prompt_record_gets_one_line_naming_file_and_line(
         ],
     )  # fmt: skip
     assert code == 2 and complaint in message and f"{records}:2" in message, message
+
+
+def test_two_processes_train_what_one_process_of_as_many_devices_trains(tmp_path: Path) -> None:
+    from trainer_fixtures import start_processes
+
+    steps = ["--trainer.steps", "4", "--checkpoint.every_steps", "4", "--trainer.mesh.data", "4"]
+    args = lambda folder: ["--config", "grpo-demo", "--trainer.run_dir", str(folder), *SHORT, *steps]
+    alone = run_cli(args(tmp_path / "one"), devices=4)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    processes = start_processes(args(tmp_path / "two"))
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    wanted = ("reward/mean", "completion/length_mean")
+    one = [{k: r[k] for k in wanted} for r in _records(tmp_path / "one") if "loss" in r]
+    two = [{k: r[k] for k in wanted} for r in _records(tmp_path / "two") if "loss" in r]
+    assert len(two) == 4 and one == two  # the same rollouts: every process runs the engine's same steps
+    losses = [
+        [r["loss"] for r in _records(folder) if "loss" in r]
+        for folder in (tmp_path / "one", tmp_path / "two")
+    ]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-7)

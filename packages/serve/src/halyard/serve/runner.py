@@ -149,11 +149,19 @@ class ModelRunner:
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
         program = self._program(shape)
-        device_inputs = jax.tree.map(jnp.asarray, inputs)
+        device_inputs = jax.tree.map(self._placed, inputs)
         with self._placement():
             self.pages, outputs = program(self.model, self.pages, device_inputs)
         values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
         return StepOutputs(*values)
+
+    def _placed(self, value: np.ndarray) -> jax.Array:
+        """A host input as the programs take it: on the default device, or replicated over the mesh (every
+        process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic)."""
+        if self.mesh is None:
+            return jnp.asarray(value)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.make_array_from_process_local_data(replicated, np.asarray(value))
 
     def _placement(self) -> Any:
         if self.mesh is None or self.layout is None:
@@ -166,7 +174,7 @@ class ModelRunner:
             return program
         started = time.perf_counter()
         jitted = jax.jit(_step, donate_argnums=(1,), static_argnums=(3,))
-        example = _example_inputs(shape, self.page_size)
+        example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
         with self._placement():
             compiled = jitted.lower(self.model, self.pages, example, self.logit_rows).compile()
         self.compile_seconds += time.perf_counter() - started

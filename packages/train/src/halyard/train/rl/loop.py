@@ -102,14 +102,11 @@ class GrpoLoop:
             scored, extra = self._fill(rollout, scored, weights)
             handover, sampling, generated = handover + extra[0], sampling + extra[1], generated + extra[2]
         arrays = batch_arrays(scored, session.width)
+        tokens = self._replicated(arrays["tokens"])
         if self.rl.updates_per_batch > 1 or self.rl.async_steps:
-            arrays["old_logps"] = np.asarray(
-                session.logprobs(session.model(state), jnp.asarray(arrays["tokens"]))
-            )
+            arrays["old_logps"] = np.asarray(session.logprobs(session.model(state), tokens))
         if session.reference is not None:
-            arrays["reference_logps"] = np.asarray(
-                session.logprobs(session.reference, jnp.asarray(arrays["tokens"]))
-            )
+            arrays["reference_logps"] = np.asarray(session.logprobs(session.reference, tokens))
         metrics = rollout_metrics(scored, self.rl)
         metrics.update(
             {
@@ -151,6 +148,12 @@ class GrpoLoop:
             spare += [(extra, i) for i, equal in enumerate(extra.all_equal) if equal]
         chosen = (pool + spare)[: self.prompts_per_step]
         return _merge(chosen), (seconds[0], seconds[1], int(seconds[2]))
+
+    def _replicated(self, value: np.ndarray) -> jax.Array:
+        """``value`` (the same on every process) whole on every device of the mesh."""
+        mesh = self.session.setup.mesh
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return jax.make_array_from_process_local_data(replicated, value)
 
     def _device_batch(self, arrays: dict[str, Any], state: TrainState) -> dict[str, jax.Array]:
         setup = self.session.setup
