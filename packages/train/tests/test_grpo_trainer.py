@@ -165,3 +165,26 @@ def test_two_processes_train_what_one_process_of_as_many_devices_trains(tmp_path
         for folder in (tmp_path / "one", tmp_path / "two")
     ]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-7)
+
+
+def test_the_gsm8k_recipe_fits_one_h200_and_trains_at_smoke_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from halyard.train.cli import main
+
+    assert (
+        main(["plan", "--config", "qwen2.5-0.5b-grpo-gsm8k", "--devices", "1", "--accelerator", "H200"]) == 0
+    )
+    plan = capsys.readouterr().out
+    assert "fits on H200" in plan and "engine pages" in plan, plan
+    smoke = [
+        "--config", "qwen2.5-0.5b-grpo-gsm8k", "--trainer.run_dir", str(tmp_path / "run"),
+        "--model.vocab_size", "16", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+        "--model.num_layers", "2", "--model.num_heads", "4", "--model.num_kv_heads", "2", "--model.max_position", "64",
+        "--data.builtin_corpus", "max-digit", "--data.chat_template", "simple", "--data.seq_len", "64",
+        "--trainer.steps", "2", "--trainer.batch_size", "16", "--rl.max_running", "16", "--rl.max_new_tokens", "4",
+        "--rl.page_size", "64", "--trainer.eval_every", "0",
+    ]  # fmt: skip
+    result = run_cli(smoke, devices=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in _records(tmp_path / "run") if "reward/math/mean" in r] == [1, 2]

@@ -117,6 +117,16 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
         _row("gradients", memory.gradients, "one per parameter, in its shard (of the temporaries)"),
         _row("activations", memory.activations, "saved for the backward pass, and workspace"),
         _row("batch", memory.batch, "int32 tokens and segment ids"),
+        *(
+            [_row("engine pages", memory.engine_pages, "grpo: the rollout engine's KV pool")]
+            if memory.engine_pages
+            else []
+        ),
+        *(
+            [_row("reference", memory.reference_params, "grpo: the frozen model of the KL term")]
+            if memory.reference_params
+            else []
+        ),
         _row("total", memory.total, "arguments + temporaries + outputs not aliased"),
         f"{'fits' if fits else 'DOES NOT FIT'} on {chip.name}: {_gib(memory.total)} of "
         f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",

@@ -62,6 +62,10 @@ class StepMemory:
     """A LoRA run's frozen base: its shards on one device (an argument of the step, without gradients or optimizer state)."""
     trained_params: int | None = None
     """Parameters that train (None: all of `num_params`; with LoRA the adapters')."""
+    engine_pages: int = 0
+    """trainer.objective=grpo: the inference engine's page pool on one device (rl.max_running sequences of data.seq_len tokens; pages split over the tensor axis only)."""
+    reference_params: int = 0
+    """trainer.objective=grpo with rl.kl_beta: the frozen reference model's shards on one device."""
 
     @property
     def activations(self) -> int:
@@ -70,8 +74,15 @@ class StepMemory:
 
     @property
     def total(self) -> int:
-        """Peak bytes of the step on one device: arguments + temporaries + outputs that are not aliased."""
-        return self.arguments + self.temporaries + self.outputs_not_aliased
+        """Peak bytes of the step on one device: arguments + temporaries + outputs that are not aliased, plus
+        what a GRPO run keeps beside the step (the engine's pages, the reference)."""
+        return (
+            self.arguments
+            + self.temporaries
+            + self.outputs_not_aliased
+            + self.engine_pages
+            + self.reference_params
+        )
 
 
 def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemory:
@@ -121,7 +132,22 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         trained_params=sum(leaf.size for leaf in jax.tree_util.tree_leaves(state.params))
         if frozen is not None
         else None,
+        engine_pages=_engine_pages(config, setup) if config.trainer.objective == "grpo" else 0,
+        reference_params=params if config.trainer.objective == "grpo" and config.rl.kl_beta > 0 else 0,
     )
+
+
+def _engine_pages(config: TrainConfig, setup: RunSetup) -> int:
+    """The GRPO engine's page pool on one device: ``rl.max_running`` sequences of ``data.seq_len`` tokens,
+    keys and values of every layer in the compute dtype, split over the tensor axis."""
+    model: Any = setup.model_config
+    shape = model.shape
+    pages = config.rl.max_running * -(-config.data.seq_len // config.rl.page_size)
+    tokens = pages * config.rl.page_size
+    tensor = mesh_axis_sizes(setup.mesh).get("tensor", 1)
+    kv_heads = -(-shape.kv_heads // tensor) if shape.kv_heads % tensor == 0 else shape.kv_heads
+    per_token = 2 * shape.layers * kv_heads * shape.head_size * jnp.dtype(model.compute).itemsize
+    return tokens * per_token
 
 
 def _with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -142,6 +168,19 @@ def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.Shape
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
     sharding = NamedSharding(setup.mesh, PartitionSpec(entry, None))
     shape = (rows, config.data.seq_len + 1)
+    if config.trainer.objective == "grpo":  # a rollout batch: prompt + completion, data.seq_len wide
+        per_row = NamedSharding(setup.mesh, PartitionSpec(entry))
+        batch = {
+            name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
+            for name in ("tokens", "completion_mask")
+        }
+        labels = (rows, config.data.seq_len)
+        names = ["sampler_logps"] + (
+            ["old_logps"] if config.rl.updates_per_batch > 1 or config.rl.async_steps else []
+        )
+        names += ["reference_logps"] if config.rl.kl_beta > 0 else []
+        batch |= {name: jax.ShapeDtypeStruct(labels, jnp.float32, sharding=sharding) for name in names}
+        return batch | {"advantages": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=per_row)}
     if config.trainer.objective == "dpo":  # pairs, with the reference's log-probs added before each step
         pairs = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in PAIR_KEYS}
         per_pair = NamedSharding(setup.mesh, PartitionSpec(entry))

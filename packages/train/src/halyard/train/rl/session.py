@@ -138,10 +138,6 @@ def start_rl_session(
     """
     config = setup.config
     rl = config.rl
-    if config.trainer.accumulation != 1:
-        raise ConfigError(
-            "trainer.accumulation must be 1 with trainer.objective=grpo (a step trains one batch of rollouts)"
-        )
     if config.trainer.batch_size % rl.group_size:
         raise ConfigError(
             f"trainer.batch_size={config.trainer.batch_size} counts completions: make it a multiple of "
