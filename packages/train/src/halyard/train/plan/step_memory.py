@@ -175,11 +175,11 @@ def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.Shape
             for name in ("tokens", "completion_mask")
         }
         labels = (rows, config.data.seq_len)
-        names = ["sampler_logps"] + (
+        logps = ["sampler_logps"] + (
             ["old_logps"] if config.rl.updates_per_batch > 1 or config.rl.async_steps else []
         )
-        names += ["reference_logps"] if config.rl.kl_beta > 0 else []
-        batch |= {name: jax.ShapeDtypeStruct(labels, jnp.float32, sharding=sharding) for name in names}
+        logps += ["reference_logps"] if config.rl.kl_beta > 0 else []
+        batch |= {name: jax.ShapeDtypeStruct(labels, jnp.float32, sharding=sharding) for name in logps}
         return batch | {"advantages": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=per_row)}
     if config.trainer.objective == "dpo":  # pairs, with the reference's log-probs added before each step
         pairs = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in PAIR_KEYS}
