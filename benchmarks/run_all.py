@@ -267,6 +267,39 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "serve",
+        "serve.py",
+        (
+            Figure(
+                "engine / transformers generate throughput",
+                "ratios.engine_over_transformers_throughput",
+                ">= 2",
+                at_least(2.0),
+            ),
+            Figure("engine / old generate throughput", "ratios.engine_over_old_generate_throughput"),
+            Figure(
+                "deterministic / fast engine seconds",
+                "ratios.deterministic_over_fast_seconds",
+                "<= 1.15",
+                at_most(1.15),
+            ),
+            Figure("engine tokens/s", "arms.engine.tokens_per_second"),
+            Figure("engine time to first token, median", "arms.engine.ttft_median", unit=" s"),
+        ),
+        quick_args=("--quick", "--skip", "old_generate"),
+    ),
+    Benchmark(
+        "rl",
+        "rl.py",
+        (
+            Figure("GRPO step: share in rollouts", "share_rollouts", unit=""),
+            Figure("GRPO step: share in training", "share_training", unit=""),
+            Figure("GRPO hand-over seconds (in memory)", "handover_seconds", unit=" s"),
+            Figure("GRPO rollout tokens/s", "rollout_tokens_per_second"),
+            Figure("GRPO training tokens/s", "training_tokens_per_second"),
+        ),
+    ),
+    Benchmark(
         "hf_import",
         "hf_import.py",
         (

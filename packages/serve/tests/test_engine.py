@@ -186,3 +186,22 @@ def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
         with pytest.raises(ParameterError) as error:
             SamplingParams(**{name: value})
         assert error.value.parameter == name
+
+
+def test_weights_handed_over_in_memory_generate_as_the_new_weights_do() -> None:
+    old, new = tiny_model("llama", seed=0), tiny_model("llama", seed=5)
+    engine = Engine(old, SMALL)
+    engine.generate([PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))  # compiled, cached
+    compiled = len(engine.runner.compiled_shapes)
+    engine.update_weights(new)
+    (output,) = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    tokens, logprobs = greedy_reference(new, PROMPTS[2], 6)
+    assert output.samples[0].token_ids == tokens
+    np.testing.assert_allclose(output.samples[0].logprobs, logprobs, atol=2e-5)
+    assert len(engine.runner.compiled_shapes) == compiled  # nothing compiled again
+    with pytest.raises(ValueError, match="structure and shapes"):
+        engine.update_weights(tiny_model("llama", hidden_size=64))
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=30))
+    engine.step()
+    with pytest.raises(RuntimeError, match="requests are running"):
+        engine.update_weights(old)

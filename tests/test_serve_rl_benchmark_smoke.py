@@ -1,0 +1,44 @@
+"""Smoke runs of benchmarks/serve.py and benchmarks/rl.py at their quick sizes: every figure is produced.
+
+(The old generate arm checks out an earlier commit and the deterministic arm repeats the engine's: both are
+left to the full runs, which benchmarks/README.md reports.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str, output: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--output", str(output)],
+        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT / "benchmarks",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(output.read_text())
+
+
+def test_serve_benchmark_quick(tmp_path: Path) -> None:
+    result = _run(
+        "serve.py",
+        "--quick",
+        "--skip",
+        "old_generate",
+        "engine_deterministic",
+        output=tmp_path / "serve.json",
+    )
+    assert set(result["arms"]) == {"engine", "transformers"}
+    assert result["ratios"]["engine_over_transformers_throughput"] > 0
+    assert result["arms"]["engine"]["tokens"] == result["arms"]["transformers"]["tokens"]
+
+
+def test_rl_benchmark_quick(tmp_path: Path) -> None:
+    result = _run("rl.py", "--quick", output=tmp_path / "rl.json")
+    shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]
+    assert abs(shares - 1.0) < 1e-6 and result["rollout_tokens_per_second"] > 0
