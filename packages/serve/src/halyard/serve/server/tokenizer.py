@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from halyard.data import ExampleError, TokenizerSpec
-from halyard.data.examples.hf_template import render_reply_with_template
+from halyard.data.examples import render_prompt_with_template
 from halyard.serve.server.errors import APIError
 
 
@@ -62,18 +62,13 @@ class TextTokenizer:
                 "server with --chat-template FILE",
                 "messages",
             )
-        # The renderer's reply form: the prompt's text is what precedes an (empty) assistant reply,
-        # rendered with the generation prompt.
-        reply = [{"role": "assistant", "content": ""}]
         try:
-            segments = render_reply_with_template(
+            return render_prompt_with_template(
                 self.chat_template,
                 messages,
-                reply,
                 "messages",
                 bos_token=self.spec.bos_token or "",
                 eos_token=self.spec.eos_token or "",
             )
         except ExampleError as error:
             raise APIError(str(error), "messages") from None
-        return "".join(text for text, is_reply in segments if not is_reply)
