@@ -14,10 +14,10 @@ from halyard.named import NamedArray, named
 def _step(model: CausalLM, tokens: jax.Array, positions: jax.Array, pages, table: jax.Array):
     capacity = table.shape[1] * pages.page_size
     pages = pages.for_rows(table, jnp.where(positions >= 0, positions, capacity))
-    hidden, pages = model.paged_step(
+    hidden, written = model.paged_step(
         named(tokens, ("batch", "pos")), positions=named(positions, ("batch", "pos")), pages=pages
     )
-    return model.logits(hidden).unwrap("batch", "pos", "vocab"), pages.without_rows()
+    return model.logits(hidden).unwrap("batch", "pos", "vocab"), pages.written(*written).without_rows()
 
 
 def paged_logits(

@@ -191,7 +191,9 @@ def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
 def test_weights_handed_over_in_memory_generate_as_the_new_weights_do() -> None:
     old, new = tiny_model("llama", seed=0), tiny_model("llama", seed=5)
     engine = Engine(old, SMALL)
-    engine.generate([PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))  # compiled, cached
+    engine.generate(
+        [PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    )  # compiled, cached
     compiled = len(engine.runner.compiled_shapes)
     engine.update_weights(new)
     (output,) = engine.generate([PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))

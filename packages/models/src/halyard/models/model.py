@@ -35,7 +35,8 @@ class DecoderOutput(NamedTuple):
         hidden: final hidden states ``(batch..., pos, embed)`` (after the last norm).
         aux_loss: scalar added to the training loss (0.0 for dense families).
         metrics: scalars to report (e.g. ``load_balancing_loss``).
-        cache: the updated KV cache (or `PagedKV`), or None when none was given.
+        cache: with a `PagedKV`, this call's new ``(keys, values)`` of every layer ``(layers, batch, key_pos,
+            kv_heads, head_size)`` (to store with `PagedKV.written`); None without one.
         layer_stats: what each layer reported, stacked on ``layers`` (MoE router statistics, muP
             coordinates), or None.
     """
@@ -43,7 +44,7 @@ class DecoderOutput(NamedTuple):
     hidden: NamedArray
     aux_loss: jax.Array
     metrics: dict[str, jax.Array]
-    cache: PagedKV | None
+    cache: tuple[NamedArray, NamedArray] | None
     layer_stats: Any = None
 
 
@@ -221,7 +222,7 @@ class CausalLM(eqx.Module):
 
     def paged_step(
         self, tokens: NamedArray, *, positions: NamedArray, pages: PagedKV
-    ) -> tuple[NamedArray, PagedKV]:
+    ) -> tuple[NamedArray, tuple[NamedArray, NamedArray]]:
         """Run ``tokens`` against their sequences' pages (an inference engine's step).
 
         Each row is one sequence: its tokens attend to every earlier position of that sequence (read from
@@ -235,7 +236,9 @@ class CausalLM(eqx.Module):
             pages: the pool, with this call's page table and write positions (`PagedKV.for_rows`).
 
         Returns:
-            ``(final hidden states (batch, pos, embed), the pool with the new keys and values stored)``.
+            ``(final hidden states (batch, pos, embed), (keys, values))``: the call's new keys and values of
+            every layer, which ``pages.written(keys, values)`` stores (in a program of its own, where the pool
+            is donated: written in the same program as it is read, the whole pool would be copied).
         """
         model = self.in_compute_dtype()
         KeyPos = Axis("key_pos", pages.page_table.axis_size("seq_page") * pages.page_size)
@@ -245,8 +248,8 @@ class CausalLM(eqx.Module):
             key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
         )
         output = model.decoder(tokens, mask=self.complete_mask(mask), positions=positions, cache=pages)
-        if not isinstance(output.cache, PagedKV):
-            raise RuntimeError(f"{type(self).__name__}.decoder returned no pages although pages were given")
+        if output.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.decoder returned no keys although pages were given")
         return output.hidden, output.cache
 
     def init_pages(self, num_pages: int, page_size: int) -> PagedKV:

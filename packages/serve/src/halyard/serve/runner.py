@@ -8,13 +8,15 @@ small fixed set: ``tokens`` is 1 (decoding rows) or the chunk size (prefill rows
 of pages a row can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles
 each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`).
 
-The pool is donated to each call: the new keys and values are stored in place.
+A step program only reads the pool; a second small program, to which the pool is donated, stores the
+step's new keys and values in place (a program that read and wrote the pool would copy all of it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Any, NamedTuple
 
@@ -148,10 +150,11 @@ class ModelRunner:
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
-        program = self._program(shape)
+        program, store = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
         with self._placement():
-            self.pages, outputs = program(self.model, self.pages, device_inputs)
+            written, outputs = program(self.model, self.pages, device_inputs)
+            self.pages = store(self.pages, written, device_inputs.page_table, device_inputs.positions)
         values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
         return StepOutputs(*values)
 
@@ -168,18 +171,23 @@ class ModelRunner:
             return contextlib.nullcontext()
         return use_layout(self.layout, self.mesh)
 
-    def _program(self, shape: ProgramShape) -> Any:
-        program = self._programs.get(shape)
-        if program is not None:
-            return program
+    def _program(self, shape: ProgramShape) -> tuple[Any, Any]:
+        """The step program of ``shape`` (it only reads the pool) and the program that stores the step's keys
+        and values in the pool (donated: stored in place; compiled at its first call)."""
+        programs = self._programs.get(shape)
+        if programs is not None:
+            return programs
         started = time.perf_counter()
-        jitted = jax.jit(_step, donate_argnums=(1,), static_argnums=(3,))
         example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
         with self._placement():
-            compiled = jitted.lower(self.model, self.pages, example, self.logit_rows).compile()
+            compiled = (
+                jax.jit(_step, static_argnums=(3,))
+                .lower(self.model, self.pages, example, self.logit_rows)
+                .compile()
+            )
         self.compile_seconds += time.perf_counter() - started
-        self._programs[shape] = compiled
-        return compiled
+        self._programs[shape] = (compiled, _store)
+        return compiled, _store
 
 
 def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
@@ -204,14 +212,24 @@ def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
     )
 
 
-def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) -> tuple[PagedKV, tuple]:
+def _rows(pages: PagedKV, page_table: jax.Array, positions: jax.Array) -> PagedKV:
+    """The pool with the rows of a call (padding tokens, position -1, are written nowhere)."""
+    capacity = page_table.shape[1] * pages.page_size
+    return pages.for_rows(page_table, jnp.where(positions >= 0, positions, capacity))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _store(pages: PagedKV, written: tuple, page_table: jax.Array, positions: jax.Array) -> PagedKV:
+    """Store a step's new keys and values in their pages (the pool donated: in place)."""
+    return _rows(pages, page_table, positions).written(*written).without_rows()
+
+
+def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) -> tuple[tuple, tuple]:
     rows = inputs.tokens.shape[0]
-    capacity = inputs.page_table.shape[1] * pages.page_size
-    writes = jnp.where(inputs.positions >= 0, inputs.positions, capacity)
-    pages = pages.for_rows(inputs.page_table, writes)
+    pages = _rows(pages, inputs.page_table, inputs.positions)
     tokens = named(inputs.tokens, ("batch", "pos"))
     positions = named(inputs.positions, ("batch", "pos"))
-    hidden, pages = model.paged_step(tokens, positions=positions, pages=pages)
+    hidden, written = model.paged_step(tokens, positions=positions, pages=pages)
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("batch", "pos", "embed")
     chosen = plain.array[jnp.arange(rows), inputs.last]
@@ -230,4 +248,4 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) 
         next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
         top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
-    return pages.without_rows(), (*drawn, *prompt)
+    return written, (*drawn, *prompt)

@@ -20,7 +20,7 @@ from halyard.models.attention import AttentionMask
 from halyard.models.decoder.layout import BlockLayout, LayerKind
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
-from halyard.models.layers.paged_kv import PagedKV
+from halyard.models.layers.paged_kv import PagedLayers
 from halyard.models.layers.self_attention import SelfAttention
 from halyard.models.reports import report_rms
 from halyard.named import Axis, NamedArray
@@ -110,7 +110,7 @@ class DecoderBlock(eqx.Module):
         x: NamedArray,
         mask: AttentionMask,
         positions: NamedArray,
-        *cache: PagedKV,
+        *cache: PagedLayers,
         kind: LayerKind,
         token_mask: NamedArray | None = None,
     ) -> tuple[NamedArray, tuple[Any, Any]]:
@@ -120,7 +120,7 @@ class DecoderBlock(eqx.Module):
             x: the residual stream.
             mask: the attention mask; this layer's window is added unless the mask has one.
             positions: token positions ``(batch..., pos)`` (rotary).
-            cache: this layer's view of an engine's `PagedKV`, or nothing.
+            cache: an engine's pages as this layer sees them (`PagedKV.for_layer_scan`), or nothing.
             kind: this layer's window and rotary setting.
             token_mask: 0/1 per token for the MoE router statistics (None: every token counts).
 

@@ -135,7 +135,7 @@ class Decoder(CausalLM):
             x = x * jnp.asarray(scale, x.dtype)  # in the activation dtype, as Hugging Face's Gemma does
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
-        cache_args: tuple = () if cache is None else (cache,)
+        cache_args: tuple = () if cache is None else (cache.for_layer_scan(),)
         if cache is None and (stages := pipeline_stages()) > 1:
             config = self.config
             schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
@@ -165,7 +165,9 @@ class Decoder(CausalLM):
             coefficients = self.config.router_loss_weights()
             aux = coefficients[0] * balance + coefficients[1] * z_loss
             metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
-        updated = None if cache is None else cache.written(*new_cache)
+        # The new keys and values go back to the caller, who stores them (`PagedKV.written`) in a program of
+        # its own: a pool written here would be copied whole (it is also read inside the layer scan).
+        updated = None if cache is None else (new_cache[0], new_cache[1])
         return DecoderOutput(self.final_norm(x), aux, metrics, updated, layer_stats)
 
     def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:

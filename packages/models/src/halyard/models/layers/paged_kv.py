@@ -87,35 +87,18 @@ class PagedKV(eqx.Module):
         writes = named(jnp.asarray(write_positions, jnp.int32), ("batch", "pos"))
         return PagedKV(self.key_pages, self.value_pages, table, writes)
 
-    def context(self, new_keys: NamedArray, new_values: NamedArray) -> tuple[NamedArray, NamedArray]:
-        """One layer's keys and values for attention: each row's pages in order, with the call's new
-        keys and values laid over their positions.
-
-        Args:
-            new_keys, new_values: ``(batch, key_pos, kv_heads, head_size)``, one entry per token of the
-                call (``key_pos`` of the call's length).
-
-        Returns:
-            ``(keys, values)`` ``(batch, key_pos, kv_heads, head_size)`` with ``key_pos`` of
-            ``seq_page * page_size`` entries: entry ``p`` is the token at position ``p``.
-        """
-        return self._gathered(self.key_pages, new_keys), self._gathered(self.value_pages, new_values)
-
-    def _gathered(self, pages: NamedArray, new: NamedArray) -> NamedArray:
-        table = self.page_table.array
-        batch, seq_pages = table.shape
-        plain = pages.rearrange(PAGE, PAGE_SLOT, "kv_heads", "head_size").array
-        gathered = plain[table].reshape(batch, seq_pages * self.page_size, *plain.shape[2:])
-        rows = jnp.arange(batch)[:, None]
-        fresh = new.rearrange("batch", "key_pos", "kv_heads", "head_size").array.astype(gathered.dtype)
-        gathered = gathered.at[rows, self.write_positions.array].set(fresh, mode="drop")
-        axes = (
-            Axis("batch", batch),
-            Axis("key_pos", gathered.shape[1]),
-            pages.axis("kv_heads"),
-            pages.axis("head_size"),
+    def for_layer_scan(self) -> PagedLayers:
+        """What the layer scan takes: the pool whole (every layer reads its own pages straight from it, one
+        gather; a slice of the pool per layer would be copied out first), and each layer's index."""
+        layers = self.key_pages.axis("layers")
+        whole = {"layers": POOL_LAYER}
+        return PagedLayers(
+            self.key_pages.rename(whole),
+            self.value_pages.rename(whole),
+            NamedArray(jnp.arange(layers.size, dtype=jnp.int32), (layers,)),
+            self.page_table,
+            self.write_positions,
         )
-        return NamedArray(gathered, axes)
 
     def written(self, new_keys: NamedArray, new_values: NamedArray) -> PagedKV:
         """The pool with every layer's new keys and values stored in their pages.
@@ -150,6 +133,57 @@ class PagedKV(eqx.Module):
             self.page_table,
             self.write_positions,
         )
+
+
+POOL_LAYER = "pool_layer"
+"""The pool's layer axis inside the layer scan (not ``layers``: the scan would slice it)."""
+
+
+class PagedLayers(eqx.Module):
+    """The pool as the layer scan sees it (`PagedKV.for_layer_scan`): inside the scan ``layer`` is this
+    layer's index and the pools are whole.
+
+    Attributes:
+        key_pool, value_pool: ``(pool_layer, page, page_slot, kv_heads, head_size)``.
+        layer: int32 ``(layers,)``, a scalar in each layer.
+        page_table, write_positions: as in `PagedKV`.
+    """
+
+    key_pool: NamedArray
+    value_pool: NamedArray
+    layer: NamedArray
+    page_table: NamedArray
+    write_positions: NamedArray
+
+    def context(self, new_keys: NamedArray, new_values: NamedArray) -> tuple[NamedArray, NamedArray]:
+        """This layer's keys and values of the call's rows, each row's pages in position order, with the new
+        ones laid over their positions.
+
+        Args:
+            new_keys, new_values: ``(batch, key_pos, kv_heads, head_size)``, one entry per token of the call.
+
+        Returns:
+            ``(keys, values)`` ``(batch, key_pos, kv_heads, head_size)`` with ``key_pos`` of
+            ``seq_page * page_size`` entries: entry ``p`` is the token at position ``p``.
+        """
+        return self._gathered(self.key_pool, new_keys), self._gathered(self.value_pool, new_values)
+
+    def _gathered(self, pool: NamedArray, new: NamedArray) -> NamedArray:
+        table = self.page_table.array
+        batch, seq_pages = table.shape
+        plain = pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array
+        gathered = plain[self.layer.array, table]  # one gather from the whole pool
+        gathered = gathered.reshape(batch, seq_pages * plain.shape[2], *plain.shape[3:])
+        rows = jnp.arange(batch)[:, None]
+        fresh = new.rearrange("batch", "key_pos", "kv_heads", "head_size").array.astype(gathered.dtype)
+        gathered = gathered.at[rows, self.write_positions.array].set(fresh, mode="drop")
+        axes = (
+            Axis("batch", batch),
+            Axis("key_pos", gathered.shape[1]),
+            pool.axis("kv_heads"),
+            pool.axis("head_size"),
+        )
+        return NamedArray(gathered, axes)
 
 
 def _no_rows() -> tuple[NamedArray, NamedArray]:

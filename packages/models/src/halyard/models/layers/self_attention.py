@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 
 from halyard.models.attention import AttentionMask, attention
-from halyard.models.layers.paged_kv import PagedKV
+from halyard.models.layers.paged_kv import PagedLayers
 from halyard.models.reports import report_attention_logit_max
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
@@ -144,7 +144,7 @@ class SelfAttention(eqx.Module):
         mask: AttentionMask,
         positions: NamedArray,
         rope: RotaryConfig | None,
-        cache: PagedKV | None = None,
+        cache: PagedLayers | None = None,
     ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
         """Attend from every position of ``x`` to the visible keys.
 
@@ -153,7 +153,7 @@ class SelfAttention(eqx.Module):
             mask: which keys each query sees (causal, window, segments; slots when decoding).
             positions: rotary position of each token ``(batch..., pos)``.
             rope: this layer's rotary configuration, or None (learned positions, added by the model).
-            cache: this layer's view of an engine's `PagedKV`, or None.
+            cache: an engine's pages as this layer sees them (`PagedKV.for_layer_scan`), or None.
 
         Returns:
             ``(output (batch..., pos, embed), new keys and values)``: with a `PagedKV`, this call's
