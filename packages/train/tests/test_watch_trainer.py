@@ -16,10 +16,13 @@ from trainer_fixtures import load_config, run_cli, write_config
 
 import halyard.named as hn
 from halyard.named import is_named
+from halyard.train.config.errors import ConfigError
 from halyard.train.data_assembly.run_data import prepare_data
 from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.run.setup import RunSetup
 from halyard.train.trackers.jsonl import read_jsonl
 from halyard.train.trackers.wandb_offline import offline_run_files
+from halyard.train.trainer.preflight import check_shapes
 from halyard.train.trainer.trainer import Trainer
 
 
@@ -130,3 +133,31 @@ def test_watched_statistics_equal_the_checkpoints_and_values_computed_outside(
         assert dict(scalars[name])[4] == pytest.approx(logged[name], rel=1e-6)
         assert wandb_rows[4][name] == pytest.approx(logged[name], rel=1e-6)
         assert sorted(dict(scalars[name])) == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "trainer, message",
+    [
+        ({"invariant": True}, "trainer.watch.model needs trainer.invariant false"),
+        (
+            {"mesh": {"data": 4, "stage": 2}, "min_shard": 1},
+            "trainer.watch.model does not reach inside a pipeline",
+        ),
+    ],
+)
+def test_model_reports_are_refused_where_the_step_cannot_carry_them(
+    tmp_path: Path, trainer: dict, message: str
+) -> None:
+    model = {"pipeline_microbatches": 2} if "mesh" in trainer else {}
+    path = write_config(
+        tmp_path / "c.yaml",
+        tmp_path / "run",
+        tmp_path / "cache",
+        trainer={"watch": {"every": 2}, **trainer},
+        model=model,
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_shapes(RunSetup(load_config(path)))
+    norms_only = RunSetup(load_config(path, "--trainer.watch.model", "false"))
+    check_shapes(norms_only)
+    assert norms_only._watch().model is False and RunSetup(load_config(path))._watch().model is False
