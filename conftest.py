@@ -50,6 +50,8 @@ FILE_SECONDS = {
     "test_pipeline.py": 120,
     "test_matrix_trainer.py": 103,
     "test_invariant_trainer.py": 102,
+    "test_watch_trainer.py": 58,
+    "test_watch_benchmark_smoke.py": 28,
     "test_nonfinite.py": 95,
     "test_install_alone.py": 87,
     "test_sampling.py": 82,

@@ -300,6 +300,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "watch",
+        "watch.py",
+        (
+            Figure(
+                "trainer.watch every 100 steps / off: step time",
+                "ratios.every_100_over_off",
+                "<= 1.02",
+                at_most(1.02),
+            ),
+            Figure("trainer.watch every step / off: step time", "ratios.every_step_over_off"),
+            Figure("per-example losses (spike test) / none: step time", "ratios.off_over_no_example_losses"),
+        ),
+    ),
+    Benchmark(
         "hf_import",
         "hf_import.py",
         (

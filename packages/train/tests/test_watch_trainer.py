@@ -16,10 +16,13 @@ from trainer_fixtures import load_config, run_cli, write_config
 
 import halyard.named as hn
 from halyard.named import is_named
+from halyard.train.config.errors import ConfigError
 from halyard.train.data_assembly.run_data import prepare_data
 from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.run.setup import RunSetup
 from halyard.train.trackers.jsonl import read_jsonl
 from halyard.train.trackers.wandb_offline import offline_run_files
+from halyard.train.trainer.preflight import check_shapes
 from halyard.train.trainer.trainer import Trainer
 
 
@@ -130,3 +133,44 @@ def test_watched_statistics_equal_the_checkpoints_and_values_computed_outside(
         assert dict(scalars[name])[4] == pytest.approx(logged[name], rel=1e-6)
         assert wandb_rows[4][name] == pytest.approx(logged[name], rel=1e-6)
         assert sorted(dict(scalars[name])) == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "trainer, message",
+    [
+        ({"invariant": True}, "trainer.watch.model needs trainer.invariant false"),
+        (
+            {"mesh": {"data": 4, "stage": 2}, "min_shard": 1},
+            "trainer.watch.model does not reach inside a pipeline",
+        ),
+    ],
+)
+def test_model_reports_are_refused_where_the_step_cannot_carry_them(
+    tmp_path: Path, trainer: dict, message: str
+) -> None:
+    model = {"pipeline_microbatches": 2} if "mesh" in trainer else {}
+    path = write_config(
+        tmp_path / "c.yaml",
+        tmp_path / "run",
+        tmp_path / "cache",
+        trainer={"watch": {"every": 2}, **trainer},
+        model=model,
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_shapes(RunSetup(load_config(path)))
+    norms_only = RunSetup(load_config(path, "--trainer.watch.model", "false"))
+    check_shapes(norms_only)
+    assert norms_only._watch().model is False and RunSetup(load_config(path))._watch().model is False
+
+
+def test_a_grpo_run_watches_its_steps_too(tmp_path: Path) -> None:
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(tmp_path / "run"), "--trainer.steps", "4"]
+    args += ["--trainer.batch_size", "32", "--rl.max_running", "32", "--trainer.log_every", "1"]
+    args += ["--checkpoint.every_steps", "4", "--trainer.eval_every", "0", "--trainer.watch.every", "2"]
+    result = run_cli(args, devices=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line["step"]: line for line in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
+    watched = [step for step, line in sorted(lines.items()) if "activation/rms/layers/0" in line]
+    assert watched == [2, 4] and all("grad_norm/layers/1" in lines[step] for step in watched)
+    finished = next(line for line in result.stdout.splitlines() if line.startswith("finished at step 4"))
+    assert "/layers/" not in finished and "per module and per layer, in the trackers" in finished

@@ -13,6 +13,7 @@ from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.interruption import stop_run
 from halyard.train.trainer.preflight import finished_step
 from halyard.train.trainer.trainer import Trainer
+from halyard.train.watch.host import is_per_part
 
 
 def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = None) -> int:
@@ -43,6 +44,9 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
         return 0
     result = trainer.fit()
     if result.last_metrics:  # the run's global figures, on every process's console (each host has its own)
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.last_metrics.items()) if k != "step")
-        print(f"finished at step {int(result.state.step)}: {shown}", flush=True)
+        last = {k: v for k, v in result.last_metrics.items() if k != "step" and not is_per_part(k)}
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items()))
+        parts = len(result.last_metrics) - len(last) - ("step" in result.last_metrics)
+        more = f" (and {parts} per module and per layer, in the trackers)" if parts else ""
+        print(f"finished at step {int(result.state.step)}: {shown}{more}", flush=True)
     return 0

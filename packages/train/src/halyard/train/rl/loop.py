@@ -65,7 +65,7 @@ class GrpoLoop:
                 arrays, metrics = self._rollout_batch(rollout, state)
             batch = self._device_batch(arrays, state)
             log.before_step()
-            state, step_metrics = session.step_fn(state, batch, session.frozen)
+            state, step_metrics = session.step_for(step + 1)(state, batch, session.frozen)
             step_metrics = {**step_metrics, **{name: np.float32(value) for name, value in metrics.items()}}
             log.after_step(step + 1, step_metrics, tokens=int(arrays["completion_mask"].sum()))
             self.folder.keep()

@@ -51,6 +51,8 @@ class RlSession:
         logprobs: the jitted ``(model, tokens) -> logps`` of the old policy and the reference.
         rollouts: the engine and its sampling.
         step_fn: the jitted train step.
+        watched_step_fn: the jitted step of ``trainer.watch`` (the same update, with its statistics), built at
+            the first step it runs.
         log: metrics and trackers.
         metadata: what each checkpoint records besides the state.
         width: the tokens of a trained sequence (prompt, completion, padding).
@@ -72,6 +74,15 @@ class RlSession:
     metadata: dict[str, Any]
     width: int
     start_step: int
+    watched_step_fn: Callable[..., Any] | None = None
+
+    def step_for(self, step: int) -> Callable[..., Any]:
+        """The compiled step that runs step ``step`` (1-based): the watched one where ``trainer.watch`` says."""
+        if not self.setup.config.trainer.watch.watches(step):
+            return self.step_fn
+        if self.watched_step_fn is None:
+            self.watched_step_fn = self.setup.train_step(watched=True)
+        return self.watched_step_fn
 
     def model(self, state: TrainState) -> Any:
         """The whole model of ``state`` (a LoRA run's base joined with its adapters)."""

@@ -33,6 +33,7 @@ from halyard.train.run.sources import model_config_of, source_model
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState, init_state, make_train_step
 from halyard.train.user_errors import as_config_error
+from halyard.train.watch.config import WatchConfig
 
 
 class Placed(NamedTuple):
@@ -150,6 +151,16 @@ class RunSetup:
             manager=manager,
         )
 
+    def _watch(self) -> WatchConfig:
+        """``trainer.watch``, without the model's reports where the step cannot carry them out (the invariant
+        step adds its slices' outputs up; the pipeline's stages run under a vmap): preflight refuses asking
+        for them there, and `halyard replay` gets the norms alone."""
+        watch = self.config.trainer.watch
+        stages = dict(self.mesh.shape).get("stage", 1)
+        if self.config.trainer.invariant or stages > 1:
+            return dataclasses.replace(watch, model=False)
+        return watch
+
     def train_step(self, *, watched: bool = False) -> Any:
         """The jitted train step ``(state, batch, frozen) -> (state, metrics)``: the state donated and kept in
         its shardings, the metrics on every device (each process reads them whole); ``frozen`` is a LoRA run's
@@ -163,7 +174,7 @@ class RunSetup:
             learning_rate=self.schedule,
             join=join if config.lora.enabled else None,
             invariant=invariant,
-            watch=config.trainer.watch if watched else None,
+            watch=self._watch() if watched else None,
         )
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.jit(step, donate_argnums=0, out_shardings=(self.abstract_state.shardings, replicated))

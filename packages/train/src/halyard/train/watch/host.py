@@ -26,6 +26,16 @@ def flatten_arrays(values: Mapping[str, Any]) -> dict[str, float]:
     return flat
 
 
+NORM_PREFIXES = ("grad_norm/", "param_norm/", "update_norm/", "opt_state_norm/")
+"""The watched step's norms per module and per layer (the global ``grad_norm`` etc. have no ``/``)."""
+
+
+def is_per_part(name: str) -> bool:
+    """Whether ``name`` is a watched statistic of one module or layer (a norm per module, ``<name>/layers/<i>``):
+    the trackers get them, a one-line summary leaves them out."""
+    return name.startswith(NORM_PREFIXES) or "/layers/" in name
+
+
 def worst_rows(examples: Mapping[str, Any], count: int) -> list[tuple[int, float, int]]:
     """The ``count`` rows of a step with the highest loss per counted token, worst first.
 
