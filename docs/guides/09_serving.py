@@ -23,11 +23,11 @@ from pathlib import Path
 import jax
 import numpy as np
 from openai import OpenAI
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from halyard.export import export_hf
 from halyard.models import init_model, model_config
 from halyard.serve import Engine, EngineConfig, SamplingParams
-from halyard.train.corpora.max_digit import write_max_digit_prompts
 
 SMOKE = os.environ.get("HALYARD_DOCS_SMOKE") == "1"
 WORK = Path(os.environ.get("HALYARD_DOCS_WORK", "guide_runs")).resolve() / "serving"
@@ -41,13 +41,18 @@ WORK.mkdir(parents=True, exist_ok=True)
 # `>`), exported as a Hugging Face folder so that the server can load it like a downloaded checkpoint.
 
 # %%
-_, tokenizer_path = write_max_digit_prompts(WORK / "corpus")
+vocabulary = {"<|endoftext|>": 0, **{str(digit): digit + 1 for digit in range(10)}, ">": 11}
+tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<|endoftext|>"))
+tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # a token per character
+tokenizer.decoder = decoders.Fuse()
+tokenizer_path = WORK / "tokenizer.json"
+tokenizer.save(str(tokenizer_path))
 config = model_config(
     "llama", vocab_size=16, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
     max_position=256, initializer_range=0.3,
 )  # fmt: skip
 model = init_model(config, jax.random.key(0))
-folder = export_hf(model, WORK / "hf", tokenizer=str(tokenizer_path))
+folder = export_hf(model, WORK / "hf", tokenizer=str(tokenizer_path), overwrite=True)
 print(sorted(path.name for path in folder.iterdir()))
 
 # %% [markdown]

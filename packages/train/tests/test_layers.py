@@ -40,13 +40,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "builtin_configs",
             "mixture.config",
             "objectives.config",
+            "rl.config",
         ),
     ),
-    ("data", ("data_assembly", "mixture")),
-    ("features", ("lora", "objectives")),
+    ("data", ("data_assembly", "mixture", "rl.prompts")),
+    ("features", ("lora", "objectives", "rl")),
     ("run", ("run",)),
     ("harness", ("harness",)),
-    ("trainer", ("trainer",)),
+    ("trainer", ("trainer", "rl.session", "rl.loop", "rl.fit")),
     ("commands", ("commands", "plan", "cli", "")),
 ]
 """(layer, the modules in it as prefixes below ``halyard.train``); the longest matching prefix wins, and
@@ -158,6 +159,8 @@ LAZY_THIRD_PARTY = {
     "tensorboardX": "heavy, only with the tensorboard tracker",
     "matplotlib": "heavy, only for halyard plot",
     "draccus": "halyard.train.optim and its config classes import without it",
+    "math_verify": "heavy (sympy), only with the math reward",
+    "latex2sympy2_extended": "heavy (sympy), only with the math reward",
 }
 """Packages a function may import where it uses them, and why."""
 

@@ -212,7 +212,7 @@ def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
     )
 
 
-def _rows(pages: PagedKV, page_table: jax.Array, positions: jax.Array) -> PagedKV:
+def _rows(pages: PagedKV, page_table: Any, positions: Any) -> PagedKV:
     """The pool with the rows of a call (padding tokens, position -1, are written nowhere)."""
     capacity = page_table.shape[1] * pages.page_size
     return pages.for_rows(page_table, jnp.where(positions >= 0, positions, capacity))

@@ -91,7 +91,7 @@ class PagedKV(eqx.Module):
         """What the layer scan takes: the pool whole (every layer reads its own pages straight from it, one
         gather; a slice of the pool per layer would be copied out first), and each layer's index."""
         layers = self.key_pages.axis("layers")
-        whole = {"layers": POOL_LAYER}
+        whole: dict[Axis | str, str | Axis] = {"layers": POOL_LAYER}
         return PagedLayers(
             self.key_pages.rename(whole),
             self.value_pages.rename(whole),

@@ -13,6 +13,7 @@ from halyard.train.objectives.dpo import dpo_loss_fn
 from halyard.train.objectives.dpo_evaluate import DpoEvaluator
 from halyard.train.objectives.lm_evaluate import Evaluator
 from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.rl.objective import grpo_loss_fn
 
 if TYPE_CHECKING:
     from halyard.train.data_assembly.datasets import PreparedData
@@ -25,8 +26,6 @@ def objective_loss_fn(
     """The train step's ``loss_fn``: next-token cross-entropy (lm), the DPO loss (dpo) or the GRPO family's
     policy loss (grpo)."""
     if config.trainer.objective == "grpo":
-        from halyard.train.rl.objective import grpo_loss_fn
-
         return grpo_loss_fn(config.rl)
     if config.trainer.objective == "dpo":
         return dpo_loss_fn(config.dpo.beta, config.dpo.label_smoothing)

@@ -1,30 +1,42 @@
-"""`fit_rl`: `Trainer.fit` for ``trainer.objective: grpo`` (the same run folder, checkpoints, log, signals)."""
+"""`fit_rl`: what `Trainer.fit` runs for ``trainer.objective: grpo`` (the same run folder, checkpoints, log,
+signals; the GRPO loop instead of the lm loop)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from halyard.shard import is_main_process, use_layout
 from halyard.train.perf.goodput import Goodput
-from halyard.train.plot import write_run_plot
 from halyard.train.rl.loop import GrpoLoop
 from halyard.train.rl.session import start_rl_session
+from halyard.train.run.setup import RunSetup
+from halyard.train.step import TrainState
 from halyard.train.trainer.interruption import signalled_on_any_process, stop_run
+from halyard.train.trainer.metrics_log import MetricsLog
 from halyard.train.trainer.run_folder import RunFolder
 
-if TYPE_CHECKING:
-    from halyard.train.trainer.trainer import FitResult, Trainer
 
+def fit_rl(
+    setup: RunSetup,
+    run_dir: Path,
+    clock: Callable[[], float],
+    preemption: Any,
+    goodput: Goodput,
+    cache_at_start: Any,
+) -> tuple[TrainState, MetricsLog]:
+    """Train a GRPO run to ``trainer.steps`` (resuming when a checkpoint exists); returns the last state and
+    the run's log (still open: `Trainer.fit` closes it).
 
-def fit_rl(trainer: Trainer, preemption: Any, goodput: Goodput, cache_at_start: Any) -> FitResult:
-    """Train a GRPO run to ``trainer.steps`` (resuming when a checkpoint exists); see `Trainer.fit`."""
-    from halyard.train.trainer.trainer import FitResult
-
-    with RunFolder(trainer.run_dir, writes=is_main_process()) as folder:
-        session = start_rl_session(trainer.setup, trainer.run_dir, goodput, trainer.clock)
+    Raises:
+        SystemExit: preemption (143 / 130 after saving).
+    """
+    with RunFolder(run_dir, writes=is_main_process()) as folder:
+        session = start_rl_session(setup, run_dir, goodput, clock)
         session.log.cache_counts_at_start = cache_at_start
         try:
-            with use_layout(trainer.layout, trainer.mesh):
+            with use_layout(setup.layout, setup.mesh):
                 state = GrpoLoop(session, preemption, folder).run()
             final_step = int(state.step)
             if final_step > 0:
@@ -38,8 +50,4 @@ def fit_rl(trainer: Trainer, preemption: Any, goodput: Goodput, cache_at_start: 
                 )
         finally:
             session.close()
-    summary = session.log.close()
-    if trainer.config.trainer.plot and is_main_process():
-        write_run_plot(trainer.run_dir)
-    log = session.log
-    return FitResult(state=state, last_metrics=log.last, history=log.history, sample=None, summary=summary)
+    return state, session.log

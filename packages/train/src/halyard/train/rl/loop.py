@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from halyard.serve import SamplingParams
 from halyard.shard import batch_share, global_batch_from_local, is_main_process
 from halyard.train.rl.batch import ScoredGroups, batch_arrays, rollout_metrics, score_groups
 from halyard.train.rl.rollouts import Group
@@ -176,8 +177,6 @@ class GrpoLoop:
 
 def held_out_reward(session: RlSession, state: TrainState) -> float:
     """The mean reward of greedy completions of every held-out prompt with ``state``'s weights."""
-    from halyard.serve import SamplingParams
-
     held = session.held_out
     assert held is not None
     engine = session.rollouts.engine

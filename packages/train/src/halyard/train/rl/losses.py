@@ -159,8 +159,7 @@ def policy_loss(
     Args:
         logps: the trained policy's log-probability of each completion token (``pi_theta``).
         old_logps: the trainer's log-probability of the tokens under the weights that sampled them
-            (``pi_old``); None when those are the current weights (one update per batch), which is then
-            ``logps`` without gradient.
+            (``pi_old``); None when those are the current weights (then ``logps`` without gradient).
         sampler_logps: the inference engine's log-probability of the tokens, for ``importance_sampling``
             and the ``sampling/...`` metrics; None without them.
         advantages: each completion's advantage (`group_advantages`, flattened).
@@ -168,17 +167,14 @@ def policy_loss(
         reference_logps: the frozen reference's log-probabilities, needed when ``kl_beta`` is not 0.
         loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"``: the normaliser.
         clip_low: ``eps_low``, ratios below ``1 - clip_low`` are clipped (TRL's ``epsilon``).
-        clip_high: ``eps_high``, ratios above ``1 + clip_high`` are clipped (DAPO's clip-higher, 0.28;
-            TRL's ``epsilon_high``).
+        clip_high: ``eps_high``, ratios above ``1 + clip_high`` are clipped (TRL's ``epsilon_high``).
         kl_beta: the weight of the k3 KL term against the reference (TRL's ``beta``); 0 for none.
-        kl_importance_weighted: multiply the KL term by the ratio ``r`` (TRL's ``use_bias_correction_kl``,
-            on by default there: the unbiased reverse-KL gradient of the DeepSeek-V3.2 paper).
+        kl_importance_weighted: multiply the KL term by the ratio ``r`` (TRL's ``use_bias_correction_kl``).
         importance_sampling: the sampler correction, ``"none"``, ``"token"``, ``"sequence"`` (truncated)
             or ``"token_mask"``, ``"sequence_mask"`` (`sampler_correction`).
         importance_cap: the largest sampler weight kept (TRL's ``vllm_importance_sampling_clip_max``).
         importance_floor: the smallest sampler weight kept (``vllm_importance_sampling_clip_min``).
-        level: ``"token"`` for a ratio per token, ``"sequence"`` for GSPO's ratio per completion (the
-            geometric mean of its token ratios; TRL's ``importance_sampling_level``).
+        level: ``"token"`` (a ratio per token) or ``"sequence"`` (GSPO's, per completion).
         ratio_cap: two-sided clipping (INTELLECT-2; TRL's ``delta``): the unclipped ratio is capped here
             too, so a negative advantage cannot push a very large ratio further; None for plain clipping.
         max_completion_length: the sampler's ``max_new_tokens``, ``dr_grpo``'s constant.
@@ -186,49 +182,75 @@ def policy_loss(
             micro-batches and devices); by default this batch's.
 
     Raises:
-        ValueError: an unknown ``loss_type``, ``level`` or ``importance_sampling``; ``dr_grpo`` without
-            ``max_completion_length``; a ``kl_beta`` without ``reference_logps``; an importance sampling
-            mode without ``sampler_logps``.
+        ValueError: an unknown option; ``dr_grpo`` without ``max_completion_length``; ``kl_beta`` without
+            ``reference_logps``; importance sampling without ``sampler_logps``.
     """
     _check_options(loss_type, level, kl_beta, reference_logps, importance_sampling, sampler_logps)
     mask = mask.astype(logps.dtype)
     old = jax.lax.stop_gradient(logps if old_logps is None else old_logps)
-    log_ratio = logps - old
-    if level == "sequence":
-        log_ratio = jnp.sum(log_ratio * mask, axis=-1, keepdims=True) / _at_least_one(
-            jnp.sum(mask, axis=-1, keepdims=True)
-        )
-    ratio = jnp.exp(log_ratio)  # [sequences, tokens], or [sequences, 1] for GSPO
+    ratio = _ratio(logps, old, mask, level)  # [sequences, tokens], or [sequences, 1] for GSPO
     advantage = advantages[:, None]
-    clipped = _clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     unclipped = ratio if ratio_cap is None else _clamp(ratio, None, ratio_cap)
-    per_token = -jnp.minimum(unclipped * advantage, clipped * advantage)
+    per_token = -jnp.minimum(
+        unclipped * advantage, _clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantage
+    )
     metrics: dict[str, jax.Array] = {}
     if sampler_logps is not None:
-        correction = sampler_correction(
-            old, sampler_logps, mask, mode=importance_sampling, cap=importance_cap, floor=importance_floor
+        per_token, metrics = _sampler_weighted(
+            per_token, old, sampler_logps, mask, importance_sampling, importance_cap, importance_floor
         )
-        metrics.update(correction.metrics)
-        if correction.weights is not None:
-            per_token = per_token * correction.weights
     if reference_logps is not None:
-        reference = jax.lax.stop_gradient(reference_logps)
-        kl = jnp.exp(reference - logps) - (reference - logps) - 1.0
-        if kl_importance_weighted:
-            kl = kl * ratio
+        kl = _k3_kl(logps, reference_logps, ratio if kl_importance_weighted else None)
         metrics["kl"] = _masked_mean(kl, mask)
         per_token = per_token + kl_beta * kl
     per_token = jnp.broadcast_to(per_token, mask.shape) * mask
-    if loss_type == "grpo":
-        loss_sum = jnp.sum(jnp.sum(per_token, -1) / _at_least_one(jnp.sum(mask, -1)))
-    else:
-        loss_sum = jnp.sum(per_token)
+    loss_sum = _summed(per_token, mask, loss_type)
     normalizer = loss_normalizer(
         mask, loss_type=loss_type, max_completion_length=max_completion_length, total_tokens=total_tokens
     )
     # TRL's clip counts use the ratio after two-sided clipping's cap.
     metrics.update(_clip_metrics(jax.lax.stop_gradient(unclipped), advantage, mask, clip_low, clip_high))
     return PolicyLoss(loss_sum / normalizer, metrics, loss_sum, normalizer)
+
+
+def _sampler_weighted(
+    per_token: jax.Array,
+    old: jax.Array,
+    sampler_logps: jax.Array,
+    mask: jax.Array,
+    mode: ImportanceSampling,
+    cap: float | None,
+    floor: float | None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``per_token`` times the sampler's importance weights (`sampler_correction`), and its metrics."""
+    correction = sampler_correction(old, sampler_logps, mask, mode=mode, cap=cap, floor=floor)
+    if correction.weights is not None:
+        per_token = per_token * correction.weights
+    return per_token, dict(correction.metrics)
+
+
+def _ratio(logps: jax.Array, old: jax.Array, mask: jax.Array, level: RatioLevel) -> jax.Array:
+    """``pi_theta / pi_old`` per token, or per completion (GSPO: the exp of the mean log-ratio)."""
+    log_ratio = logps - old
+    if level == "sequence":
+        log_ratio = jnp.sum(log_ratio * mask, axis=-1, keepdims=True) / _at_least_one(
+            jnp.sum(mask, axis=-1, keepdims=True)
+        )
+    return jnp.exp(log_ratio)
+
+
+def _k3_kl(logps: jax.Array, reference_logps: jax.Array, ratio: jax.Array | None) -> jax.Array:
+    """The k3 estimate ``exp(ref - logp) - (ref - logp) - 1`` per token, times ``ratio`` when given."""
+    reference = jax.lax.stop_gradient(reference_logps)
+    kl = jnp.exp(reference - logps) - (reference - logps) - 1.0
+    return kl if ratio is None else kl * ratio
+
+
+def _summed(per_token: jax.Array, mask: jax.Array, loss_type: str) -> jax.Array:
+    """The loss before its normaliser: the sum of the completions' token means (grpo) or of every token."""
+    if loss_type == "grpo":
+        return jnp.sum(jnp.sum(per_token, -1) / _at_least_one(jnp.sum(mask, -1)))
+    return jnp.sum(per_token)
 
 
 def loss_normalizer(

@@ -149,25 +149,8 @@ def start_rl_session(
     """
     config = setup.config
     rl = config.rl
-    if config.trainer.batch_size % rl.group_size:
-        raise ConfigError(
-            f"trainer.batch_size={config.trainer.batch_size} counts completions: make it a multiple of "
-            f"rl.group_size={rl.group_size}"
-        )
     rewards = load_rewards(rl.rewards, rl.weights)
-    sources, tokenizer_path = prompt_sources(config, run_dir)
-    tokenizer = load_tokenizer(tokenizer_path)
-    room = setup.model_config.shape.max_position - rl.max_new_tokens
-    if room < 1:
-        raise ConfigError(
-            f"rl.max_new_tokens={rl.max_new_tokens} leaves no room for a prompt in the model's "
-            f"{setup.model_config.shape.max_position} positions"
-        )
-    everything = PromptSet.load(
-        dataclasses.replace(config.data, sources=sources), tokenizer, max_prompt_tokens=room
-    )
-    prompts, held_out = _split(everything, config.data.validation_fraction)
-    width = context_width(config, setup.model_config, max(len(p.tokens) for p in everything.prompts))
+    tokenizer, prompts, held_out, width = _prompts(setup, run_dir)
     manager = CheckpointManager(
         run_dir / "checkpoints",
         save_policy=SavePolicy(config.checkpoint.every_steps, config.checkpoint.every_seconds),
@@ -228,6 +211,34 @@ def start_rl_session(
         width=width,
         start_step=start_step,
     )
+
+
+def _prompts(setup: RunSetup, run_dir: Path) -> tuple[TokenizerSpec, PromptSet, PromptSet | None, int]:
+    """The tokenizer, the training and held-out prompts, and the trained sequences' width.
+
+    Raises:
+        ConfigError: a batch that does not hold whole groups, no room for a prompt, bad records.
+    """
+    config = setup.config
+    rl = config.rl
+    if config.trainer.batch_size % rl.group_size:
+        raise ConfigError(
+            f"trainer.batch_size={config.trainer.batch_size} counts completions: make it a multiple of "
+            f"rl.group_size={rl.group_size}"
+        )
+    sources, tokenizer_path = prompt_sources(config, run_dir)
+    tokenizer = load_tokenizer(tokenizer_path)
+    room = setup.model_config.shape.max_position - rl.max_new_tokens
+    if room < 1:
+        raise ConfigError(
+            f"rl.max_new_tokens={rl.max_new_tokens} leaves no room for a prompt in the model's "
+            f"{setup.model_config.shape.max_position} positions"
+        )
+    data = dataclasses.replace(config.data, sources=sources)
+    everything = PromptSet.load(data, tokenizer, max_prompt_tokens=room)
+    prompts, held_out = _split(everything, config.data.validation_fraction)
+    width = context_width(config, setup.model_config, max(len(p.tokens) for p in everything.prompts))
+    return tokenizer, prompts, held_out, width
 
 
 def _split(prompts: PromptSet, fraction: float) -> tuple[PromptSet, PromptSet | None]:

@@ -26,6 +26,7 @@ from halyard.train.checkpoint.preemption import PreemptionFlag, install_preempti
 from halyard.train.lora.adapters import with_base
 from halyard.train.perf.goodput import Goodput
 from halyard.train.plot import write_run_plot
+from halyard.train.rl.fit import fit_rl
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
 from halyard.train.run_config import TrainConfig
@@ -134,9 +135,8 @@ class Trainer:
             check_init_source(self.config, self.run_dir / "checkpoints")
             self._say_what_the_learning_rate_does()
             if self.config.trainer.objective == "grpo":
-                from halyard.train.rl.fit import fit_rl
-
-                return fit_rl(self, preemption, goodput, cache_at_start)
+                state, log = fit_rl(self.setup, self.run_dir, self.clock, preemption, goodput, cache_at_start)
+                return self._result(state, log, None)
             # Bad input found before the first step (an empty corpus) leaves no half-made run folder behind.
             with RunFolder(self.run_dir, writes=is_main_process()) as folder:
                 session = start_session(self.setup, self.run_dir, goodput, self.clock)
@@ -156,10 +156,13 @@ class Trainer:
         finally:
             if self._preemption is None:  # the handlers fit installed: Ctrl-C interrupts again afterwards
                 preemption.uninstall()
-        summary = session.log.close()
+        return self._result(state, session.log, sample)
+
+    def _result(self, state: TrainState, log: Any, sample: str | None) -> FitResult:
+        """Close the log (its goodput summary), draw the loss curve, and gather what `fit` returns."""
+        summary = log.close()
         if self.config.trainer.plot and is_main_process():  # a look instead of a read of metrics.jsonl
             write_run_plot(self.run_dir)
-        log = session.log
         return FitResult(
             state=state, last_metrics=log.last, history=log.history, sample=sample, summary=summary
         )
