@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from halyard.named import Axis, NamedArray
 from halyard.shard import Layout, MeshSpec
 from halyard.train.invariant import CanonicalSlices, canonical_norm, scan_tree_sum, tree_sum
+from halyard.train.invariant.trees import tree_sum_in_one_pass
 from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 
@@ -36,6 +37,8 @@ def pairwise_reference(values: np.ndarray) -> np.ndarray:
 def test_tree_sum_adds_in_the_documented_order(values: list[float]) -> None:
     array = np.asarray(values, np.float32)
     assert np.asarray(tree_sum(jnp.asarray(array))).tobytes() == pairwise_reference(array).tobytes()
+    one_pass = jax.jit(tree_sum_in_one_pass)(jnp.asarray(array))
+    assert np.asarray(one_pass).tobytes() == pairwise_reference(array).tobytes()
 
 
 @settings(max_examples=20, deadline=None)

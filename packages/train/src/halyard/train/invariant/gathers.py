@@ -19,7 +19,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from halyard.train.invariant.trees import tree_sum
+from halyard.train.invariant.trees import tree_sum_in_one_pass
 
 GATHERED = "invariant_gathered_weight"
 """The ``checkpoint_name`` of a gathered weight: the backward pass gathers it again rather than keep it."""
@@ -105,6 +105,14 @@ def reduce_to_shard(weight: ShardedWeight, gradient: jax.Array) -> jax.Array:
     gradient = jax.lax.optimization_barrier(gradient)
     sizes = dict(weight.batch_axes)
     shard_shape = weight.shard_shape(gradient.shape)
+    split = [(dim, axes) for dim, axes in enumerate(weight.dims) if axes]
+    mesh_order = tuple(name for name, size in weight.batch_axes if size > 1)
+    if len(split) == 1 and split[0][1] == mesh_order:  # split over every batch axis: no copy first
+        dim, axes = split[0]
+        parts = gradient.shape[:dim] + (weight.devices, shard_shape[dim]) + gradient.shape[dim + 1 :]
+        # [device j's rows of every device's gradient] -> [device j, my shard]
+        pieces = jax.lax.all_to_all(gradient.reshape(parts), axes, dim, 0)
+        return _add_pieces(pieces, weight.dtype)
     # [sizes of each split dimension's mesh axes..., shard dims...]: the mesh coordinates first.
     split_shape: list[int] = []
     mesh_dims: list[int] = []
@@ -124,13 +132,18 @@ def reduce_to_shard(weight: ShardedWeight, gradient: jax.Array) -> jax.Array:
     # [split axes..., replicated axes..., piece] -> the batch axes in mesh order -> [D, piece].
     by_axis = weight.sharded_axes + replicated
     pieces = pieces.reshape([sizes[a] for a in by_axis] + [-1])
-    mesh_order = [name for name, size in weight.batch_axes if size > 1]
     pieces = pieces.transpose([by_axis.index(a) for a in mesh_order] + [len(by_axis)])
     pieces = pieces.reshape(weight.devices, -1)
     if weight.devices > 1:
         # Row j: device j's piece for this device (device j ran slice t * D + j).
-        pieces = jax.lax.all_to_all(pieces, tuple(mesh_order), 0, 0)
-    summed = tree_sum(pieces.astype(weight.dtype))
+        pieces = jax.lax.all_to_all(pieces, mesh_order, 0, 0)
+    summed = _add_pieces(pieces, weight.dtype)
     if replicated:
         summed = jax.lax.all_gather(summed, replicated, tiled=True)
     return summed[:shard_size].reshape(shard_shape)
+
+
+def _add_pieces(pieces: jax.Array, dtype: str) -> jax.Array:
+    """``pieces [D, ...]`` converted to ``dtype`` and added in the tree's order over the device index; the
+    barrier keeps the adds apart from the exchange (XLA may not merge them into a reduction of its own)."""
+    return tree_sum_in_one_pass(jax.lax.optimization_barrier(pieces).astype(dtype))

@@ -27,6 +27,17 @@ def tree_sum(stacked: Any) -> Any:
     return jax.tree_util.tree_map(one, stacked)
 
 
+def tree_sum_in_one_pass(rows: jax.Array) -> jax.Array:
+    """`tree_sum` of ``rows [n, ...]`` over the leading axis, its adds written out row by row: XLA fuses them
+    into one loop that reads each row once and adds as written (the levels apart read and write every level's
+    partial sums). For rows that an optimization barrier keeps apart from whatever made them."""
+    level = [rows[index] for index in range(rows.shape[0])]
+    while len(level) > 1:
+        odd = [level[-1]] if len(level) % 2 else []
+        level = [level[index] + level[index + 1] for index in range(0, len(level) - 1, 2)] + odd
+    return level[0]
+
+
 def scan_tree_sum(term: Callable[[jax.Array, Any], Any], count: int, inputs: Any) -> Any:
     """``sum(term(i, inputs[i]) for i < count)`` in `tree_sum`'s order, as a scan holding
     ``log2(count) + 1`` partial sums instead of ``count`` terms.
