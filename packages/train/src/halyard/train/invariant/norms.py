@@ -45,21 +45,21 @@ def canonical_norm(tree: Any, split: CanonicalSlices) -> jax.Array:
 
     def per_device(shards: list[jax.Array]) -> jax.Array:
         parts = [_my_chunks(shard, weight) for shard, weight in zip(shards, weights, strict=True)]
-        # Leaves whose chunks are dealt over the same devices: their chunk sums in one tree of levels and
-        # one all-gather, then each leaf's put back in the order of its flattened elements.
+        # Leaves whose chunks are dealt over the same devices: their chunk sums in one all-gather, then each
+        # leaf's put back in the order of its flattened elements.
         leaf_sums: dict[int, jax.Array] = {}
         for owners in dict.fromkeys(owners for _, owners, _ in parts):
             members = [index for index, part in enumerate(parts) if part[1] == owners]
-            chunks = [jnp.square(parts[index][0].astype(jnp.float32)) for index in members]
-            local = _chunk_sums(jnp.concatenate(chunks))
+            sums = [_chunk_sums(jnp.square(parts[index][0].astype(jnp.float32))) for index in members]
+            local = jnp.concatenate(sums)
             gathered = jax.lax.all_gather(local, owners) if owners else local[None]
             start = 0
-            for index, chunk in zip(members, chunks, strict=True):
+            for index, count in zip(members, (x.shape[0] for x in sums), strict=True):
                 runs = parts[index][2]  # [devices, runs * c] -> [runs, devices, c]: the flattened order
-                mine = gathered[:, start : start + chunk.shape[0]]
+                mine = gathered[:, start : start + count]
                 ordered = mine.reshape(mine.shape[0], runs, -1).swapaxes(0, 1).reshape(-1)
                 leaf_sums[index] = tree_sum(ordered)
-                start += chunk.shape[0]
+                start += count
         total = jnp.zeros((), jnp.float32)
         for index in range(len(parts)):
             total = total + leaf_sums[index]
