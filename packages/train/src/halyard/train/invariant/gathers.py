@@ -109,9 +109,9 @@ def reduce_to_shard(weight: ShardedWeight, gradient: jax.Array) -> jax.Array:
     mesh_order = tuple(name for name, size in weight.batch_axes if size > 1)
     if len(split) == 1 and split[0][1] == mesh_order:  # split over every batch axis: no copy first
         dim, axes = split[0]
-        parts = gradient.shape[:dim] + (weight.devices, shard_shape[dim]) + gradient.shape[dim + 1 :]
+        by_device = gradient.shape[:dim] + (weight.devices, shard_shape[dim]) + gradient.shape[dim + 1 :]
         # [device j's rows of every device's gradient] -> [device j, my shard]
-        pieces = jax.lax.all_to_all(gradient.reshape(parts), axes, dim, 0)
+        pieces = jax.lax.all_to_all(gradient.reshape(by_device), axes, dim, 0)
         return _add_pieces(pieces, weight.dtype)
     # [sizes of each split dimension's mesh axes..., shard dims...]: the mesh coordinates first.
     split_shape: list[int] = []
