@@ -79,7 +79,7 @@ def sliced_value_and_grad(loss: SliceTerm, split: CanonicalSlices) -> SliceTerm:
     in the layout's shards.
 
     Args:
-        loss: ``(params, slice rows, key, frozen) -> (loss sum, stat sums)`` of one slice.
+        loss: ``(params, slice rows, key, frozen) -> (loss sum, pytree of sums)`` of one slice.
         split: as for `sliced_sums`.
     """
 

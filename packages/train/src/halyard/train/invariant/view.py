@@ -69,15 +69,16 @@ def sharded_weights(params: Any, mesh: jax.sharding.Mesh, layout: Layout | None)
     weights = []
     for leaf, placement in zip(leaves, placements, strict=True):
         dims = tuple(_split_axes(entry, sizes) for entry in _padded(placement.spec, leaf.ndim))
-        for axis in (a for axes in dims for a in axes if a not in BATCH_AXES):
+        other = [axis for axes in dims for axis in axes if axis not in BATCH_AXES]
+        if other:
             raise ValueError(
-                f"{placement.path} is split over mesh axis {axis!r}: the invariant step splits batch axes only"
+                f"{placement.path} is split over mesh axis {other[0]!r}: the invariant step splits batch axes only"
             )
         floating = jnp.issubdtype(leaf.dtype, jnp.floating)
         weights.append(
             ShardedWeight(dims, batch_axes, jnp.dtype(leaf.dtype).name, compute if floating else None)
         )
-    if not any(weight.dims != ((),) * len(weight.dims) for weight in weights):
+    if not any(axes for weight in weights for axes in weight.dims):
         return None
     return jax.tree_util.tree_unflatten(treedef, weights)
 
