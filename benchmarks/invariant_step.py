@@ -88,7 +88,9 @@ class Arm:
         self.state = jax.jit(make_state, out_shardings=shardings)(key)
         tokens = np.random.default_rng(0).integers(0, setup.vocab_size, (setup.batch_size, setup.seq_len + 1))
         self.batch = global_batch_from_local({"tokens": tokens.astype(np.int32)}, mesh, layout=layout)
-        canonical = CanonicalSlices(mesh, slices or setup.batch_size, MAX_GRAD_NORM) if invariant else None
+        canonical = (
+            CanonicalSlices(mesh, slices or setup.batch_size, MAX_GRAD_NORM, layout) if invariant else None
+        )
         step = make_train_step(lm_loss_fn(), optimizer, invariant=canonical)
         jitted = jax.jit(step, donate_argnums=0, out_shardings=(shardings, None))
         start = time.perf_counter()

@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
-from halyard.shard import MeshSpec
+from halyard.named import Axis, NamedArray
+from halyard.shard import Layout, MeshSpec
 from halyard.train.invariant import CanonicalSlices, canonical_norm, scan_tree_sum, tree_sum
+from halyard.train.invariant.trees import tree_sum_in_one_pass
 from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 
@@ -35,6 +37,8 @@ def pairwise_reference(values: np.ndarray) -> np.ndarray:
 def test_tree_sum_adds_in_the_documented_order(values: list[float]) -> None:
     array = np.asarray(values, np.float32)
     assert np.asarray(tree_sum(jnp.asarray(array))).tobytes() == pairwise_reference(array).tobytes()
+    one_pass = jax.jit(tree_sum_in_one_pass)(jnp.asarray(array))
+    assert np.asarray(one_pass).tobytes() == pairwise_reference(array).tobytes()
 
 
 @settings(max_examples=20, deadline=None)
@@ -68,6 +72,39 @@ def test_the_canonical_norm_is_the_norm_with_the_same_bits_on_any_sharding() -> 
         norms.append(jax.jit(lambda t, split=split: canonical_norm(t, split))(jax.tree.map(placed, tree)))
     assert np.asarray(norms[0]) == pytest.approx(expected, rel=1e-6)
     assert [np.asarray(norm).tobytes() for norm in norms[1:]] == [np.asarray(norms[0]).tobytes()] * 2
+
+
+def test_the_canonical_norm_of_fsdp_shards_has_the_same_bits_on_any_mesh() -> None:
+    rng = np.random.default_rng(1)
+
+    def named(*axes: tuple[str, int]) -> NamedArray:
+        return NamedArray(
+            rng.normal(size=[size for _, size in axes]).astype(np.float32), [Axis(*a) for a in axes]
+        )
+
+    # Shards whose rows hold whole chunks (no exchange), shards exchanged into runs (an all-to-all), a leaf
+    # gathered whole (3 rows over 8 devices), one the layout leaves whole.
+    tree = {
+        "stack": named(("layers", 4), ("embed", 64), ("mlp", 128)),
+        "rows": named(("embed", 64), ("mlp", 128)),
+        "columns": named(("vocab", 128), ("embed", 64)),
+        "odd": named(("layers", 3), ("embed", 64)),
+        "whole": named(("heads", 3), ("head_size", 5)),
+    }
+    expected = np.sqrt(sum(np.sum(np.square(np.asarray(x.array, np.float64))) for x in tree.values()))
+    norms = []
+    for spec, layout in (
+        (MeshSpec(data=1), Layout.data_parallel()),
+        (MeshSpec(data=2), Layout.data_parallel()),
+        (MeshSpec(data=1, fsdp=8), Layout.fsdp(min_shard=1)),
+        (MeshSpec(data=2, fsdp=4), Layout.fsdp(min_shard=1)),
+    ):
+        mesh = spec.build(jax.devices()[: spec.data * spec.fsdp])
+        split = CanonicalSlices(mesh, 8, layout=layout)
+        placed = jax.device_put(tree, layout.shardings(tree, mesh))
+        norms.append(jax.jit(lambda t, split=split: canonical_norm(t, split))(placed))
+    assert np.asarray(norms[0]) == pytest.approx(expected, rel=1e-6)
+    assert [np.asarray(norm).tobytes() for norm in norms[1:]] == [np.asarray(norms[0]).tobytes()] * 3
 
 
 def loss_fn(

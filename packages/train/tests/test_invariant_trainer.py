@@ -1,9 +1,9 @@
 """trainer.invariant through `train`: the same config on 1, 2, 4 and 8 devices, data-parallel and FSDP,
-and on 2 processes x 4 devices, logs bitwise-equal losses and gradient norms for 20 steps (AdamW clipping
-every step, Lion) and the same validation loss, and ends with bitwise-equal parameters; an 8-device run
-killed (SIGKILL) after its step-10 checkpoint and resumed on 2 devices, or on 2 processes, equals the
-uninterrupted 1-device run, and says in one line that it stays bitwise. What the invariant step does not
-cover is refused in one line."""
+and on 2 processes x 4 devices (data 8 and fsdp 8), logs bitwise-equal losses and gradient norms for 20
+steps (AdamW clipping every step, Lion on data 8 and fsdp 8) and the same validation loss, and ends with
+bitwise-equal parameters; an 8-device run killed (SIGKILL) after its step-10 checkpoint and resumed on 2
+devices, or on 2 processes, equals the uninterrupted 1-device run, and says in one line that it stays
+bitwise. What the invariant step does not cover is refused in one line."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ RUN = {
     "data": {"validation_fraction": 0.1},
 }
 FSDP = ["--trainer.layout", "fsdp", "--trainer.min_shard", "1"]
+# Weights split over 8 fsdp devices (the layout alone, on the default data-parallel mesh, splits nothing).
+FSDP_8 = ["--trainer.mesh.fsdp", "8", "--trainer.mesh.data", "1"]
 # The 8-device run is killed right after its step-10 checkpoint is complete (kill -9: no cleanup).
 KILL_AT_10 = """
 import os, signal, sys
@@ -147,15 +149,19 @@ def test_killed_on_8_devices_and_resumed_on_2_devices_or_2_processes_equals_one_
 def test_lion_on_8_devices_is_bitwise_like_one_device(tmp_path: Path, cache_dir: Path) -> None:
     lion = {"optimizer": {"type": "lion", "learning_rate": 0.001, "max_grad_norm": 0.25}}
     runs = [train(tmp_path / f"devices{n}", cache_dir, n, *FSDP, **lion) for n in (1, 8)]
-    assert logged(runs[0] / "run") == logged(runs[1] / "run")
-    assert_bitwise_equal(final_params(runs[0]), final_params(runs[1]))
+    # and with the weights split over 8 fsdp devices, each layer gathered inside the scan
+    runs.append(train(tmp_path / "fsdp8", cache_dir, 8, *FSDP, *FSDP_8, **lion))
+    for run in runs[1:]:
+        assert logged(runs[0] / "run") == logged(run / "run")
+        assert_bitwise_equal(final_params(runs[0]), final_params(run))
 
 
+@pytest.mark.parametrize("mesh", [[], FSDP_8], ids=["data8", "fsdp8"])
 def test_two_processes_of_four_devices_log_like_one_device(
-    tmp_path: Path, cache_dir: Path, one_device: Path
+    tmp_path: Path, cache_dir: Path, one_device: Path, mesh: list[str]
 ) -> None:
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
-    processes = start_processes(["--config", str(config), *FSDP], processes=2, devices=4)
+    processes = start_processes(["--config", str(config), *FSDP, *mesh], processes=2, devices=4)
     for process in processes:
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]

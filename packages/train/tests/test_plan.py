@@ -94,3 +94,16 @@ def test_a_fresh_process_simulates_the_devices_it_needs(config_path: Path) -> No
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 devices (mesh fsdp=4)" in result.stdout
+
+
+def test_an_invariant_plan_prints_the_default_step_beside_it(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--config", str(config_path), "--devices", "8", "--trainer.invariant", "true"]) == 0
+    report = capsys.readouterr().out
+    total = next(line for line in report.splitlines() if line.strip().startswith("total"))
+    default = next(line for line in report.splitlines() if line.strip().startswith("default step"))
+    ratio = float(default.split("holds ")[1].rstrip("x"))
+    assert "trainer.invariant=false" in default and ratio == pytest.approx(
+        float(total.split()[1]) / float(default.split()[2]), abs=0.01
+    )

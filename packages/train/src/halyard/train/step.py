@@ -16,7 +16,7 @@ from halyard.train.invariant import (
     canonical_norm,
     clip_to_norm,
     isolated,
-    sliced_sums,
+    sliced_value_and_grad,
 )
 from halyard.train.watch.config import WatchConfig
 from halyard.train.watch.norms import histograms, module_norms, optimizer_state_norms, top_names
@@ -284,8 +284,8 @@ class _Gradients:
         self.accumulation = accumulation
         self.microbatch_sharding = microbatch_sharding
         self.grad_fn = jax.value_and_grad(self.loss, has_aux=True)
-        if invariant is not None:
-            self.grad_fn = sliced_sums(self.grad_fn, invariant)
+        if invariant is not None:  # gradients of the weights' shards, each slice's added in a fixed order
+            self.grad_fn = sliced_value_and_grad(self.loss, invariant)
 
     def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array, frozen: Any = None) -> Any:
         """``(loss sum in float32, (stats, per-example stats, what the model reported))`` of ``batch``.

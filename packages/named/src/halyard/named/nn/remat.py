@@ -50,14 +50,25 @@ def effective_remat(remat: str, device: jax.Device | None = None) -> str:
     return remat
 
 
-def checkpoint_layer(fn: Callable[..., Any], remat: str) -> Callable[..., Any]:
+def checkpoint_layer(
+    fn: Callable[..., Any], remat: str, *, recomputed: tuple[str, ...] = ()
+) -> Callable[..., Any]:
     """``fn`` (one layer step) wrapped in ``jax.checkpoint`` as ``remat`` asks.
 
     ``"nested"`` gives the per-layer part (full recomputation); the grouping into blocks is done by
     the caller. ``prevent_cse=False`` because the step runs inside ``scan``, which already keeps XLA
     from merging the recomputation with the forward pass.
+
+    Args:
+        fn: the layer step.
+        remat: one of `REMAT_POLICIES`.
+        recomputed: ``checkpoint_name`` names of values recomputed in the backward pass even with
+            ``"none"`` (the other policies keep only matmul results, or nothing).
     """
     remat = effective_remat(remat)
+    if remat == "none" and recomputed:
+        policy = jax.checkpoint_policies.save_anything_except_these_names(*recomputed)
+        return jax.checkpoint(fn, policy=policy, prevent_cse=False)
     if remat == "none":
         return fn
     if remat in ("full", "nested"):

@@ -6,7 +6,7 @@ Scanning compiles the layer once whatever N is, so compile time stays flat as mo
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -66,6 +66,10 @@ class Stacked(LayerStack[M]):
     Layers: Axis = eqx.field(static=True)
     remat: str = eqx.field(static=True, default="none")
 
+    recomputed_names: ClassVar[tuple[str, ...]] = ()
+    """Names (``jax.ad_checkpoint.checkpoint_name``) of values the backward pass recomputes rather than keeps,
+    whatever ``remat`` says: what a subclass's `layer_parameters` fetches and names."""
+
     def __check_init__(self) -> None:
         check_layers_axis(self.Layers)
         check_remat(self.remat)
@@ -121,6 +125,19 @@ class Stacked(LayerStack[M]):
         from halyard.named.nn.block_seq import BlockSeq
 
         return BlockSeq(tuple(self.layers()), self.Layers, self.remat)
+
+    def layer_parameters(self, params: Any) -> Any:
+        """The parameters one layer runs with, from its slice of the stacked ones: here the slice itself.
+
+        Called once per layer inside the scan (and inside the layer's checkpoint), so a subclass can fetch a
+        layer's weights here as FSDP does: the invariant train step (`halyard.train.invariant`) gathers each
+        layer's shards whole, and a device then holds one layer's gathered weights at a time.
+
+        Args:
+            params: the layer's arrays (the stacked module's array leaves without their ``Layers`` dimension;
+                ``None`` where the module holds no array).
+        """
+        return params
 
     # -- running -----------------------------------------------------------------------------
     def fold(
@@ -184,7 +201,7 @@ class Stacked(LayerStack[M]):
 
         def step(carry: Any, per_layer: tuple[Any, Any, list[Any]], kind: Any = None) -> tuple[Any, Any]:
             params, layer_key, slices = per_layer
-            layer = eqx.combine(params, static)
+            layer = eqx.combine(self.layer_parameters(params), static)
             layer_args, layer_kwargs = inputs.rebuild(slices)
             if layer_key is not None:
                 layer_kwargs = {**layer_kwargs, "key": layer_key}
@@ -221,9 +238,19 @@ class Stacked(LayerStack[M]):
         )
         kinds_of = [None] * period if kinds is None else list(kinds[run.start : run.start + period])
         layer_steps = [
-            checkpoint_layer(lambda c, per_layer, kind=kind: step(c, per_layer, kind), self.remat)
+            checkpoint_layer(
+                lambda c, per_layer, kind=kind: step(c, per_layer, kind),
+                self.remat,
+                recomputed=self.recomputed_names,
+            )
             for kind in kinds_of
         ]
+
+        if period == 1:
+            # Each layer's slice of ``xs`` as the scan hands it over: indexing a group of one would make
+            # it a new value, which the backward pass then keeps a stacked copy of (a copy of every weight).
+            ungrouped = jax.tree.map(lambda a: a[:, 0], grouped)
+            return jax.lax.scan(layer_steps[0], x, ungrouped, unroll=unroll)
 
         def group_step(carry: Any, group: Any) -> tuple[Any, Any]:
             outputs = []

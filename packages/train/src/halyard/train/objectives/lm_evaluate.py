@@ -74,7 +74,7 @@ class Evaluator:
         self.mesh = mesh
         self.layout = layout
         self.tokenizer = load_run_tokenizer(tokenizer_path)
-        self._loss = jax.jit(_batch_loss(config, mesh))
+        self._loss = jax.jit(_batch_loss(config, mesh, layout))
         self._bytes: dict[str, float] = {}
 
     def _batches(self, dataset: LMDataset) -> list[dict[str, np.ndarray]]:
@@ -118,7 +118,7 @@ class Evaluator:
         return {f"eval_{key}": value for key, value in together.items()} | metrics, time.monotonic() - started
 
 
-def _batch_loss(config: TrainConfig, mesh: Any) -> Any:
+def _batch_loss(config: TrainConfig, mesh: Any, layout: Layout) -> Any:
     """``(model, batch) -> (loss sum, stats)`` of an evaluation batch; with ``trainer.invariant`` summed over
     the batch's canonical slices in the invariant step's order, so the same bits on any replica/data/fsdp
     split (each slice as many rows as in training)."""
@@ -127,7 +127,7 @@ def _batch_loss(config: TrainConfig, mesh: Any) -> Any:
     trainer = config.trainer
     if not trainer.invariant:
         return lambda model, batch: loss_fn(model, batch, key)
-    split = CanonicalSlices(mesh, trainer.canonical_slices * trainer.accumulation)
+    split = CanonicalSlices(mesh, trainer.canonical_slices * trainer.accumulation, layout=layout)
     sums = sliced_sums(lambda model, rows, slice_key, frozen: loss_fn(model, rows, slice_key), split)
     return lambda model, batch: sums(model, batch, key)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -75,12 +76,29 @@ def plan_main(argv: Sequence[str]) -> int:
         return _rerun_with_devices(argv, num_devices)
     print(f"compiling the train step for {num_devices} simulated devices ...", file=sys.stderr, flush=True)
     memory = step_memory(config, devices)
-    print(format_plan(config, memory, chip, options.mfu))
+    # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
+    default = step_memory(without_invariant(config), devices) if config.trainer.invariant else None
+    print(format_plan(config, memory, chip, options.mfu, default=default))
     return 0
 
 
-def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu: float) -> str:
-    """The report: memory per device with the fit verdict, then FLOPs and the expected step time."""
+def without_invariant(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``trainer.invariant`` off: the default step of the same run."""
+    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, invariant=False))
+
+
+def format_plan(
+    config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu: float, default: StepMemory | None = None
+) -> str:
+    """The report: memory per device with the fit verdict, then FLOPs and the expected step time.
+
+    Args:
+        config: the run config.
+        memory: its compiled step's memory.
+        chip: the accelerator planned for.
+        mfu: the model FLOPs utilisation the step time assumes.
+        default: with ``trainer.invariant``, the default step's memory, printed beside the invariant one's.
+    """
     trainer, seq_len = config.trainer, config.data.seq_len
     model: Any = config.model
     tokens = trainer.batch_size * seq_len
@@ -128,6 +146,17 @@ def format_plan(config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu:
             else []
         ),
         _row("total", memory.total, "arguments + temporaries + outputs not aliased"),
+        *(
+            [
+                _row(
+                    "default step",
+                    default.total,
+                    f"trainer.invariant=false; the invariant step holds {memory.total / default.total:.2f}x",
+                )
+            ]
+            if default is not None
+            else []
+        ),
         f"{'fits' if fits else 'DOES NOT FIT'} on {chip.name}: {_gib(memory.total)} of "
         f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from halyard.shard import DCN_AXES, mesh_axis_sizes
+from halyard.shard import DCN_AXES, Layout, mesh_axis_sizes
 from halyard.train.config.schema import choice_name_of
 from halyard.train.invariant import CanonicalSlices
 from halyard.train.optim.config import OptimizerConfig
@@ -16,8 +16,15 @@ INVARIANT_OPTIMIZERS = ("adamw", "lion")
 Sophia-H's Hessian estimate and Muon's Newton-Schulz iterations contract over sharded weights."""
 
 
-def canonical_slices(config: TrainConfig, mesh: jax.sharding.Mesh) -> CanonicalSlices | None:
+def canonical_slices(
+    config: TrainConfig, mesh: jax.sharding.Mesh, layout: Layout | None = None
+) -> CanonicalSlices | None:
     """How the run's invariant step cuts each microbatch, or None when ``trainer.invariant`` is off.
+
+    Args:
+        config: the run config.
+        mesh: the run's mesh.
+        layout: the run's layout (where the weights are, so that they stay there), None for whole weights.
 
     Raises:
         ConfigError: an optimizer the invariant step does not cover, a mesh axis other than replica, data,
@@ -40,7 +47,7 @@ def canonical_slices(config: TrainConfig, mesh: jax.sharding.Mesh) -> CanonicalS
             f"trainer.invariant=true covers the replica, data and fsdp axes only, not {named} (they split "
             "contractions); set those to 1 or trainer.invariant=false"
         )
-    slices = CanonicalSlices(mesh, trainer.canonical_slices, config.optimizer.max_grad_norm)
+    slices = CanonicalSlices(mesh, trainer.canonical_slices, config.optimizer.max_grad_norm, layout)
     if slices.slices % slices.batch_devices:
         raise ConfigError(
             f"trainer.invariant_slices: {slices.slices} slices a microbatch do not spread over "

@@ -166,7 +166,7 @@ class RunSetup:
         its shardings, the metrics on every device (each process reads them whole); ``frozen`` is a LoRA run's
         base, else None. ``watched``: the step of ``trainer.watch``, with its statistics in the metrics."""
         config = self.config
-        invariant = canonical_slices(config, self.mesh)
+        invariant = canonical_slices(config, self.mesh, self.layout)
         step = make_train_step(
             lora_loss_fn(objective_loss_fn(config), config.lora),
             self.optimizer,
