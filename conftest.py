@@ -44,7 +44,14 @@ WORKER_MIN_COMPILE_TIME_SECS = 0.5
 # short tests instead of one worker running a minute-long file alone while the others idle. Unlisted files
 # come last, in collection order.
 FILE_SECONDS = {
-    "test_docs.py": 488,
+    "test_docs.py": 600,  # guides 9 and 10 added: about 60 s each at smoke size
+    "test_grpo_trainer.py": 420,  # new: the demo's 100 steps, kill and resume, 2 processes, the recipe
+    "test_serve_rl_benchmark_smoke.py": 140,  # new: two benchmark scripts at quick size
+    "test_engine.py": 90,  # new (halyard-serve's): six families against the full forward
+    "test_serve_transformers_generate.py": 60,  # new: four families against transformers' generate
+    "test_sharded_engine.py": 60,  # new: tensor parallel and replicas
+    "test_deterministic.py": 45,  # new: the bitwise batch-invariance matrix
+    "test_rl_losses.py": 45,  # new: TRL's GRPOTrainer on the same arrays
     "test_training_kill.py": 155,
     "test_benchmarks_smoke.py": 155,
     "test_pipeline.py": 120,
