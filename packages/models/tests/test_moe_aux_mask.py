@@ -33,7 +33,7 @@ def router_logits_per_layer(model, tokens) -> list[jax.Array]:
     logits = []
     for index in range(model.config.num_layers):
         block = model.layers.layer(index)
-        attended, _ = block.attention(block.attention_norm(x), mask, positions, model.config.rope, None, None)
+        attended, _ = block.attention(block.attention_norm(x), mask, positions, model.config.rope)
         routed_input = block.mlp_norm(x + attended)
         logits.append(block.mlp.route(routed_input)[0])
         x, _ = block(x, mask, positions, kind=model.config.layer_kinds()[index])

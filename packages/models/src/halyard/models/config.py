@@ -59,8 +59,8 @@ class ModelConfig(abc.ABC):
             default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
             A sequence no longer than one block runs as a single block.
         eos_token_ids: the ids that end a sequence (a Hugging Face checkpoint's ``eos_token_id``, all of
-            a list such as Llama 3.1 Instruct's): `generate` stops at them unless its
-            ``SamplingConfig.stop_tokens`` says otherwise, and `export_hf` writes them back. Empty: none known.
+            a list such as Llama 3.1 Instruct's): `halyard.serve`'s engine stops at them unless a request says
+            otherwise, and `export_hf` writes them back. Empty: none known.
     """
 
     family: ClassVar[str] = ""
