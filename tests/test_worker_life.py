@@ -15,15 +15,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 SUITE = """
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 
+def running(pid):
+    try:
+        return Path(f"/proc/{{pid}}/stat").read_text().split(")")[-1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("index", range({count}))
 def test_one(index):
-    with open(Path(__file__).parent / "pids.txt", "a") as log:
-        log.write(f"{{os.getpid()}} {{index}}\\n")
+    time.sleep({pause})
+    log_path = Path(__file__).parent / "pids.txt"
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    alive = sum(running(pid) for pid in {{int(line.split()[0]) for line in lines}} - {{os.getpid()}})
+    with open(log_path, "a") as log:
+        log.write(f"{{os.getpid()}} {{index}} {{alive}}\\n")
     if index in {failing}:
         assert False, f"test {{index}} fails"
     if index in {crashing}:
@@ -32,11 +44,17 @@ def test_one(index):
 
 
 def run_suite(
-    tmp_path: Path, *args: str, count: int = 12, failing: tuple[int, ...] = (), crashing: tuple[int, ...] = ()
-) -> tuple[subprocess.CompletedProcess[str], list[tuple[int, int]]]:
-    """Run a suite of ``count`` tests under ``pytest -p tools.pytest_worker_life``; (result, (pid, test))."""
+    tmp_path: Path,
+    *args: str,
+    count: int = 12,
+    failing: tuple[int, ...] = (),
+    crashing: tuple[int, ...] = (),
+    pause: float = 0.0,
+) -> tuple[subprocess.CompletedProcess[str], list[tuple[int, int, int]]]:
+    """Run a suite of ``count`` tests under ``pytest -p tools.pytest_worker_life``, each sleeping ``pause``
+    seconds first; (result, (pid, test, other worker processes of the log still running))."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # keeps the repository's pytest settings out
-    (tmp_path / "test_suite.py").write_text(SUITE.format(count=count, failing=failing, crashing=crashing))
+    (tmp_path / "test_suite.py").write_text(SUITE.format(count=count, failing=failing, crashing=crashing, pause=pause))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_ADDOPTS": ""}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tools.pytest_worker_life", "-p", "no:cacheprovider", *args],
@@ -55,12 +73,15 @@ def run_suite(
 def test_workers_retire_after_their_tests_and_fresh_ones_finish_the_run(
     tmp_path: Path, chunk: list[str]
 ) -> None:
-    result, runs = run_suite(tmp_path, "-n", "2", "--worker-tests", "3", *chunk)
+    result, runs = run_suite(tmp_path, "-n", "2", "--worker-tests", "3", *chunk, pause=0.3)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "12 passed" in result.stdout
-    assert sorted(index for _, index in runs) == list(range(12))
+    assert sorted(index for _, index, _ in runs) == list(range(12))
+    # A retired worker's process ends when it retires, not with the run (each one left waiting kept its
+    # memory): the last tests see the other live worker, and at most one more still ending.
+    assert max(alive for _, _, alive in runs[-3:]) <= 2, runs
     tests_per_process: dict[int, int] = {}
-    for pid, _ in runs:
+    for pid, _, _ in runs:
         tests_per_process[pid] = tests_per_process.get(pid, 0) + 1
     assert max(tests_per_process.values()) <= 3
     assert len(tests_per_process) >= 4
@@ -70,7 +91,7 @@ def test_workers_retire_after_their_tests_and_fresh_ones_finish_the_run(
 def test_without_a_limit_the_workers_live_for_the_whole_run(tmp_path: Path) -> None:
     result, runs = run_suite(tmp_path, "-n", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len({pid for pid, _ in runs}) <= 2
+    assert len({pid for pid, _, _ in runs}) <= 2
 
 
 def test_a_failing_test_is_reported_and_the_rest_still_run(tmp_path: Path) -> None:
@@ -92,7 +113,7 @@ def test_a_crashed_worker_is_replaced_and_its_test_reported(tmp_path: Path) -> N
     assert result.returncode == 1
     assert "crashed while running" in result.stdout
     assert "1 failed, 11 passed" in result.stdout
-    assert sorted({index for _, index in runs}) == list(range(12))
+    assert sorted({index for _, index, _ in runs}) == list(range(12))
 
 
 def test_a_limit_below_two_is_refused(tmp_path: Path) -> None:

@@ -121,6 +121,35 @@ def format_plan(
         *_pipeline_line(memory.mesh.get("stage", 1), model),
         "",
         "memory per device (XLA's memory analysis of the compiled step)",
+        *_memory_rows(config, memory, default),
+        f"{'fits' if fits else 'DOES NOT FIT'} on {chip.name}: {_gib(memory.total)} of "
+        f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",
+    ]
+    if not fits:
+        knobs = ["raise trainer.accumulation"]
+        knobs += ["set model.remat full"] if memory.remat != "full" else []
+        knobs += ["trainer.layout fsdp"] if trainer.layout == "data_parallel" else []
+        if config.data.seq_len >= LONG_SEQUENCE:
+            knobs += ["split each sequence over more devices (trainer.mesh.sequence)"]
+        knobs += ["lower trainer.batch_size or data.seq_len", "use more devices (--devices)"]
+        lines.append(f"  to fit: {', '.join(knobs)}")
+    lines += [
+        "",
+        f"compute on {chip.name} ({chip.dtype} peak {chip.peak_flops / 1e12:g} TFLOP/s per chip)",
+        f"  FLOPs per token     {flops_per_token:.3g} (forward + backward, model FLOPs)",
+        f"  FLOPs per step      {step_flops:.3g}",
+        f"  step time           {ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {mfu:.0%} MFU "
+        f"({tokens / (ideal / mfu):,.0f} tokens/s)",
+        f"  (compiled in {memory.compile_seconds:.0f} s on simulated CPU devices: XLA's CPU buffer "
+        "assignment, an estimate of the accelerator's)",
+    ]
+    return "\n".join(lines)
+
+
+def _memory_rows(config: TrainConfig, memory: StepMemory, default: StepMemory | None) -> list[str]:
+    """The memory table's rows: each part of the step's memory, the total, and the default step's total
+    beside an invariant step's."""
+    return [
         *(
             [_row("frozen base", memory.frozen_params, "LoRA: no gradients, no optimizer state")]
             if memory.trained_params is not None
@@ -157,28 +186,7 @@ def format_plan(
             if default is not None
             else []
         ),
-        f"{'fits' if fits else 'DOES NOT FIT'} on {chip.name}: {_gib(memory.total)} of "
-        f"{_gib(chip.usable_bytes)} usable ({chip.usable_fraction:.0%} of {chip.memory_gib:g} GiB)",
     ]
-    if not fits:
-        knobs = ["raise trainer.accumulation"]
-        knobs += ["set model.remat full"] if memory.remat != "full" else []
-        knobs += ["trainer.layout fsdp"] if trainer.layout == "data_parallel" else []
-        if config.data.seq_len >= LONG_SEQUENCE:
-            knobs += ["split each sequence over more devices (trainer.mesh.sequence)"]
-        knobs += ["lower trainer.batch_size or data.seq_len", "use more devices (--devices)"]
-        lines.append(f"  to fit: {', '.join(knobs)}")
-    lines += [
-        "",
-        f"compute on {chip.name} ({chip.dtype} peak {chip.peak_flops / 1e12:g} TFLOP/s per chip)",
-        f"  FLOPs per token     {flops_per_token:.3g} (forward + backward, model FLOPs)",
-        f"  FLOPs per step      {step_flops:.3g}",
-        f"  step time           {ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {mfu:.0%} MFU "
-        f"({tokens / (ideal / mfu):,.0f} tokens/s)",
-        f"  (compiled in {memory.compile_seconds:.0f} s on simulated CPU devices: XLA's CPU buffer "
-        "assignment, an estimate of the accelerator's)",
-    ]
-    return "\n".join(lines)
 
 
 def _pipeline_line(stages: int, model: Any) -> list[str]:
