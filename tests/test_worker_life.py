@@ -54,7 +54,9 @@ def run_suite(
     """Run a suite of ``count`` tests under ``pytest -p tools.pytest_worker_life``, each sleeping ``pause``
     seconds first; (result, (pid, test, other worker processes of the log still running))."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # keeps the repository's pytest settings out
-    (tmp_path / "test_suite.py").write_text(SUITE.format(count=count, failing=failing, crashing=crashing, pause=pause))
+    (tmp_path / "test_suite.py").write_text(
+        SUITE.format(count=count, failing=failing, crashing=crashing, pause=pause)
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_ADDOPTS": ""}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tools.pytest_worker_life", "-p", "no:cacheprovider", *args],
