@@ -10,6 +10,7 @@ token per character (digits, ``>``) and ``<|endoftext|>``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,8 @@ END_OF_TEXT = "<|endoftext|>"
 
 def write_max_digit_prompts(out_dir: str | Path, *, seed: int = 0) -> tuple[Path, Path]:
     """Write the task's prompts (``prompts.jsonl``: 9,000 strings of 4 digits) and its tokenizer (reused
-    when present).
+    when present). Every process of a run may call it at once: each writes the same bytes to a file of its
+    own, then renames it into place.
 
     Returns:
         ``(prompts.jsonl, tokenizer.json)``.
@@ -37,7 +39,7 @@ def write_max_digit_prompts(out_dir: str | Path, *, seed: int = 0) -> tuple[Path
         for number in order[:9000]:
             digits = f"{int(number):0{DIGITS}d}"
             lines.append(json.dumps({"prompt": digits + ">", "answer": max(digits)}))
-        temporary = prompts.with_suffix(".tmp")
+        temporary = prompts.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text("\n".join(lines) + "\n")
         temporary.replace(prompts)
     if not tokenizer.exists():
@@ -46,7 +48,7 @@ def write_max_digit_prompts(out_dir: str | Path, *, seed: int = 0) -> tuple[Path
         built.pre_tokenizer = pre_tokenizers.Split("", "isolated")
         built.decoder = decoders.Fuse()
         built.add_special_tokens([END_OF_TEXT])
-        temporary = tokenizer.with_suffix(".tmp")
+        temporary = tokenizer.with_suffix(f".{os.getpid()}.tmp")
         built.save(str(temporary))
         temporary.replace(tokenizer)
     return prompts, tokenizer
