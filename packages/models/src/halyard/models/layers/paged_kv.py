@@ -1,11 +1,11 @@
 """`PagedKV`: keys and values of many sequences in fixed-size pages (an inference engine's KV memory).
 
 The engine (`halyard.serve`) owns a pool of pages per layer and a page table per sequence; the model only
-sees the pages of the rows it runs. For each layer, attention reads a row's sequence as one contiguous
-run of keys, ``pool[page_table[row]]`` flattened to ``key_pos`` (so key ``p`` is the token at position
-``p``), with this call's new keys laid over their positions; the new keys and values come back from the
-layer scan and `PagedKV.written` stores them in their pages once, after every layer ran. The attention
-arithmetic is the training kernel's own over the same positions: only where the keys come from differs.
+sees the pages of the rows it runs. In each layer the paged kernel (`halyard.models.attention.paged`) walks a
+row's pages in position order, each read from the whole pool as it is reached, with this call's new keys laid
+over their positions: the training kernel's arithmetic over the same key blocks, only where the keys come
+from differs. The new keys and values come back from the layer scan, and `PagedKV.written` stores them in
+their pages once, in a program of their own.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from halyard.models.attention.paged import paged_attention
 from halyard.named import Axis, NamedArray, named
 
 PAGE = "page"
@@ -155,35 +156,45 @@ class PagedLayers(eqx.Module):
     page_table: NamedArray
     write_positions: NamedArray
 
-    def context(self, new_keys: NamedArray, new_values: NamedArray) -> tuple[NamedArray, NamedArray]:
-        """This layer's keys and values of the call's rows, each row's pages in position order, with the new
-        ones laid over their positions.
+    def attend(
+        self,
+        query: NamedArray,
+        new_keys: NamedArray,
+        new_values: NamedArray,
+        query_positions: NamedArray,
+        *,
+        scale: float,
+        sliding_window: int | None,
+        logit_softcap: float | None,
+    ) -> NamedArray:
+        """This layer's attention of the call's queries over their rows' pages and the call's new keys,
+        reading each page from the pool as the kernel reaches it (`halyard.models.attention.paged`).
 
         Args:
-            new_keys, new_values: ``(batch, key_pos, kv_heads, head_size)``, one entry per token of the call.
+            query: ``(batch, pos, heads, head_size)``.
+            new_keys, new_values: ``(batch, key_pos, kv_heads, head_size)``, one per query.
+            query_positions: ``(batch, pos)``; -1 for padding.
+            scale, sliding_window, logit_softcap: the attention's settings.
 
         Returns:
-            ``(keys, values)`` ``(batch, key_pos, kv_heads, head_size)`` with ``key_pos`` of
-            ``seq_page * page_size`` entries: entry ``p`` is the token at position ``p``.
+            ``(batch, pos, heads, head_size)`` in the query's axis order.
         """
-        return self._gathered(self.key_pool, new_keys), self._gathered(self.value_pool, new_values)
-
-    def _gathered(self, pool: NamedArray, new: NamedArray) -> NamedArray:
-        table = self.page_table.array
-        batch, seq_pages = table.shape
-        plain = pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array
-        gathered = plain[self.layer.array, table]  # one gather from the whole pool
-        gathered = gathered.reshape(batch, seq_pages * plain.shape[2], *plain.shape[3:])
-        rows = jnp.arange(batch)[:, None]
-        fresh = new.rearrange("batch", "key_pos", "kv_heads", "head_size").array.astype(gathered.dtype)
-        gathered = gathered.at[rows, self.write_positions.array].set(fresh, mode="drop")
-        axes = (
-            Axis("batch", batch),
-            Axis("key_pos", gathered.shape[1]),
-            pool.axis("kv_heads"),
-            pool.axis("head_size"),
+        ordered = query.rearrange("batch", "pos", "heads", "head_size")
+        output = paged_attention(
+            ordered.array,
+            query_positions.rearrange("batch", "pos").array,
+            self.key_pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array,
+            self.value_pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array,
+            self.layer.array,
+            self.page_table.array,
+            new_keys.rearrange("batch", "key_pos", "kv_heads", "head_size").array,
+            new_values.rearrange("batch", "key_pos", "kv_heads", "head_size").array,
+            scale=scale,
+            sliding_window=sliding_window,
+            logit_softcap=logit_softcap,
+            block_size=self.key_pool.axis_size(PAGE_SLOT),
         )
-        return NamedArray(gathered, axes)
+        return NamedArray(output, ordered.axes).rearrange(*query.axis_names)
 
 
 def _no_rows() -> tuple[NamedArray, NamedArray]:

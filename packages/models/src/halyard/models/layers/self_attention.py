@@ -169,10 +169,21 @@ class SelfAttention(eqx.Module):
             key = apply_rotary(key, positions, rope, max_position=self.max_position)
         key = key.rename({"pos": "key_pos"})
         value = value.rename({"pos": "key_pos"})
-        new_cache: tuple[NamedArray, NamedArray] | None = None
-        if cache is not None:
-            new_cache = (key, value)
-            key, value = cache.context(key, value)
+        if cache is not None:  # an engine's step: its pages read in place by the paged kernel
+            if mask.query_positions is None:
+                raise ValueError(
+                    "attention over pages needs the mask's query_positions (CausalLM.paged_step)"
+                )
+            attended = cache.attend(
+                query,
+                key,
+                value,
+                mask.query_positions,
+                scale=self.scale if self.scale is not None else query.axis_size(HEAD_SIZE) ** -0.5,
+                sliding_window=mask.sliding_window,
+                logit_softcap=self.softcap,
+            )
+            return self.o_proj(constrain(attended)), (key, value)
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         report_attention_logit_max(query, key, mask, self.scale)  # when a step collects (trainer.watch.model)
         attended = attention(
@@ -183,7 +194,7 @@ class SelfAttention(eqx.Module):
             implementation=self.implementation,
             scale=self.scale,
             block_size=self.block_size,
-            context_parallel=None if cache is not None else self.context_parallel,  # decoding never splits
+            context_parallel=self.context_parallel,
             **softcap,
         )
-        return self.o_proj(constrain(attended)), new_cache
+        return self.o_proj(constrain(attended)), None
