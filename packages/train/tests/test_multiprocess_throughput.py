@@ -35,6 +35,7 @@ def test_both_processes_print_the_same_mfu_and_tokens_per_second(tmp_path: Path)
     for name in ("mfu", "tokens_per_second"):
         first, second = (_figure(stdout, name) for stdout in stdouts)
         assert first == second > 0, (name, first, second)
-    # A CPU core reaches a few percent of its measured matmul peak on this model, not 1e-7 (the old
-    # process 1 timed a matmul on process 0's device, which it does not run).
-    assert _figure(stdouts[1], "mfu") > 1e-4
+    # A CPU core reaches a few percent of its measured matmul peak on this model, and 1e-4 on a loaded
+    # 2-core CI machine (the peak is measured once per machine), not 3e-7 (the old process 1 timed a matmul on
+    # process 0's device, which it does not run).
+    assert _figure(stdouts[1], "mfu") > 1e-5
