@@ -105,8 +105,8 @@ class PagedKV(eqx.Module):
         """The pool with every layer's new keys and values stored in their pages.
 
         Args:
-            new_keys, new_values: ``(layers, batch, key_pos, kv_heads, head_size)``: what each layer's
-                `context` was given.
+            new_keys, new_values: ``(layers, batch, key_pos, kv_heads, head_size)``: the new keys and values
+                each layer's `PagedLayers.attend` was given.
         """
         table = self.page_table.array
         positions = self.write_positions.array
