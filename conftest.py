@@ -18,6 +18,13 @@ os.environ.setdefault(
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + os.environ["HALYARD_TEST_XLA_COMPILE_FLAGS"]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's CPU runtime gets 4 threads per simulated device (PJRT_NPROC), here before any test touches a device and
+# for every process the tests start: with its default of one thread per device, a program with independent
+# collectives (tensor parallelism's all-reduces beside an all-gather over the data axis) deadlocked a test
+# worker in about one CI run of three (halyard.shard.cpu_threads).
+from halyard.shard.cpu_threads import reserve_collective_threads
+
+reserve_collective_threads()
 # Hundreds of tests start a Python process (`halyard train`, kill -9 and resume, multi-process runs); each
 # imports jax, numpy and transformers, about 3 s more when they are compiled from source each time
 # (PYTHONDONTWRITEBYTECODE set in the environment, or packages installed without bytecode). Bytecode is

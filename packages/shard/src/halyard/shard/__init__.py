@@ -11,6 +11,7 @@ print(layout.describe(params, mesh))
 """
 
 from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_layout, without_layout
+from halyard.shard.cpu_threads import reserve_collective_threads, simulated_cpu_devices
 from halyard.shard.describe import format_spec
 from halyard.shard.global_batch import batch_share, default_batch_axes, global_batch_from_local
 from halyard.shard.layout import PRESETS, Layout, LeafPlacement
@@ -31,6 +32,10 @@ from halyard.shard.runtime import (
     process_info,
 )
 from halyard.shard.sharded_init import init_sharded
+
+# Before any device is touched: simulated CPU devices get a thread pool their collectives cannot exhaust
+# (halyard.shard.cpu_threads).
+reserve_collective_threads()
 
 __all__ = [
     "BATCH_AXES",
@@ -64,6 +69,8 @@ __all__ = [
     "process_count",
     "process_index",
     "process_info",
+    "reserve_collective_threads",
+    "simulated_cpu_devices",
     "use_layout",
     "without_layout",
 ]

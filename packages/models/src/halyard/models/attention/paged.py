@@ -33,6 +33,7 @@ def paged_attention(
     page_table: Int[Array, "B J"],
     new_keys: Float[Array, "B pos h d"],
     new_values: Float[Array, "B pos h d"],
+    write_positions: Int[Array, "B pos"],
     *,
     scale: float,
     sliding_window: int | None = None,
@@ -47,7 +48,9 @@ def paged_attention(
         key_pool, value_pool: the pool of pages of every layer (read in place: one gather a page).
         layer: this layer's index in the pools.
         page_table: each row's pages in position order.
-        new_keys, new_values: the call's keys and values, one per query (at the query's position).
+        new_keys, new_values: the call's keys and values, one per query.
+        write_positions: the position each new key and value is stored at (-1: not stored), as
+            `halyard.models.layers.paged_kv.PagedKV.written` stores them: the kernel lays them over those slots.
         scale: the logit multiplier.
         sliding_window: a query at ``p`` sees keys ``> p - window`` (None: all before it).
         logit_softcap: ``cap * tanh(logits / cap)`` before the mask, or None.
@@ -88,9 +91,9 @@ def paged_attention(
             )[:, None, None]  # fmt: skip
 
             def update(state: tuple) -> tuple:
-                slots = query_positions - page * page_size  # where the call's tokens land in this page
+                slots = write_positions - page * page_size  # where the call's tokens land in this page
                 slots = jnp.where(
-                    (slots >= 0) & (slots < page_size) & (query_positions >= 0), slots, page_size
+                    (slots >= 0) & (slots < page_size) & (write_positions >= 0), slots, page_size
                 )
                 keys = key_pool[layer, page_table[:, page]].at[row_index, slots].set(new_k, mode="drop")
                 values = value_pool[layer, page_table[:, page]].at[row_index, slots].set(new_v, mode="drop")

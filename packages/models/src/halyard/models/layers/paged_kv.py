@@ -189,6 +189,7 @@ class PagedLayers(eqx.Module):
             self.page_table.array,
             new_keys.rearrange("batch", "key_pos", "kv_heads", "head_size").array,
             new_values.rearrange("batch", "key_pos", "kv_heads", "head_size").array,
+            self.write_positions.rearrange("batch", "pos").array,
             scale=scale,
             sliding_window=sliding_window,
             logit_softcap=logit_softcap,
