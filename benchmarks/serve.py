@@ -2,12 +2,13 @@
 
 One model, the ``llama`` benchmark shape (6 layers, hidden 512, MLP 1536, GQA 8/4, vocab 8192; positions up
 to 512), one workload: 128 requests with prompts of 16-192 tokens and 16-128 new tokens each (seeded), all
-arriving at once, greedy. Arms, each run twice in this process (the second, warm, run is reported; the
-first run's extra time is the compile time), except the old ``generate``, which runs in a subprocess on the
-checkout of the last commit that had it:
+arriving at once, greedy. Arms, each run in this process once to compile and again for the figures (the
+engine's two modes ``--repeats`` times each, interleaved, their median run reported; the deterministic /
+fast cost is the median of the repetitions' ratios), except the old ``generate``, which runs in a subprocess
+on the checkout of the last commit that had it:
 
 - ``engine``: `halyard.serve.Engine`, fast mode (continuous batching, chunked prefill, 64 running sequences);
-- ``engine_deterministic``: the same, ``deterministic=True`` (every program at its fixed row count);
+- ``engine_deterministic``: the same, ``deterministic=True`` (programs of fixed row counts);
 - ``transformers``: ``LlamaForCausalLM.generate`` on the same weights (exported with `halyard.export`),
   batches of 32 requests in arrival order, left-padded, each batch run to its longest request's length;
 - ``old_generate``: ``halyard.models.sampling.generate`` as of commit `OLD_GENERATE_COMMIT` (left-padded
@@ -94,33 +95,60 @@ def summary(seconds: float, first_token: list[float], tokens: int) -> dict[str, 
     )
 
 
-def run_engine(model: CausalLM, workload: Workload, deterministic: bool, context: int) -> dict[str, float]:
-    config = EngineConfig(
-        page_size=64, num_pages=64 * -(-context // 64) + 8, max_context=context, max_running=64, chunk_size=128,
-        max_prefill_rows=4, deterministic=deterministic,
-    )  # fmt: skip
-    engine = Engine(model, config)
-    results = []
-    for _ in range(2):
-        started = time.perf_counter()
-        first: dict[str, float] = {}
-        ids = [
-            engine.add_request(prompt, SamplingParams(max_tokens=count, temperature=0.0, ignore_eos=True))
-            for prompt, count in zip(workload.prompts, workload.new_tokens)
-        ]
-        generated = 0
-        while engine.has_work:
-            for update in engine.step():
-                if update.token_ids and update.request_id not in first:
-                    first[update.request_id] = time.perf_counter() - started
-                generated += len(update.token_ids)
-        assert generated == sum(workload.new_tokens) and len(first) == len(ids)
-        results.append(summary(time.perf_counter() - started, [first[i] for i in ids], generated))
-    warm = results[1]
-    warm["compile_seconds"] = engine.runner.compile_seconds
-    warm["first_run_seconds"] = results[0]["seconds"]
-    warm["compiled_shapes"] = len(engine.runner.compiled_shapes)
-    return warm
+def run_engines(
+    model: CausalLM, workload: Workload, modes: dict[str, bool], context: int, repeats: int
+) -> tuple[dict[str, dict[str, Any]], list[float]]:
+    """Each engine arm (name -> deterministic) runs the workload once to compile, then ``repeats`` times,
+    the arms interleaved so that a slow minute of the machine falls on both. Returns each arm's median run
+    and, when both modes run, the deterministic / fast time of each repetition."""
+    engines = {
+        name: Engine(
+            model,
+            EngineConfig(
+                page_size=64, num_pages=64 * -(-context // 64) + 8, max_context=context, max_running=64,
+                chunk_size=128, max_prefill_rows=4, deterministic=deterministic,
+            ),
+        )
+        for name, deterministic in modes.items()
+    }  # fmt: skip
+    first = {name: run_workload(engine, workload) for name, engine in engines.items()}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            runs[name].append(run_workload(engine, workload))
+    arms = {}
+    for name, engine in engines.items():
+        median = sorted(runs[name], key=lambda run: run["seconds"])[len(runs[name]) // 2]
+        arms[name] = dict(
+            median,
+            compile_seconds=engine.runner.compile_seconds,
+            first_run_seconds=first[name]["seconds"],
+            compiled_shapes=len(engine.runner.compiled_shapes),
+            repeat_seconds=[run["seconds"] for run in runs[name]],
+        )
+    pairs = []
+    if len(runs) == 2:
+        fast, deterministic = runs["engine"], runs["engine_deterministic"]
+        pairs = [d["seconds"] / f["seconds"] for f, d in zip(fast, deterministic)]
+    return arms, pairs
+
+
+def run_workload(engine: Engine, workload: Workload) -> dict[str, float]:
+    """Every request of ``workload`` added at once and run to its end: throughput and time to first token."""
+    started = time.perf_counter()
+    first: dict[str, float] = {}
+    ids = [
+        engine.add_request(prompt, SamplingParams(max_tokens=count, temperature=0.0, ignore_eos=True))
+        for prompt, count in zip(workload.prompts, workload.new_tokens)
+    ]
+    generated = 0
+    while engine.has_work:
+        for update in engine.step():
+            if update.token_ids and update.request_id not in first:
+                first[update.request_id] = time.perf_counter() - started
+            generated += len(update.token_ids)
+    assert generated == sum(workload.new_tokens) and len(first) == len(ids)
+    return summary(time.perf_counter() - started, [first[i] for i in ids], generated)
 
 
 class FirstTokenClock:
@@ -248,6 +276,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--old-checkout", type=Path, default=None, help=f"a checkout of {OLD_GENERATE_COMMIT}"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="warm runs of each engine arm, interleaved (median reported)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -260,11 +291,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     context = shapes.seq_len
     model = init_model(llama_config(shapes), jax.random.key(0))
     results: dict[str, Any] = {"model": shapes.__dict__, "requests": len(workload.prompts)}
-    arms: dict[str, dict[str, float]] = {}
-    if "engine" not in args.skip:
-        arms["engine"] = run_engine(model, workload, False, context)
-    if "engine_deterministic" not in args.skip:
-        arms["engine_deterministic"] = run_engine(model, workload, True, context)
+    arms: dict[str, dict[str, Any]] = {}
+    modes = {name: name == "engine_deterministic" for name in ARMS[:2] if name not in args.skip}
+    engine_arms, pairs = run_engines(model, workload, modes, context, args.repeats)
+    arms.update(engine_arms)
     if "transformers" not in args.skip:
         from halyard.export import export_hf
 
@@ -285,10 +315,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratios[f"{other}_over_engine_ttft_median"] = (
                     arms[other]["ttft_median"] / engine["ttft_median"]
                 )
-        if "engine_deterministic" in arms:
-            ratios["deterministic_over_fast_seconds"] = (
-                arms["engine_deterministic"]["seconds"] / engine["seconds"]
-            )
+        if pairs:
+            ratios["deterministic_over_fast_seconds"] = statistics.median(pairs)
+            results["deterministic_over_fast_each_repeat"] = pairs
     results["ratios"] = ratios
     for name, arm in arms.items():
         print(

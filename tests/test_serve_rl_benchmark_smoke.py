@@ -30,12 +30,16 @@ def test_serve_benchmark_quick(tmp_path: Path) -> None:
         "--quick",
         "--skip",
         "old_generate",
-        "engine_deterministic",
+        "--repeats",
+        "2",
         output=tmp_path / "serve.json",
     )
-    assert set(result["arms"]) == {"engine", "transformers"}
+    assert set(result["arms"]) == {"engine", "engine_deterministic", "transformers"}
     assert result["ratios"]["engine_over_transformers_throughput"] > 0
-    assert result["arms"]["engine"]["tokens"] == result["arms"]["transformers"]["tokens"]
+    assert result["ratios"]["deterministic_over_fast_seconds"] > 0
+    assert len(result["deterministic_over_fast_each_repeat"]) == 2
+    tokens = {arm["tokens"] for arm in result["arms"].values()}
+    assert len(tokens) == 1
 
 
 def test_rl_benchmark_quick(tmp_path: Path) -> None:

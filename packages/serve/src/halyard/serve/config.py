@@ -29,10 +29,12 @@ class EngineConfig:
             from this one up to ``max_running`` (decoding) or ``max_prefill_rows`` (prefill).
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
             it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
-            comes from the cache: every program runs at one fixed row count (``max_running`` decoding rows,
-            ``max_prefill_rows`` prefill rows of ``chunk_size`` tokens), because XLA's CPU kernels round a
-            row differently at different row counts. It costs nothing when the batch is full and up to
-            ``max_running`` times the work of a lone request (docs: serving, deterministic mode).
+            comes from the cache: a program's shape never depends on what else runs (decoding rows run in
+            programs of exactly ``deterministic_rows`` rows, as many as the running sequences need; each
+            prefilling sequence runs in a program of its own), because XLA's CPU kernels round a row
+            differently at different row counts (docs: serving, deterministic mode).
+        deterministic_rows: the rows of one decoding program in deterministic mode (at most
+            ``max_running``): fewer cost less when few sequences run, more cost less when many do.
         prefix_cache: share the pages of common prompt prefixes between requests.
         seed: draws the seeds of requests that give none.
     """
@@ -45,11 +47,15 @@ class EngineConfig:
     max_prefill_rows: int = 4
     min_rows: int = 1
     deterministic: bool = False
+    deterministic_rows: int = 32
     prefix_cache: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows"):
+        for name in (
+            "page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows",
+            "deterministic_rows",
+        ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
@@ -90,3 +96,10 @@ class EngineConfig:
                 f"than one sequence of max_context={context}; raise num_pages to at least {needed} or lower max_context"
             )
         return context
+
+    def program_rows(self) -> tuple[int, int]:
+        """The most rows of one decoding program and of one prefill program: in deterministic mode every
+        program has exactly these rows (a step runs as many programs as its rows need)."""
+        if self.deterministic:
+            return min(self.deterministic_rows, self.max_running), 1
+        return self.max_running, self.max_prefill_rows

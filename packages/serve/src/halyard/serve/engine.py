@@ -74,7 +74,6 @@ class Engine:
             max_seq_pages=self.pages.pages_for(self.max_context),
             min_rows=config.min_rows,
             fixed_rows=config.deterministic,
-            logit_rows=max(64, config.max_running, config.max_prefill_rows) if config.deterministic else 1,
             mesh=mesh,
             layout=layout,
         )
@@ -198,12 +197,13 @@ class Engine:
         if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
             raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
         touched: dict[Any, RequestState] = {}
+        decode_rows, prefill_rows = self.config.program_rows()
         for chunks, tokens, rows in (
-            (plan.decode, 1, self.config.max_running),
-            (plan.prefill, self.config.chunk_size, self.config.max_prefill_rows),
+            (plan.decode, 1, decode_rows),
+            (plan.prefill, self.config.chunk_size, prefill_rows),
         ):
-            if chunks:
-                self._run(chunks, tokens, rows, touched)
+            for start in range(0, len(chunks), rows):
+                self._run(chunks[start : start + rows], tokens, rows, touched)
         for request in touched.values():
             updates += request.take_updates()
             if request.finished:

@@ -97,7 +97,6 @@ class ModelRunner:
         min_rows: the smallest row count a program is compiled for (row counts are powers of two from it,
             up to the largest asked for).
         fixed_rows: compile every program for exactly the row count asked for (deterministic mode).
-        logit_rows: the sampled rows' logits are computed for at least this many rows.
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
     """
@@ -111,7 +110,6 @@ class ModelRunner:
         max_seq_pages: int,
         min_rows: int = 1,
         fixed_rows: bool = False,
-        logit_rows: int = 64,
         mesh: jax.sharding.Mesh | None = None,
         layout: Layout | None = None,
     ):
@@ -122,7 +120,6 @@ class ModelRunner:
         self.max_seq_pages = max_seq_pages
         self.min_rows = min_rows
         self.fixed_rows = fixed_rows
-        self.logit_rows = logit_rows
         self.mesh, self.layout = mesh, layout
         pages = model.init_pages(num_pages, page_size)
         if mesh is not None and layout is not None:
@@ -180,11 +177,7 @@ class ModelRunner:
         started = time.perf_counter()
         example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
         with self._placement():
-            compiled = (
-                jax.jit(_step, static_argnums=(3,))
-                .lower(self.model, self.pages, example, self.logit_rows)
-                .compile()
-            )
+            compiled = jax.jit(_step).lower(self.model, self.pages, example).compile()
         self.compile_seconds += time.perf_counter() - started
         self._programs[shape] = (compiled, _store)
         return compiled, _store
@@ -224,7 +217,7 @@ def _store(pages: PagedKV, written: tuple, page_table: jax.Array, positions: jax
     return _rows(pages, page_table, positions).written(*written).without_rows()
 
 
-def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) -> tuple[tuple, tuple]:
+def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs) -> tuple[tuple, tuple]:
     rows = inputs.tokens.shape[0]
     pages = _rows(pages, inputs.page_table, inputs.positions)
     tokens = named(inputs.tokens, ("batch", "pos"))
@@ -233,10 +226,7 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, logit_rows: int) 
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("batch", "pos", "embed")
     chosen = plain.array[jnp.arange(rows), inputs.last]
-    # XLA's CPU matmuls and row reductions round a row differently at different row counts (below a few
-    # dozen rows especially): every program computes its sampled logits at the same row count.
-    padded = jnp.pad(chosen, ((0, max(0, logit_rows - rows)), (0, 0)))
-    logits = compute.logits(named(padded, ("batch", "embed"))).unwrap("batch", "vocab")[:rows]
+    logits = compute.logits(named(chosen, ("batch", "embed"))).unwrap("batch", "vocab")
     num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
     drawn = draw(logits, inputs.settings, num_top)
     prompt: tuple = (None, None, None)

@@ -32,7 +32,9 @@ from halyard.serve.server.placement import OptionError
 API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
 """The environment variable ``--api-key`` defaults to (a key in the environment stays out of ``ps``)."""
 
-ENGINE_OPTIONS = ("page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows")
+ENGINE_OPTIONS = (
+    "page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows", "deterministic_rows",
+)  # fmt: skip
 
 logger = logging.getLogger("halyard.serve.server")
 
@@ -49,6 +51,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "max_running": "the most sequences decoding at once (rows of the decoding program)",
         "chunk_size": "the most prompt tokens a sequence is fed per step (chunked prefill)",
         "max_prefill_rows": "the most sequences prefilled in one step",
+        "deterministic_rows": "with --deterministic: rows of one decoding program (a step runs as many as it "
+        "needs; fewer cost less when few sequences run)",
     }
     for name in ENGINE_OPTIONS:
         default = getattr(defaults, name)
@@ -61,8 +65,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--deterministic",
         action="store_true",
-        help="a request's tokens and log-probs are bitwise the same whatever runs beside it; every program "
-        "runs at its full row count (costs up to max-running times the work of a lone request)",
+        help="a request's tokens and log-probs are bitwise the same whatever runs beside it: every program "
+        "has a fixed row count (--deterministic-rows decoding rows, one prefilling sequence)",
     )
     engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
