@@ -37,11 +37,12 @@ CHAT_TEMPLATE = (
 MODEL_NAME = "tiny"
 ENGINE_OPTIONS = [
     "--page-size", "8", "--num-pages", "40", "--max-context", "96", "--max-running", "8",
-    "--chunk-size", "16", "--max-prefill-rows", "2", "--deterministic",
+    "--chunk-size", "16", "--max-prefill-rows", "2", "--deterministic", "--deterministic-rows", "4",
 ]  # fmt: skip
-"""Small programs, few shapes (deterministic mode compiles one row count per program kind), the same in
-every module (they share the compilation cache), and fewer pages than 8 running sequences can fill (under
-load, sequences are preempted and recomputed)."""
+"""Small programs, few shapes (deterministic mode compiles one row count per program kind; with 8 running
+sequences a step runs two 4-row decoding programs), the same in every module (they share the compilation
+cache), and fewer pages than 8 running sequences can fill (under load, sequences are preempted and
+recomputed)."""
 
 
 def tiny_hf_folder(folder: Path, seed: int = 0) -> Path:
