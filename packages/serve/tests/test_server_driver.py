@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -160,5 +161,9 @@ def test_a_failing_engine_answers_every_caller() -> None:
             await driver.submit([1], SamplingParams(), asyncio.Queue())
 
     asyncio.run(main())
+    # the thread ends by itself, after answering the callers (so it may still be finishing up here)
+    deadline = time.monotonic() + 10
+    while driver.running and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not driver.running and isinstance(driver.failure, RuntimeError)
     driver.stop()
