@@ -26,6 +26,7 @@ from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.loss import next_token_loss
 from halyard.models.reports import report_logits_max
 from halyard.named import Axis, NamedArray
+from halyard.named.nn import gemm_dot_general, invariant_rows
 
 
 class DecoderOutput(NamedTuple):
@@ -160,8 +161,14 @@ class CausalLM(eqx.Module):
 
     def logits(self, hidden: NamedArray) -> NamedArray:
         """float32 logits ``(batch..., pos, vocab)`` from final hidden states."""
-        unembedding = self.unembedding
-        logits = hn.dot(hidden, unembedding.astype(hidden.dtype), axis="embed")
+        unembedding = self.unembedding.astype(hidden.dtype)
+        if invariant_rows() is None:
+            logits = hn.dot(hidden, unembedding, axis="embed")
+        else:  # `batch_invariant`: the product in fixed blocks of rows, as `Linear`'s
+            ordered = hidden.rearrange(..., "embed")
+            weight = unembedding.rearrange("embed", "vocab")
+            product = gemm_dot_general(ordered.array, weight.array, (((ordered.ndim - 1,), (0,)), ((), ())))
+            logits = NamedArray(product, (*ordered.axes[:-1], weight.axes[1]))
         logits = logits.astype(jnp.float32)
         cap = self.logit_softcap
         return logits if cap is None else hn.tanh(logits / cap) * cap

@@ -10,6 +10,11 @@ each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.com
 
 A step program only reads the pool; a second small program, to which the pool is donated, stores the
 step's new keys and values in place (a program that read and wrote the pool would copy all of it).
+
+With ``fixed_rows`` (deterministic mode) the programs are traced inside `halyard.named.nn.batch_invariant`
+and the sampled rows are padded to a whole block: in a process without fused multiply-adds
+(`halyard.named.nn.unfuse_multiply_add`) a row's numbers are then those of the same row in a training
+forward pass traced inside `batch_invariant` (`trainer.objective: grpo` with ``rl.deterministic``), bit for bit.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
+from halyard.named.nn import ROW_BLOCK, batch_invariant
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.sampler import RowSettings, draw
 from halyard.shard import Layout, use_layout
@@ -96,7 +102,8 @@ class ModelRunner:
         max_seq_pages: the most pages one sequence may hold (its context divided by ``page_size``).
         min_rows: the smallest row count a program is compiled for (row counts are powers of two from it,
             up to the largest asked for).
-        fixed_rows: compile every program for exactly the row count asked for (deterministic mode).
+        fixed_rows: compile every program for exactly the row count asked for, with batch-invariant
+            arithmetic (deterministic mode; see the module docstring).
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
     """
@@ -177,7 +184,10 @@ class ModelRunner:
         started = time.perf_counter()
         example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
         with self._placement():
-            compiled = jax.jit(_step).lower(self.model, self.pages, example).compile()
+            lowered = jax.jit(_step, static_argnames="invariant").lower(
+                self.model, self.pages, example, invariant=self.fixed_rows
+            )
+            compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started
         self._programs[shape] = (compiled, _store)
         return compiled, _store
@@ -217,7 +227,14 @@ def _store(pages: PagedKV, written: tuple, page_table: jax.Array, positions: jax
     return _rows(pages, page_table, positions).written(*written).without_rows()
 
 
-def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs) -> tuple[tuple, tuple]:
+def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, invariant: bool) -> tuple[tuple, tuple]:
+    with batch_invariant() if invariant else contextlib.nullcontext():
+        return _step_body(model, pages, inputs, sampled_rows=ROW_BLOCK if invariant else 1)
+
+
+def _step_body(model: CausalLM, pages: PagedKV, inputs: StepInputs, sampled_rows: int) -> tuple[tuple, tuple]:
+    """The step; the sampled rows are padded to a multiple of ``sampled_rows`` (XLA may round a reduction
+    over fewer rows differently)."""
     rows = inputs.tokens.shape[0]
     pages = _rows(pages, inputs.page_table, inputs.positions)
     tokens = named(inputs.tokens, ("batch", "pos"))
@@ -225,10 +242,12 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs) -> tuple[tuple, t
     hidden, written = model.paged_step(tokens, positions=positions, pages=pages)
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("batch", "pos", "embed")
-    chosen = plain.array[jnp.arange(rows), inputs.last]
+    padding = -rows % sampled_rows
+    chosen = _padded(plain.array[jnp.arange(rows), inputs.last], padding)
     logits = compute.logits(named(chosen, ("batch", "embed"))).unwrap("batch", "vocab")
     num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
-    drawn = draw(logits, inputs.settings, num_top)
+    settings = RowSettings(*(_padded(jnp.asarray(value), padding) for value in inputs.settings))
+    drawn = tuple(value[:rows] for value in draw(logits, settings, num_top))
     prompt: tuple = (None, None, None)
     if inputs.next_tokens is not None:
         all_logits = compute.logits(plain).unwrap("batch", "pos", "vocab")
@@ -239,3 +258,11 @@ def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs) -> tuple[tuple, t
         top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
     return written, (*drawn, *prompt)
+
+
+def _padded(rows: jax.Array, padding: int) -> jax.Array:
+    """``rows`` with ``padding`` copies of the last row after them (settings that filter no more than the
+    real rows do)."""
+    if padding == 0:
+        return rows
+    return jnp.pad(rows, [(0, padding)] + [(0, 0)] * (rows.ndim - 1), mode="edge")

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from halyard.named.nn import row_log_softmax, row_softmax
+
 
 class RowSettings(NamedTuple):  # numpy arrays on the host, jax arrays inside the program
     """Per-row sampling settings, one entry per row.
@@ -82,10 +84,10 @@ def filtered_logits(logits: jax.Array, settings: RowSettings) -> jax.Array:
     rank = jnp.arange(vocab)[None, :]
     top_k = jnp.where(settings.top_k > 0, settings.top_k, vocab)
     keep = rank < top_k[:, None]
-    probabilities = jax.nn.softmax(jnp.where(keep, ranked, -jnp.inf), axis=-1)
+    probabilities = row_softmax(jnp.where(keep, ranked, -jnp.inf))
     mass_before = jnp.cumsum(probabilities, axis=-1) - probabilities
     keep = keep & ((mass_before < settings.top_p[:, None]) | (settings.top_p[:, None] >= 1.0))
-    probabilities = jax.nn.softmax(jnp.where(keep, ranked, -jnp.inf), axis=-1)
+    probabilities = row_softmax(jnp.where(keep, ranked, -jnp.inf))
     keep = keep & (probabilities >= settings.min_p[:, None] * probabilities[:, :1])
     keep = keep | (rank == 0)
     kept_ranked = jnp.where(keep, ranked, -jnp.inf)
@@ -101,7 +103,7 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
         settings: per-row settings.
         num_top: alternatives returned per row (the most likely tokens under the model's distribution).
     """
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    logprobs = row_log_softmax(logits)
     needs_filter = jnp.any((settings.top_k > 0) | (settings.top_p < 1.0) | (settings.min_p > 0.0))
     temperature = jnp.where(settings.temperature > 0, settings.temperature, 1.0)
     filtered = jax.lax.cond(
@@ -115,7 +117,7 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
     sampled = jnp.argmax(filtered + gumbel, axis=-1)
     greedy = jnp.argmax(logits, axis=-1)
     token = jnp.where(settings.temperature > 0, sampled, greedy).astype(jnp.int32)
-    sampled_logprobs = jax.nn.log_softmax(filtered, axis=-1)
+    sampled_logprobs = row_log_softmax(filtered)
     rows = jnp.arange(logits.shape[0])
     sampled_logprob = jnp.where(settings.temperature > 0, sampled_logprobs[rows, token], 0.0)
     top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)

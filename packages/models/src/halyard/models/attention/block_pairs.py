@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from halyard.models.attention.layout import visible
 from halyard.models.attention.softcap import soft_cap, soft_cap_derivative
+from halyard.named.nn import invariant_rows, row_sum
 
 
 class BlockTokens(NamedTuple):
@@ -94,7 +95,13 @@ def _mask(
 
 def _logits(static: Static, query: jax.Array, key: jax.Array) -> jax.Array:
     """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled (and soft-capped)."""
-    logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
+    if invariant_rows() is None:
+        logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
+    else:  # `batch_invariant`: products summed in a fixed order (XLA's dot rounds by its shape)
+        products = query[..., :, None, :].astype(jnp.float32) * key[:, :, None, None, :, :].astype(
+            jnp.float32
+        )
+        logits = row_sum(products)
     logits = logits * static.scale
     if static.logit_softcap is not None:
         logits = soft_cap(logits, static.logit_softcap)
@@ -125,10 +132,14 @@ def _attend(
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
     weights = jnp.exp(logits - safe_max[..., None])
     correction = jnp.exp(running_max - safe_max)
-    denominator = denominator * correction + weights.sum(axis=-1)
-    contribution = jnp.einsum(
-        "bhgqk,bhkd->bhgqd", weights.astype(value.dtype), value, preferred_element_type=jnp.float32
-    )
+    denominator = denominator * correction + row_sum(weights)  # fixed order in batch_invariant
+    if invariant_rows() is None:
+        contribution = jnp.einsum(
+            "bhgqk,bhkd->bhgqd", weights.astype(value.dtype), value, preferred_element_type=jnp.float32
+        )
+    else:  # `batch_invariant`: [B, h, g, q, d, k] products summed over k in a fixed order
+        values = jnp.swapaxes(value, -1, -2).astype(jnp.float32)[:, :, None, None, :, :]
+        contribution = row_sum(weights.astype(value.dtype).astype(jnp.float32)[..., None, :] * values)
     return new_max, denominator, accumulator * correction[..., None] + contribution
 
 

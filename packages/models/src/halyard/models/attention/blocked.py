@@ -40,6 +40,7 @@ from halyard.models.attention.block_pairs import (
     static_visible_pairs,
 )
 from halyard.models.attention.layout import FlatAttention
+from halyard.named.nn import invariant_rows
 
 MAX_UNROLLED_PAIRS = 16
 """Up to this many visible block pairs (known when tracing) the kernel is unrolled instead of scanned."""
@@ -143,6 +144,8 @@ class _BlockedProblem:
             raise ValueError(f"attention: block_size must be a positive int, got {block_size!r}")
         num_queries, num_keys = flat.query.shape[1], flat.key.shape[1]
         query_block, key_block = min(block_size, num_queries), min(block_size, num_keys)
+        if invariant_rows() is not None:  # `batch_invariant`: whole key blocks, as an engine's pages are
+            key_block = block_size
         padded_queries, padded_keys = _round_up(num_queries, query_block), _round_up(num_keys, key_block)
         num_kv_heads = flat.key.shape[2]
         # [Q, B, q, h, g, d] -> [Q, B, h, g, q, d]; [K, B, k, h, d] -> [K, B, h, k, d]

@@ -19,6 +19,18 @@ from halyard.named.nn.block_seq import BlockSeq
 from halyard.named.nn.dropout import Dropout
 from halyard.named.nn.embedding import Embedding
 from halyard.named.nn.gemm_dot import default_dot_general, gemm_dot_general
+from halyard.named.nn.invariance import (
+    ROW_BLOCK,
+    batch_invariant,
+    invariant_matmul,
+    invariant_rows,
+    inverse_sqrt,
+    row_log_softmax,
+    row_mean,
+    row_softmax,
+    row_sum,
+    unfuse_multiply_add,
+)
 from halyard.named.nn.layer_stack import LayerStack
 from halyard.named.nn.linear import DotGeneral, Linear
 from halyard.named.nn.loss import cross_entropy_loss, z_loss
@@ -30,6 +42,7 @@ from halyard.named.nn.stacked import Stacked
 __all__ = [
     "ACTIVATIONS",
     "REMAT_POLICIES",
+    "ROW_BLOCK",
     "Activation",
     "BlockSeq",
     "DotGeneral",
@@ -43,6 +56,7 @@ __all__ = [
     "Stacked",
     "activation",
     "attention_weights",
+    "batch_invariant",
     "causal_mask",
     "cross_entropy_loss",
     "default_dot_general",
@@ -52,14 +66,22 @@ __all__ = [
     "gelu_new",
     "gemm_dot_general",
     "identity",
+    "invariant_matmul",
+    "invariant_rows",
+    "inverse_sqrt",
     "offload_supported",
     "quick_gelu",
     "relu",
     "relu_squared",
+    "row_log_softmax",
+    "row_mean",
+    "row_softmax",
+    "row_sum",
     "segment_mask",
     "sigmoid",
     "silu",
     "sliding_window_mask",
     "tanh",
+    "unfuse_multiply_add",
     "z_loss",
 ]

@@ -12,6 +12,9 @@ benchmarks/README.md.
 On GPUs and TPUs the matrix units read transposed operands for free, so `default_dot_general` uses this
 only when JAX's default backend is the CPU. The forward value is the same product; gradients agree with
 ``jax.lax.dot_general``'s to float rounding (a different summation order).
+
+Inside `halyard.named.nn.batch_invariant` the forward product runs in fixed blocks of rows (on every
+backend), so a row's value does not depend on the other rows; the backward products stay whole.
 """
 
 from __future__ import annotations
@@ -24,17 +27,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from halyard.named.nn.invariance import invariant_matmul, invariant_rows
+
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 def default_dot_general(
     lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precision: Any = None, **kwargs: Any
 ) -> jax.Array:
-    """`gemm_dot_general` when JAX's default backend is the CPU, ``jax.lax.dot_general`` otherwise.
+    """`gemm_dot_general` when JAX's default backend is the CPU or inside `batch_invariant`,
+    ``jax.lax.dot_general`` otherwise.
 
     Args: as ``jax.lax.dot_general``.
     """
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu" or invariant_rows() is not None:
         return gemm_dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
 
@@ -64,7 +70,7 @@ def gemm_dot_general(
             kwargs["preferred_element_type"] = preferred
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
     dims = ((tuple(lhs_contract), tuple(rhs_contract)), ((), ()))
-    return _gemm(dims, None if preferred is None else jnp.dtype(preferred), lhs, rhs)
+    return _gemm(dims, None if preferred is None else jnp.dtype(preferred), invariant_rows(), lhs, rhs)
 
 
 def _plan(dims: DimensionNumbers, lhs_ndim: int, rhs_ndim: int) -> tuple[list[int], list[int]]:
@@ -106,32 +112,40 @@ def _product(lhs: jax.Array, rhs: jax.Array, preferred: Any) -> jax.Array:
     return jnp.matmul(lhs, rhs, preferred_element_type=preferred)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _gemm(dims: DimensionNumbers, preferred: Any, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-    return _gemm_forward(dims, preferred, lhs, rhs)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _gemm(
+    dims: DimensionNumbers, preferred: Any, rows: int | None, lhs: jax.Array, rhs: jax.Array
+) -> jax.Array:
+    """The product; ``rows``: `batch_invariant`'s row block for the forward product, or None."""
+    return _gemm_forward(dims, preferred, rows, lhs, rhs)[0]
 
 
 def _gemm_forward(
-    dims: DimensionNumbers, preferred: Any, lhs: jax.Array, rhs: jax.Array
+    dims: DimensionNumbers, preferred: Any, rows: int | None, lhs: jax.Array, rhs: jax.Array
 ) -> tuple[jax.Array, tuple]:
     lhs_matrix, rhs_matrix = _as_matrices(dims, lhs, rhs)
     lhs_order, rhs_order = _plan(dims, lhs.ndim, rhs.ndim)
     num_contracted = len(dims[0][0])
     lhs_free = [lhs.shape[i] for i in lhs_order[: lhs.ndim - num_contracted]]
     rhs_free = [rhs.shape[i] for i in rhs_order[num_contracted:]]
-    output = _product(lhs_matrix, rhs_matrix, preferred).reshape(*lhs_free, *rhs_free)
+    if rows is None:
+        product = _product(lhs_matrix, rhs_matrix, preferred)
+    else:
+        product = invariant_matmul(lhs_matrix, rhs_matrix, rows, preferred)
+    output = product.reshape(*lhs_free, *rhs_free)
     # The residuals are the operands themselves: projections of one input (q, k, v) then share one.
     return output, (lhs, rhs)
 
 
 def _gemm_backward(
-    dims: DimensionNumbers, preferred: Any, residuals: tuple, output_cotangent: jax.Array
+    dims: DimensionNumbers, preferred: Any, rows: int | None, residuals: tuple, output_cotangent: jax.Array
 ) -> tuple:
     lhs, rhs = residuals
     lhs_matrix, rhs_matrix = _as_matrices(dims, lhs, rhs)
-    rows, contracted = lhs_matrix.shape
+    del rows  # the backward products stay whole
+    count, contracted = lhs_matrix.shape
     columns = rhs_matrix.shape[1]
-    cotangent = output_cotangent.reshape(rows, columns)
+    cotangent = output_cotangent.reshape(count, columns)
     if preferred is None:
         cotangent = cotangent.astype(lhs.dtype)
     lhs_gradient = _product(cotangent, _transposed(rhs_matrix).astype(cotangent.dtype), preferred)

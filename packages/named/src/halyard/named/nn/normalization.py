@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from halyard.named.axis import Axis
 from halyard.named.core import NamedArray
 from halyard.named.nn._init import as_axes, constant
+from halyard.named.nn.invariance import inverse_sqrt, row_mean
 
 
 def _names(axes: tuple[Axis, ...]) -> tuple[str, ...]:
@@ -83,10 +84,10 @@ class LayerNorm(eqx.Module):
         _check_input(x, self.axes, "LayerNorm")
         names = _names(self.axes)
         xf = x.astype(jnp.float32)
-        mean = xf.mean(names)
+        mean = row_mean(xf, names)
         centred = xf - mean
-        variance = (centred * centred).mean(names)
-        y = centred * NamedArray(jnp.reciprocal(jnp.sqrt(variance.array + self.eps)), variance.axes)
+        variance = row_mean(centred * centred, names)
+        y = centred * NamedArray(inverse_sqrt(variance.array + self.eps), variance.axes)
         return _affine(y, self.weight, self.bias, x.dtype)
 
 
@@ -140,8 +141,8 @@ class RMSNorm(eqx.Module):
         """
         _check_input(x, self.axes, "RMSNorm")
         xf = x.astype(jnp.float32)
-        mean_square = (xf * xf).mean(_names(self.axes))
-        y = xf * NamedArray(jnp.reciprocal(jnp.sqrt(mean_square.array + self.eps)), mean_square.axes)
+        mean_square = row_mean(xf * xf, _names(self.axes))
+        y = xf * NamedArray(inverse_sqrt(mean_square.array + self.eps), mean_square.axes)
         weight = self.weight
         if weight is not None and self.offset:
             weight = weight.astype(jnp.float32) + self.offset

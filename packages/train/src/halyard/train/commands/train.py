@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from halyard.named.nn import unfuse_multiply_add
 from halyard.shard import initialize
 from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.checkpoint.preemption import PreemptionFlag
@@ -29,6 +30,8 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     if preemption is not None and preemption.requested:  # before the processes join: this process alone
         stop_run(preemption, "before the run started; nothing was written", report=True)
+    if config.trainer.objective == "grpo" and config.rl.deterministic:
+        unfuse_multiply_add()  # before XLA starts: sampler and trainer log-probs bitwise (batch_invariant)
     initialize()
     if preemption is not None:
         preemption.reinstall()  # jax.distributed's own SIGTERM handler replaced it in a multi-process run

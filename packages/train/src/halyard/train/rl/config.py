@@ -49,7 +49,7 @@ class RlConfig:
     async_steps: int = 0
     """Rollouts for step t + 1 come from the weights of step t + 1 - async_steps (0: the current weights, on-policy; 1: generated with the previous step's weights, corrected by importance sampling)."""
     deterministic: bool = True
-    """Run the engine in deterministic mode: a completion's tokens and log-probabilities do not depend on the other rollouts of the batch, so a resumed run samples what the uninterrupted one sampled."""
+    """Run the engine in deterministic mode: a completion's tokens and log-probabilities do not depend on the other rollouts of the batch, so a resumed run samples what the uninterrupted one sampled; and the trainer computes its log-probabilities with the same arithmetic (halyard.named.nn.batch_invariant; `train` starts XLA without fused multiply-adds), so on CPU they equal the sampler's bit for bit."""
     max_running: int = 64
     """The engine's rows: completions generated at once."""
     page_size: int = 64

@@ -3,7 +3,9 @@
 The log-probabilities are of the distribution the engine sampled from: the logits divided by
 ``rl.temperature`` and, with ``rl.top_p < 1``, truncated to the nucleus exactly as the engine's sampler
 truncates them (`halyard.serve.sampler.filtered_logits`, the one implementation of the filters), so the
-importance ratios compare like with like.
+importance ratios compare like with like. With ``rl.deterministic`` the forward pass is traced inside
+`halyard.named.nn.batch_invariant`, as the engine's deterministic programs are: in a process without fused
+multiply-adds (``train`` sees to it) the trainer's log-probabilities are the sampler's, bit for bit.
 
 A batch (`halyard.train.rl.batch.RolloutBatch`) holds ``tokens`` ``[sequences, width]`` (prompt, completion,
 padding), ``completion_mask`` over them, the sequences' ``advantages``, the sampler's log-probabilities at the
@@ -12,6 +14,7 @@ label positions and, when needed, the old policy's and the reference's.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +24,7 @@ from jaxtyping import Array, Float, Int
 
 from halyard.models.model import default_positions
 from halyard.named import named
+from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.sampler import RowSettings, filtered_logits
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import policy_loss
@@ -34,7 +38,12 @@ CHUNK_TOKENS = 1024
 
 
 def completion_logprobs(
-    model: Any, tokens: Int[Array, "sequences width"], *, temperature: float, top_p: float
+    model: Any,
+    tokens: Int[Array, "sequences width"],
+    *,
+    temperature: float,
+    top_p: float,
+    invariant: bool = False,
 ) -> tuple[Float[Array, "sequences labels"], Float[Array, "sequences labels"]]:
     """Each label token's log-probability and each position's entropy under the sampling distribution.
 
@@ -46,10 +55,18 @@ def completion_logprobs(
         tokens: ``[sequences, width]``; position ``t`` predicts token ``t + 1``.
         temperature: the sampling temperature.
         top_p: the sampling nucleus (1: none).
+        invariant: trace the forward pass inside `halyard.named.nn.batch_invariant` (``rl.deterministic``).
 
     Returns:
         ``(logps, entropy)``, both float32 ``[sequences, width - 1]``.
     """
+    with batch_invariant() if invariant else contextlib.nullcontext():
+        return _completion_logprobs(model, tokens, temperature, top_p)
+
+
+def _completion_logprobs(
+    model: Any, tokens: jax.Array, temperature: float, top_p: float
+) -> tuple[jax.Array, jax.Array]:
     computing = model.in_compute_dtype()
     inputs = named(tokens[:, :-1], ("batch", "pos"))
     hidden = computing.decoder(
@@ -69,7 +86,7 @@ def completion_logprobs(
         states, targets = pieces
         logits = computing.logits(named(states, ("token", "embed"))).unwrap("token", "vocab")
         scaled = _sampling_logits(logits, temperature, top_p)
-        log_probabilities = jax.nn.log_softmax(scaled, axis=-1)
+        log_probabilities = row_log_softmax(scaled)
         logps = jnp.take_along_axis(log_probabilities, targets[:, None], axis=-1)[:, 0]
         probabilities = jnp.exp(log_probabilities)
         entropy = -jnp.sum(jnp.where(probabilities > 0, probabilities * log_probabilities, 0.0), axis=-1)
@@ -115,7 +132,11 @@ def grpo_loss_fn(
     def loss_fn(model: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         del key  # the families have no dropout
         logps, entropy = completion_logprobs(
-            model, batch["tokens"], temperature=config.temperature, top_p=config.top_p
+            model,
+            batch["tokens"],
+            temperature=config.temperature,
+            top_p=config.top_p,
+            invariant=config.deterministic,
         )
         mask = batch["completion_mask"][:, 1:].astype(jnp.float32)
         result = policy_loss(
@@ -152,7 +173,11 @@ def policy_logprobs(config: RlConfig) -> Callable[[Any, jax.Array], jax.Array]:
 
     def logprobs(model: Any, tokens: jax.Array) -> jax.Array:
         logps, _ = completion_logprobs(
-            jax.lax.stop_gradient(model), tokens, temperature=config.temperature, top_p=config.top_p
+            jax.lax.stop_gradient(model),
+            tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            invariant=config.deterministic,
         )
         return logps
 

@@ -97,8 +97,7 @@ class Rollouts:
             chunk_size=max(64, config.page_size),
             max_prefill_rows=4,
             deterministic=config.deterministic,
-            # One decoding program of every running row: rollouts fill the batch, so it costs little, and
-            # its matmuls round like the training step's large ones (log-probs nearer the trainer's).
+            # One decoding program of every running row: rollouts fill the batch, so one dispatch a step.
             deterministic_rows=config.max_running,
             prefix_cache=True,
         )

@@ -1,0 +1,46 @@
+"""The request and the model of the deterministic-mode tests (test_deterministic.py and the script it runs in
+a process of its own, training_forward_check.py)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from tiny_models import tiny_model
+
+from halyard.named import named
+from halyard.named.nn import batch_invariant, row_log_softmax
+from halyard.serve import EngineConfig, SampleOutput, SamplingParams
+
+VOCAB = 1024
+MODEL = tiny_model(
+    "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=VOCAB
+)
+"""Wide enough that XLA's CPU matmuls round a row differently at different row counts (at width 64 they do
+not, and no test could fail): `test_fast_mode_agrees_to_rounding_but_not_bitwise` checks that."""
+TARGET_PROMPT = [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, 100)]
+TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
+
+
+def config(chunk_size: int, num_pages: int = 160, decode_rows: int = 32) -> EngineConfig:
+    """A deterministic engine of pages of 64 (the training kernel's block) for `MODEL`."""
+    return EngineConfig(
+        page_size=64, num_pages=num_pages, max_context=256, max_running=64, chunk_size=chunk_size,
+        max_prefill_rows=4, deterministic=True, deterministic_rows=decode_rows,
+    )  # fmt: skip
+
+
+@jax.jit
+def _invariant_logprobs(tokens: jax.Array) -> jax.Array:
+    with batch_invariant():
+        logits = MODEL(named(tokens, ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+        return row_log_softmax(logits)
+
+
+def invariant_forward_difference(sample: SampleOutput) -> float:
+    """The largest |``sample``'s log-probs - the training forward pass's inside `batch_invariant`| over
+    `TARGET_PROMPT` followed by ``sample``'s tokens."""
+    sequence = TARGET_PROMPT + sample.token_ids
+    padded = np.asarray([sequence + [0] * (192 - len(sequence))], np.int32)  # whole 64-token blocks
+    table = np.asarray(_invariant_logprobs(padded))[0]
+    training = [table[len(TARGET_PROMPT) - 1 + i, token] for i, token in enumerate(sample.token_ids)]
+    return float(np.abs(np.float32(training) - np.float32(sample.logprobs)).max())
