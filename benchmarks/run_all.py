@@ -283,6 +283,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "<= 1.15",
                 at_most(1.15),
             ),
+            Figure(
+                "deterministic with training arithmetic / fast engine seconds",
+                "ratios.training_arithmetic_over_fast_seconds",
+            ),
             Figure("engine tokens/s", "arms.engine.tokens_per_second"),
             Figure("engine time to first token, median", "arms.engine.ttft_median", unit=" s"),
         ),

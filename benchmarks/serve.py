@@ -9,6 +9,9 @@ on the checkout of the last commit that had it:
 
 - ``engine``: `halyard.serve.Engine`, fast mode (continuous batching, chunked prefill, 64 running sequences);
 - ``engine_deterministic``: the same, ``deterministic=True`` (programs of fixed row counts);
+- ``engine_training_arithmetic``: deterministic with ``training_arithmetic=True`` (the GRPO trainer's
+  batch-invariant arithmetic; this process keeps XLA's fused multiply-adds, so the figure leaves out what
+  `unfuse_multiply_add` costs);
 - ``transformers``: ``LlamaForCausalLM.generate`` on the same weights (exported with `halyard.export`),
   batches of 32 requests in arrival order, left-padded, each batch run to its longest request's length;
 - ``old_generate``: ``halyard.models.sampling.generate`` as of commit `OLD_GENERATE_COMMIT` (left-padded
@@ -16,7 +19,8 @@ on the checkout of the last commit that had it:
 
 Reported: throughput (requested tokens generated per second of wall time), time to first token per request
 (from the common arrival to its first token: queueing included) as mean / median / p90, and the ratios
-engine / transformers (goal >= 2 on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15).
+engine / transformers (goal >= 2 on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15), and
+training arithmetic / fast.
 
 Usage::
 
@@ -53,7 +57,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "serve.json"
 OLD_GENERATE_COMMIT = "f32b661"
 """The last commit with ``halyard.models.sampling.generate`` (the left-padded static-batch sampler)."""
-ARMS = ("engine", "engine_deterministic", "transformers", "old_generate")
+ARMS = ("engine", "engine_deterministic", "engine_training_arithmetic", "transformers", "old_generate")
+ENGINE_MODES = {
+    "engine": {},
+    "engine_deterministic": {"deterministic": True},
+    "engine_training_arithmetic": {"deterministic": True, "training_arithmetic": True},
+}
+"""Each engine arm's `EngineConfig` fields beyond the shared ones."""
 
 
 @dataclass(frozen=True)
@@ -96,20 +106,20 @@ def summary(seconds: float, first_token: list[float], tokens: int) -> dict[str, 
 
 
 def run_engines(
-    model: CausalLM, workload: Workload, modes: dict[str, bool], context: int, repeats: int
-) -> tuple[dict[str, dict[str, Any]], list[float]]:
-    """Each engine arm (name -> deterministic) runs the workload once to compile, then ``repeats`` times,
-    the arms interleaved so that a slow minute of the machine falls on both. Returns each arm's median run
-    and, when both modes run, the deterministic / fast time of each repetition."""
+    model: CausalLM, workload: Workload, modes: dict[str, dict[str, bool]], context: int, repeats: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
+    """Each engine arm (name -> its `EngineConfig` fields) runs the workload once to compile, then ``repeats``
+    times, the arms interleaved so that a slow minute of the machine falls on all. Returns each arm's median
+    run and, for each other arm run beside ``engine``, its time / the fast mode's of each repetition."""
     engines = {
         name: Engine(
             model,
             EngineConfig(
                 page_size=64, num_pages=64 * -(-context // 64) + 8, max_context=context, max_running=64,
-                chunk_size=128, max_prefill_rows=4, deterministic=deterministic,
+                chunk_size=128, max_prefill_rows=4, **fields,
             ),
         )
-        for name, deterministic in modes.items()
+        for name, fields in modes.items()
     }  # fmt: skip
     first = {name: run_workload(engine, workload) for name, engine in engines.items()}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
@@ -126,10 +136,11 @@ def run_engines(
             compiled_shapes=len(engine.runner.compiled_shapes),
             repeat_seconds=[run["seconds"] for run in runs[name]],
         )
-    pairs = []
-    if len(runs) == 2:
-        fast, deterministic = runs["engine"], runs["engine_deterministic"]
-        pairs = [d["seconds"] / f["seconds"] for f, d in zip(fast, deterministic)]
+    pairs = {
+        name: [run["seconds"] / fast["seconds"] for fast, run in zip(runs["engine"], runs[name])]
+        for name in runs
+        if name != "engine" and "engine" in runs
+    }
     return arms, pairs
 
 
@@ -292,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = init_model(llama_config(shapes), jax.random.key(0))
     results: dict[str, Any] = {"model": shapes.__dict__, "requests": len(workload.prompts)}
     arms: dict[str, dict[str, Any]] = {}
-    modes = {name: name == "engine_deterministic" for name in ARMS[:2] if name not in args.skip}
+    modes = {name: fields for name, fields in ENGINE_MODES.items() if name not in args.skip}
     engine_arms, pairs = run_engines(model, workload, modes, context, args.repeats)
     arms.update(engine_arms)
     if "transformers" not in args.skip:
@@ -315,13 +326,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratios[f"{other}_over_engine_ttft_median"] = (
                     arms[other]["ttft_median"] / engine["ttft_median"]
                 )
-        if pairs:
-            ratios["deterministic_over_fast_seconds"] = statistics.median(pairs)
-            results["deterministic_over_fast_each_repeat"] = pairs
+        for name, each in pairs.items():
+            label = name.removeprefix("engine_")
+            ratios[f"{label}_over_fast_seconds"] = statistics.median(each)
+            results[f"{label}_over_fast_each_repeat"] = each
     results["ratios"] = ratios
     for name, arm in arms.items():
         print(
-            f"{name:22s} {arm['tokens_per_second']:9.1f} tokens/s  {arm['seconds']:7.2f} s  "
+            f"{name:27s} {arm['tokens_per_second']:9.1f} tokens/s  {arm['seconds']:7.2f} s  "
             f"ttft mean {arm['ttft_mean']:.2f} median {arm['ttft_median']:.2f} p90 {arm['ttft_p90']:.2f} s"
             + (f"  (first run {arm['first_run_seconds']:.1f} s)" if "first_run_seconds" in arm else "")
         )

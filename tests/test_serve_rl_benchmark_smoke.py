@@ -34,10 +34,16 @@ def test_serve_benchmark_quick(tmp_path: Path) -> None:
         "2",
         output=tmp_path / "serve.json",
     )
-    assert set(result["arms"]) == {"engine", "engine_deterministic", "transformers"}
+    assert set(result["arms"]) == {
+        "engine",
+        "engine_deterministic",
+        "engine_training_arithmetic",
+        "transformers",
+    }
     assert result["ratios"]["engine_over_transformers_throughput"] > 0
     assert result["ratios"]["deterministic_over_fast_seconds"] > 0
     assert len(result["deterministic_over_fast_each_repeat"]) == 2
+    assert result["ratios"]["training_arithmetic_over_fast_seconds"] > 0
     tokens = {arm["tokens"] for arm in result["arms"].values()}
     assert len(tokens) == 1
 

@@ -21,11 +21,14 @@ TARGET_PROMPT = [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, 100
 TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
 
 
-def config(chunk_size: int, num_pages: int = 160, decode_rows: int = 32) -> EngineConfig:
+def config(
+    chunk_size: int, num_pages: int = 160, decode_rows: int = 32, training_arithmetic: bool = False
+) -> EngineConfig:
     """A deterministic engine of pages of 64 (the training kernel's block) for `MODEL`."""
     return EngineConfig(
         page_size=64, num_pages=num_pages, max_context=256, max_running=64, chunk_size=chunk_size,
         max_prefill_rows=4, deterministic=True, deterministic_rows=decode_rows,
+        training_arithmetic=training_arithmetic,
     )  # fmt: skip
 
 

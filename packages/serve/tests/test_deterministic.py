@@ -99,10 +99,11 @@ def test_the_training_forward_agrees_within_the_stated_bound() -> None:
     assert np.abs(np.float32(training) - np.float32(ALONE.logprobs)).max() <= PLAIN_FORWARD_BOUND
 
 
-def test_the_batch_invariant_training_forward_is_bitwise_without_fused_multiply_adds() -> None:
-    """In a process of its own (XLA reads the setting once, when it starts; and the suite's processes compile
-    at -O0), decoding programs of 32 and 64 rows. With fused multiply-adds (the script without
-    `unfuse_multiply_add`) the difference measured 1.4e-5."""
+def test_training_arithmetic_equals_the_training_forward_without_fused_multiply_adds() -> None:
+    """`EngineConfig.training_arithmetic`, in a process of its own (XLA reads the setting once, when it starts;
+    and the suite's processes compile at -O0): decoding programs of 32 and 64 rows, and the request among 20
+    others. With fused multiply-adds (the script without `unfuse_multiply_add`) the difference measured
+    1.4e-5."""
     script = Path(__file__).with_name("training_forward_check.py")
     done = subprocess.run(
         [sys.executable, str(script)],
@@ -114,7 +115,7 @@ def test_the_batch_invariant_training_forward_is_bitwise_without_fused_multiply_
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result == {"unfused": True, "differences": {"32": 0.0, "64": 0.0}}
+    assert result == {"unfused": True, "differences": {"32": 0.0, "64": 0.0}, "among_others_bitwise": True}
 
 
 def test_fast_mode_agrees_to_rounding_but_not_bitwise() -> None:

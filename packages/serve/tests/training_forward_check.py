@@ -1,8 +1,10 @@
-"""Run as a script, in a process of its own (test_deterministic.py): a deterministic engine's log-probs
-against the training forward pass inside `batch_invariant`, in a process without fused multiply-adds.
+"""Run as a script, in a process of its own (test_deterministic.py): a deterministic engine with the training
+arithmetic against the training forward pass inside `batch_invariant`, in a process without fused
+multiply-adds.
 
-Prints one JSON object: whether XLA runs without fused multiply-adds, and the largest |engine - training
-forward| log-prob by the decoding program's rows.
+Prints one JSON object: whether XLA runs without fused multiply-adds, the largest |engine - training
+forward| log-prob by the decoding program's rows, and whether the request among 20 others got the same bits
+as alone.
 """
 
 from __future__ import annotations
@@ -13,13 +15,28 @@ from halyard.named.nn import unfuse_multiply_add
 
 UNFUSED = unfuse_multiply_add()  # before JAX starts its backend (the imports below do not start it)
 
-from deterministic_case import MODEL, TARGET, TARGET_PROMPT, config, invariant_forward_difference  # noqa: E402
+import numpy as np  # noqa: E402
+from deterministic_case import (  # noqa: E402
+    MODEL,
+    TARGET,
+    TARGET_PROMPT,
+    VOCAB,
+    config,
+    invariant_forward_difference,
+)
 
-from halyard.serve import Engine  # noqa: E402
+from halyard.serve import Engine, SamplingParams  # noqa: E402
 
 if __name__ == "__main__":
-    differences = {}
+    differences, alone = {}, {}
     for rows in (32, 64):
-        (output,) = Engine(MODEL, config(64, decode_rows=rows)).generate([TARGET_PROMPT], TARGET)
-        differences[rows] = invariant_forward_difference(output.samples[0])
-    print(json.dumps({"unfused": UNFUSED, "differences": differences}))
+        engine = Engine(MODEL, config(64, decode_rows=rows, training_arithmetic=True))
+        (output,) = engine.generate([TARGET_PROMPT], TARGET)
+        alone[rows] = output.samples[0]
+        differences[rows] = invariant_forward_difference(alone[rows])
+    rng = np.random.default_rng(3)
+    others = [[int(t) for t in rng.integers(0, VOCAB, int(rng.integers(1, 150)))] for _ in range(20)]
+    outputs = engine.generate([*others[:7], TARGET_PROMPT, *others[7:]], [SamplingParams(max_tokens=9)] * 7 + [TARGET] + [SamplingParams(max_tokens=30)] * 13)  # fmt: skip
+    among = outputs[7].samples[0]
+    same = among.token_ids == alone[64].token_ids and among.logprobs == alone[64].logprobs
+    print(json.dumps({"unfused": UNFUSED, "differences": differences, "among_others_bitwise": same}))

@@ -19,6 +19,7 @@ import pytest
 from halyard.named import Axis, named
 from halyard.named.nn import (
     ROW_BLOCK,
+    UNFUSED_FLAG,
     Linear,
     RMSNorm,
     batch_invariant,
@@ -28,7 +29,6 @@ from halyard.named.nn import (
     row_sum,
     unfuse_multiply_add,
 )
-from halyard.named.nn.invariance import UNFUSED_FLAG
 
 Embed, Hidden = Axis("embed", 256), Axis("hidden", 256)
 ROWS = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)

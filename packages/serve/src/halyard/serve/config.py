@@ -35,6 +35,11 @@ class EngineConfig:
             differently at different row counts (docs: serving, deterministic mode).
         deterministic_rows: the rows of one decoding program in deterministic mode (at most
             ``max_running``): fewer cost less when few sequences run, more cost less when many do.
+        training_arithmetic: with ``deterministic``, the programs also compute with the training step's
+            batch-invariant arithmetic (`halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo``
+            does), so a token's log-probs equal those of a training forward pass traced inside
+            ``batch_invariant`` bit for bit in a process where XLA fuses no multiply-adds
+            (`halyard.named.nn.unfuse_multiply_add`); costs more (benchmarks/README.md).
         prefix_cache: share the pages of common prompt prefixes between requests.
         seed: draws the seeds of requests that give none.
     """
@@ -48,6 +53,7 @@ class EngineConfig:
     min_rows: int = 1
     deterministic: bool = False
     deterministic_rows: int = 32
+    training_arithmetic: bool = False
     prefix_cache: bool = True
     seed: int = 0
 
@@ -59,6 +65,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.training_arithmetic and not self.deterministic:
+            raise ValueError(
+                "EngineConfig.training_arithmetic needs deterministic=True (its programs of fixed row counts)"
+            )
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")
 

@@ -74,6 +74,7 @@ class Engine:
             max_seq_pages=self.pages.pages_for(self.max_context),
             min_rows=config.min_rows,
             fixed_rows=config.deterministic,
+            invariant=config.training_arithmetic,
             mesh=mesh,
             layout=layout,
         )

@@ -11,10 +11,10 @@ each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.com
 A step program only reads the pool; a second small program, to which the pool is donated, stores the
 step's new keys and values in place (a program that read and wrote the pool would copy all of it).
 
-With ``fixed_rows`` (deterministic mode) the programs are traced inside `halyard.named.nn.batch_invariant`
-and the sampled rows are padded to a whole block: in a process without fused multiply-adds
-(`halyard.named.nn.unfuse_multiply_add`) a row's numbers are then those of the same row in a training
-forward pass traced inside `batch_invariant` (`trainer.objective: grpo` with ``rl.deterministic``), bit for bit.
+With ``invariant`` (`EngineConfig.training_arithmetic`) the programs are traced inside
+`halyard.named.nn.batch_invariant` and the sampled rows are padded to a whole block: in a process without
+fused multiply-adds (`halyard.named.nn.unfuse_multiply_add`) a row's numbers are then those of the same row
+in a training forward pass traced inside `batch_invariant` (``trainer.objective: grpo``), bit for bit.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ class ModelRunner:
         max_seq_pages: the most pages one sequence may hold (its context divided by ``page_size``).
         min_rows: the smallest row count a program is compiled for (row counts are powers of two from it,
             up to the largest asked for).
-        fixed_rows: compile every program for exactly the row count asked for, with batch-invariant
-            arithmetic (deterministic mode; see the module docstring).
+        fixed_rows: compile every program for exactly the row count asked for (deterministic mode).
+        invariant: trace the programs inside `batch_invariant` (see the module docstring).
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
     """
@@ -117,6 +117,7 @@ class ModelRunner:
         max_seq_pages: int,
         min_rows: int = 1,
         fixed_rows: bool = False,
+        invariant: bool = False,
         mesh: jax.sharding.Mesh | None = None,
         layout: Layout | None = None,
     ):
@@ -127,6 +128,7 @@ class ModelRunner:
         self.max_seq_pages = max_seq_pages
         self.min_rows = min_rows
         self.fixed_rows = fixed_rows
+        self.invariant = invariant
         self.mesh, self.layout = mesh, layout
         pages = model.init_pages(num_pages, page_size)
         if mesh is not None and layout is not None:
@@ -185,7 +187,7 @@ class ModelRunner:
         example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
         with self._placement():
             lowered = jax.jit(_step, static_argnames="invariant").lower(
-                self.model, self.pages, example, invariant=self.fixed_rows
+                self.model, self.pages, example, invariant=self.invariant
             )
             compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started

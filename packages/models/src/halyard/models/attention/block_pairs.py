@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from halyard.models.attention.layout import visible
 from halyard.models.attention.softcap import soft_cap, soft_cap_derivative
-from halyard.named.nn import invariant_rows, row_sum
+from halyard.named.nn import row_sum
 
 
 class BlockTokens(NamedTuple):
@@ -95,13 +95,7 @@ def _mask(
 
 def _logits(static: Static, query: jax.Array, key: jax.Array) -> jax.Array:
     """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled (and soft-capped)."""
-    if invariant_rows() is None:
-        logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
-    else:  # `batch_invariant`: products summed in a fixed order (XLA's dot rounds by its shape)
-        products = query[..., :, None, :].astype(jnp.float32) * key[:, :, None, None, :, :].astype(
-            jnp.float32
-        )
-        logits = row_sum(products)
+    logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
     logits = logits * static.scale
     if static.logit_softcap is not None:
         logits = soft_cap(logits, static.logit_softcap)
@@ -133,13 +127,9 @@ def _attend(
     weights = jnp.exp(logits - safe_max[..., None])
     correction = jnp.exp(running_max - safe_max)
     denominator = denominator * correction + row_sum(weights)  # fixed order in batch_invariant
-    if invariant_rows() is None:
-        contribution = jnp.einsum(
-            "bhgqk,bhkd->bhgqd", weights.astype(value.dtype), value, preferred_element_type=jnp.float32
-        )
-    else:  # `batch_invariant`: [B, h, g, q, d, k] products summed over k in a fixed order
-        values = jnp.swapaxes(value, -1, -2).astype(jnp.float32)[:, :, None, None, :, :]
-        contribution = row_sum(weights.astype(value.dtype).astype(jnp.float32)[..., None, :] * values)
+    contribution = jnp.einsum(
+        "bhgqk,bhkd->bhgqd", weights.astype(value.dtype), value, preferred_element_type=jnp.float32
+    )
     return new_max, denominator, accumulator * correction[..., None] + contribution
 
 

@@ -21,6 +21,7 @@ from halyard.named.nn.embedding import Embedding
 from halyard.named.nn.gemm_dot import default_dot_general, gemm_dot_general
 from halyard.named.nn.invariance import (
     ROW_BLOCK,
+    UNFUSED_FLAG,
     batch_invariant,
     invariant_matmul,
     invariant_rows,
@@ -43,6 +44,7 @@ __all__ = [
     "ACTIVATIONS",
     "REMAT_POLICIES",
     "ROW_BLOCK",
+    "UNFUSED_FLAG",
     "Activation",
     "BlockSeq",
     "DotGeneral",

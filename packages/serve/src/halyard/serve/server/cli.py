@@ -24,6 +24,7 @@ import uvicorn
 
 from halyard.data import DataInputError
 from halyard.export import HfConversionError
+from halyard.named.nn import UNFUSED_FLAG, unfuse_multiply_add
 from halyard.serve.config import EngineConfig
 from halyard.serve.server.app import create_app
 from halyard.serve.server.loading import ServedModel, load_hf_folder
@@ -69,6 +70,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "has a fixed row count (--deterministic-rows decoding rows, one prefilling sequence)",
     )
     engine.add_argument(
+        "--training-arithmetic",
+        action="store_true",
+        help="--deterministic, computing with the training step's batch-invariant arithmetic in a process "
+        "without fused multiply-adds: log-probs equal a GRPO trainer's bit for bit (costs more)",
+    )
+    engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
     )
     engine.add_argument(
@@ -110,18 +117,30 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_of(args: argparse.Namespace) -> EngineConfig:
-    """The `EngineConfig` of parsed options.
+    """The `EngineConfig` of parsed options. With ``--training-arithmetic`` it also asks XLA for no fused
+    multiply-adds (`halyard.named.nn.unfuse_multiply_add`): the commands call it before JAX starts.
 
     Raises:
         OptionError: an option out of range (named as on the command line).
     """
     values = {name: getattr(args, name) for name in ENGINE_OPTIONS}
     try:
-        return EngineConfig(
-            **values, deterministic=args.deterministic, prefix_cache=not args.no_prefix_cache, seed=args.seed
+        config = EngineConfig(
+            **values,
+            deterministic=args.deterministic or args.training_arithmetic,
+            training_arithmetic=args.training_arithmetic,
+            prefix_cache=not args.no_prefix_cache,
+            seed=args.seed,
         )
     except ValueError as error:
         raise OptionError(as_options(str(error))) from None
+    if config.training_arithmetic and not unfuse_multiply_add():
+        logger.warning(
+            "--training-arithmetic: XLA already started with fused multiply-adds (or this is no x86 CPU): "
+            "log-probs agree with the trainer's to rounding only; start the process with XLA_FLAGS=%s",
+            UNFUSED_FLAG,
+        )
+    return config
 
 
 def as_options(message: str) -> str:
@@ -175,7 +194,9 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
         app.state.server.max_context,
         config.num_pages,
         config.page_size,
-        "deterministic" if config.deterministic else "fast",
+        ("deterministic, training arithmetic" if config.training_arithmetic else "deterministic")
+        if config.deterministic
+        else "fast",
         args.replicas,
         args.tensor,
         args.host,

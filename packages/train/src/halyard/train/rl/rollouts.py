@@ -99,6 +99,7 @@ class Rollouts:
             deterministic=config.deterministic,
             # One decoding program of every running row: rollouts fill the batch, so one dispatch a step.
             deterministic_rows=config.max_running,
+            training_arithmetic=config.deterministic,  # the trainer's arithmetic: log-probs bitwise
             prefix_cache=True,
         )
         self.engine = Engine(
