@@ -1,18 +1,21 @@
 """`AsyncEngine` with a scripted engine (no JAX): only its thread ever calls the engine, every update reaches
 its own request's queue, a cancelled request gets nothing more, and draining, stopping or a failing engine
-answer every waiting caller instead of leaving it hanging."""
+answer every waiting caller instead of leaving it hanging; and the engine options the commands parse."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any
 
+import jax.numpy as jnp
 import pytest
 
 from halyard.serve import EngineStats, ParameterError, SamplingParams, Update
-from halyard.serve.server import AsyncEngine, EngineUnavailable
+from halyard.serve.server import AsyncEngine, EngineUnavailable, add_server_arguments, engine_config_of
 
 
 class ScriptedEngine:
@@ -167,3 +170,21 @@ def test_a_failing_engine_answers_every_caller() -> None:
         time.sleep(0.01)
     assert not driver.running and isinstance(driver.failure, RuntimeError)
     driver.stop()
+
+
+def test_training_arithmetic_option_implies_deterministic_and_says_when_xla_started_too_early(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--training-arithmetic`` (halyard-serve and halyard serve): deterministic mode with the trainer's
+    arithmetic; in a process whose XLA already runs with fused multiply-adds (this one) it says so."""
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    plain = engine_config_of(parser.parse_args([]))
+    assert not plain.deterministic and not plain.training_arithmetic
+    jnp.zeros(1).block_until_ready()  # XLA has started in this process
+    with caplog.at_level("WARNING", logger="halyard.serve.server"):
+        config = engine_config_of(parser.parse_args(["--training-arithmetic"]))
+    assert config.deterministic and config.training_arithmetic
+    assert "log-probs agree with the trainer's to rounding only" in caplog.text
+    with pytest.raises(ValueError, match="training_arithmetic needs deterministic=True"):
+        dataclasses.replace(plain, training_arithmetic=True)
