@@ -122,6 +122,15 @@ assert np.array_equal(np.float32(alone.logprobs), np.float32(crowd.logprobs))
 print("alone and among 20 others: the same tokens and log-prob bits")
 
 # %% [markdown]
+# `training_arithmetic=True` adds the training step's batch-invariant arithmetic
+# (`halyard.named.nn.batch_invariant`): in a process where XLA fuses no multiply-adds
+# (`halyard.named.nn.unfuse_multiply_add()` before JAX starts; `halyard serve --training-arithmetic` and
+# `train` for GRPO do it) the log-probs equal those of a training forward pass over the whole sequence traced
+# inside `batch_invariant`, bit for bit. That is what reinforcement learning on-policy needs
+# ([10_rl](10_rl.md)); it costs about 1.6x the fast mode's time (benchmarks/README.md), so it is off unless
+# asked for.
+
+# %% [markdown]
 # ## The server
 #
 # `halyard serve --hf FOLDER` (or `--run RUN_DIR`) listens on 127.0.0.1 (`--host` to change it,
