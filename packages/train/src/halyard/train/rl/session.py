@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from halyard.data import TokenizerSpec, load_tokenizer
+from halyard.named.nn import unfuse_multiply_add
 from halyard.shard import is_main_process
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
@@ -149,6 +150,13 @@ def start_rl_session(
     """
     config = setup.config
     rl = config.rl
+    if rl.deterministic and not unfuse_multiply_add() and is_main_process():
+        print(
+            "rl.deterministic: XLA runs with fused multiply-adds in this process (it started before "
+            "halyard.named.nn.unfuse_multiply_add() could ask otherwise, or this is no x86 CPU), so the "
+            "sampler's and the trainer's log-probabilities agree to rounding only; the train command asks in time",
+            flush=True,
+        )
     rewards = load_rewards(rl.rewards, rl.weights)
     tokenizer, prompts, held_out, width = _prompts(setup, run_dir)
     manager = CheckpointManager(
