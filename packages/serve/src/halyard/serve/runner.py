@@ -12,7 +12,7 @@ A step program only reads the pool; a second small program, to which the pool is
 step's new keys and values in place (a program that read and wrote the pool would copy all of it).
 
 With ``invariant`` (`EngineConfig.training_arithmetic`) the programs are traced inside
-`halyard.named.nn.batch_invariant` and the sampled rows are padded to a whole block: in a process without
+`halyard.named.nn.batch_invariant`: in a process without
 fused multiply-adds (`halyard.named.nn.unfuse_multiply_add`) a row's numbers are then those of the same row
 in a training forward pass traced inside `batch_invariant` (``trainer.objective: grpo``), bit for bit.
 """
@@ -32,7 +32,7 @@ import numpy as np
 from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
-from halyard.named.nn import ROW_BLOCK, batch_invariant
+from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.sampler import RowSettings, draw
 from halyard.shard import Layout, use_layout
@@ -231,12 +231,10 @@ def _store(pages: PagedKV, written: tuple, page_table: jax.Array, positions: jax
 
 def _step(model: CausalLM, pages: PagedKV, inputs: StepInputs, invariant: bool) -> tuple[tuple, tuple]:
     with batch_invariant() if invariant else contextlib.nullcontext():
-        return _step_body(model, pages, inputs, sampled_rows=ROW_BLOCK if invariant else 1)
+        return _step_body(model, pages, inputs)
 
 
-def _step_body(model: CausalLM, pages: PagedKV, inputs: StepInputs, sampled_rows: int) -> tuple[tuple, tuple]:
-    """The step; the sampled rows are padded to a multiple of ``sampled_rows`` (XLA may round a reduction
-    over fewer rows differently)."""
+def _step_body(model: CausalLM, pages: PagedKV, inputs: StepInputs) -> tuple[tuple, tuple]:
     rows = inputs.tokens.shape[0]
     pages = _rows(pages, inputs.page_table, inputs.positions)
     tokens = named(inputs.tokens, ("batch", "pos"))
@@ -244,27 +242,17 @@ def _step_body(model: CausalLM, pages: PagedKV, inputs: StepInputs, sampled_rows
     hidden, written = model.paged_step(tokens, positions=positions, pages=pages)
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("batch", "pos", "embed")
-    padding = -rows % sampled_rows
-    chosen = _padded(plain.array[jnp.arange(rows), inputs.last], padding)
+    chosen = plain.array[jnp.arange(rows), inputs.last]
     logits = compute.logits(named(chosen, ("batch", "embed"))).unwrap("batch", "vocab")
     num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
-    settings = RowSettings(*(_padded(jnp.asarray(value), padding) for value in inputs.settings))
-    drawn = tuple(value[:rows] for value in draw(logits, settings, num_top))
+    drawn = draw(logits, inputs.settings, num_top)
     prompt: tuple = (None, None, None)
     if inputs.next_tokens is not None:
         all_logits = compute.logits(plain).unwrap("batch", "pos", "vocab")
-        logprobs = jax.nn.log_softmax(all_logits, axis=-1)
+        logprobs = row_log_softmax(all_logits)
         targets = jnp.clip(inputs.next_tokens, 0, logprobs.shape[-1] - 1)
         next_logprob = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
         next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
         top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
     return written, (*drawn, *prompt)
-
-
-def _padded(rows: jax.Array, padding: int) -> jax.Array:
-    """``rows`` with ``padding`` copies of the last row after them (settings that filter no more than the
-    real rows do)."""
-    if padding == 0:
-        return rows
-    return jnp.pad(rows, [(0, padding)] + [(0, 0)] * (rows.ndim - 1), mode="edge")

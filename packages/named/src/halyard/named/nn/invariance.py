@@ -20,9 +20,9 @@ training step (thousands of rows, other fusions). These rules remove those sourc
   multiply and an add (XLA's CPU code generator is limited to AVX, which has no fused multiply-add; the
   setting is the process's, XLA reads it once), so fusion cannot change a value.
 
-Elementwise operations (and maxima, which are exact) are row-invariant anyway.
-`halyard.serve`'s deterministic mode and `trainer.objective: grpo` with ``rl.deterministic`` use both, so the
-sampler's log-probabilities equal the trainer's bit for bit.
+Elementwise operations (and maxima, which are exact) are row-invariant anyway. `halyard.serve`'s
+``EngineConfig.training_arithmetic`` and ``trainer.objective: grpo`` with ``rl.deterministic`` use all of them,
+so on an x86 CPU the sampler's log-probabilities equal the trainer's bit for bit.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ _ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar("halyard_inva
 
 @contextlib.contextmanager
 def batch_invariant(rows: int = ROW_BLOCK) -> Iterator[None]:
-    """While tracing inside this context, `Linear` products (and `invariant_matmul`) run in blocks of
-    ``rows`` rows (see the module docstring). It acts when a function is traced, not when it runs: enter it
-    inside the jitted function, or around ``jax.jit(f).lower(...)`` of a function traced only there.
+    """While tracing inside this context, `Linear` products run in blocks of ``rows`` rows and the row sums,
+    softmaxes and norms take their fixed-order forms (see the module docstring). It acts when a function is
+    traced, not when it runs: enter it inside the jitted function, or around ``jax.jit(f).lower(...)`` of a
+    function traced only there.
 
     Args:
         rows: rows per block (a positive int).
