@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from halyard.serve.sampler import RowSettings, draw, filtered_logits
+from halyard.serve.filters import CANDIDATES, filtered_logits
+from halyard.serve.sampler import RowSettings, draw
 
 
 def _settings(rows: int, **values: list) -> RowSettings:
@@ -73,6 +74,44 @@ def test_the_kept_tokens_are_transformers_warpers_own(
         )
         kept = np.isfinite(filtered[row])
         np.testing.assert_allclose(filtered[row][kept], logits[row][kept] / temperature, rtol=1e-6)
+
+
+def test_rows_the_candidates_decide_and_rows_that_need_the_whole_sort_are_both_transformers_own() -> None:
+    vocab = CANDIDATES + 300
+    rng = np.random.default_rng(3)
+    peaked = rng.normal(size=vocab) * 2
+    peaked[:12] += 12.0  # the candidates hold all but a trace of the mass
+    flat = rng.normal(size=vocab) * 0.1  # the nucleus spreads past the candidates
+    cases = [  # (logits, temperature, top_k, top_p, min_p, decided by the candidates: keeps none past them)
+        (peaked, 1.0, 0, 0.9, 0.0, True),
+        (flat, 1.0, 0, 0.9, 0.0, False),
+        (flat, 1.0, 40, 1.0, 0.0, True),
+        (flat, 1.0, CANDIDATES + 100, 0.95, 0.0, False),
+        (flat, 0.8, 0, 1.0, 0.9, True),  # min-p ends inside the candidates
+        (flat, 1.0, 0, 1.0, 0.01, False),  # min-p keeps more than the candidates
+        (flat, 1.0, 0, 1.0, 0.0, None),  # nothing to filter: every token kept, nothing ranked
+        (peaked, 0.7, 300, 0.5, 0.05, True),
+    ]
+    logits = np.stack([case[0] for case in cases]).astype(np.float32)
+    settings = _settings(
+        len(cases),
+        **{
+            name: [case[i + 1] for case in cases]
+            for i, name in enumerate(("temperature", "top_k", "top_p", "min_p"))
+        },
+    )
+    filtered = np.asarray(jax.jit(filtered_logits)(jnp.asarray(logits), settings))
+    for row, (_, temperature, top_k, top_p, min_p, decided) in enumerate(cases):
+        kept = set(np.flatnonzero(np.isfinite(filtered[row])).tolist())
+        assert kept == _kept_reference(logits[row], temperature, top_k, top_p, min_p), row
+        assert len(kept) <= CANDIDATES if decided else len(kept) > CANDIDATES or decided is None, row
+        alone = filtered_logits(
+            jnp.asarray(logits[row : row + 1]), RowSettings(*(np.asarray(f)[row : row + 1] for f in settings))
+        )
+        np.testing.assert_array_equal(
+            np.asarray(alone)[0], filtered[row]
+        )  # bit for bit, whatever shares the step
+    assert any(len(set(np.flatnonzero(np.isfinite(filtered[row])))) > CANDIDATES for row in range(len(cases)))
 
 
 def test_draws_follow_the_filtered_distribution_and_report_both_logprobs() -> None:

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from halyard.named.nn import row_log_softmax, row_softmax
+from halyard.named.nn import row_log_softmax
+from halyard.serve.filters import filtered_logits
 
 
 class RowSettings(NamedTuple):  # numpy arrays on the host, jax arrays inside the program
@@ -66,37 +67,19 @@ def row_keys(settings: RowSettings) -> jax.Array:
     )
 
 
-def filtered_logits(logits: jax.Array, settings: RowSettings) -> jax.Array:
-    """``logits / temperature`` with the tokens outside top-k, top-p and min-p set to ``-inf``.
-
-    Args:
-        logits: float32 ``[rows, vocab]``.
-        settings: the rows' settings (greedy rows are divided by 1).
-
-    Returns:
-        ``[rows, vocab]`` in vocabulary order; at least the most likely token survives in every row.
-    """
-    temperature = jnp.where(settings.temperature > 0, settings.temperature, 1.0)
-    scaled = logits / temperature[:, None]
-    vocab = scaled.shape[-1]
-    order = jnp.argsort(-scaled, axis=-1, stable=True)
-    ranked = jnp.take_along_axis(scaled, order, axis=-1)
-    rank = jnp.arange(vocab)[None, :]
-    top_k = jnp.where(settings.top_k > 0, settings.top_k, vocab)
-    keep = rank < top_k[:, None]
-    probabilities = row_softmax(jnp.where(keep, ranked, -jnp.inf))
-    mass_before = jnp.cumsum(probabilities, axis=-1) - probabilities
-    keep = keep & ((mass_before < settings.top_p[:, None]) | (settings.top_p[:, None] >= 1.0))
-    probabilities = row_softmax(jnp.where(keep, ranked, -jnp.inf))
-    keep = keep & (probabilities >= settings.min_p[:, None] * probabilities[:, :1])
-    keep = keep | (rank == 0)
-    kept_ranked = jnp.where(keep, ranked, -jnp.inf)
-    inverse = jnp.argsort(order, axis=-1)
-    return jnp.take_along_axis(kept_ranked, inverse, axis=-1)
+def first_argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` (the first largest entry, or the first NaN), as two plain reductions: XLA's
+    CPU argmax, a reduction over (value, index) pairs, takes several times as long over a vocabulary."""
+    largest = jnp.max(x, axis=-1, keepdims=True)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where((x == largest) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
 
 
 def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
     """Each row's next token (see the module docstring).
+
+    A step whose rows are all greedy skips what only sampling needs (the filters, the Gumbel noise); no
+    row's numbers depend on whether the others sample.
 
     Args:
         logits: float32 ``[rows, vocab]``.
@@ -104,21 +87,28 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
         num_top: alternatives returned per row (the most likely tokens under the model's distribution).
     """
     logprobs = row_log_softmax(logits)
-    needs_filter = jnp.any((settings.top_k > 0) | (settings.top_p < 1.0) | (settings.min_p > 0.0))
-    temperature = jnp.where(settings.temperature > 0, settings.temperature, 1.0)
-    filtered = jax.lax.cond(
-        needs_filter,
-        lambda: filtered_logits(logits, settings),
-        lambda: logits / temperature[:, None],
-    )
-    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (logits.shape[-1],), jnp.float32))(
-        row_keys(settings)
-    )
-    sampled = jnp.argmax(filtered + gumbel, axis=-1)
-    greedy = jnp.argmax(logits, axis=-1)
-    token = jnp.where(settings.temperature > 0, sampled, greedy).astype(jnp.int32)
-    sampled_logprobs = row_log_softmax(filtered)
+    greedy = first_argmax(logits)
     rows = jnp.arange(logits.shape[0])
-    sampled_logprob = jnp.where(settings.temperature > 0, sampled_logprobs[rows, token], 0.0)
+
+    def sample() -> tuple[jax.Array, jax.Array]:
+        needs_filter = jnp.any((settings.top_k > 0) | (settings.top_p < 1.0) | (settings.min_p > 0.0))
+        temperature = jnp.where(settings.temperature > 0, settings.temperature, 1.0)
+        filtered = jax.lax.cond(
+            needs_filter,
+            lambda: filtered_logits(logits, settings),
+            lambda: logits / temperature[:, None],
+        )
+        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (logits.shape[-1],), jnp.float32))(
+            row_keys(settings)
+        )
+        token = jnp.where(settings.temperature > 0, first_argmax(filtered + gumbel), greedy)
+        sampled_logprob = jnp.where(settings.temperature > 0, row_log_softmax(filtered)[rows, token], 0.0)
+        return token, sampled_logprob
+
+    def all_greedy() -> tuple[jax.Array, jax.Array]:
+        return greedy, jnp.zeros(logits.shape[:1], jnp.float32)
+
+    token, sampled_logprob = jax.lax.cond(jnp.any(settings.temperature > 0), sample, all_greedy)
+    token = token.astype(jnp.int32)
     top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
     return Drawn(token, logprobs[rows, token], sampled_logprob, top_tokens.astype(jnp.int32), top_logprobs)

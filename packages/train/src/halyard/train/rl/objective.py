@@ -2,7 +2,7 @@
 
 The log-probabilities are of the distribution the engine sampled from: the logits divided by
 ``rl.temperature`` and, with ``rl.top_p < 1``, truncated to the nucleus exactly as the engine's sampler
-truncates them (`halyard.serve.sampler.filtered_logits`, the one implementation of the filters), so the
+truncates them (`halyard.serve.filters.filtered_logits`, the one implementation of the filters), so the
 importance ratios compare like with like. With ``rl.deterministic`` the forward pass is traced inside
 `halyard.named.nn.batch_invariant`, as the engine's deterministic programs are: in a process without fused
 multiply-adds (``train`` sees to it) the trainer's log-probabilities are the sampler's, bit for bit.
@@ -25,7 +25,8 @@ from jaxtyping import Array, Float, Int
 from halyard.models.model import default_positions
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
-from halyard.serve.sampler import RowSettings, filtered_logits
+from halyard.serve.filters import filtered_logits
+from halyard.serve.sampler import RowSettings
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import policy_loss
 
