@@ -32,6 +32,8 @@ def test_padding_tokens_are_never_stored() -> None:
 
     keys = named(new, ("layers", "batch", "key_pos", "kv_heads", "head_size"))
     stored = pages.written(keys, keys)
-    written = np.asarray(stored.key_pages.array)
+    written = np.asarray(
+        stored.key_pages.rearrange("layers", "page", "page_slot", "kv_heads", "head_size").array
+    )
     assert written[:, 2, :2].min() > 0 and not written[:, 2, 2:].any()  # positions 0 and 1 in page 2
     assert not written[:, [0, 1, 3]].any()  # the padding token (position 99) went nowhere

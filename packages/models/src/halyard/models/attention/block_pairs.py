@@ -93,9 +93,11 @@ def _mask(
     )[:, None, None]
 
 
-def _logits(static: Static, query: jax.Array, key: jax.Array) -> jax.Array:
-    """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled (and soft-capped)."""
-    logits = jnp.einsum("bhgqd,bhkd->bhgqk", query, key, preferred_element_type=jnp.float32)
+def _logits(static: Static, query: jax.Array, key: jax.Array, keys_by_size: bool = False) -> jax.Array:
+    """``[B, h, g, q, d] x [B, h, k, d] -> [B, h, g, q, k]`` in float32, scaled (and soft-capped); with
+    ``keys_by_size`` the keys come as ``[B, h, d, k]`` (the same products)."""
+    spec = "bhgqd,bhdk->bhgqk" if keys_by_size else "bhgqd,bhkd->bhgqk"
+    logits = jnp.einsum(spec, query, key, preferred_element_type=jnp.float32)
     logits = logits * static.scale
     if static.logit_softcap is not None:
         logits = soft_cap(logits, static.logit_softcap)
@@ -117,11 +119,17 @@ def _initial(query_block: jax.Array) -> Running:
 
 
 def _attend(
-    static: Static, state: Running, query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
+    static: Static,
+    state: Running,
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    keys_by_size: bool = False,
 ) -> Running:
-    """Fold one key block into a query block's online softmax."""
+    """Fold one key block into a query block's online softmax (``keys_by_size``: see `_logits`)."""
     running_max, denominator, accumulator = state
-    logits = jnp.where(mask, _logits(static, query, key), -jnp.inf)
+    logits = jnp.where(mask, _logits(static, query, key, keys_by_size), -jnp.inf)
     new_max = jnp.maximum(running_max, logits.max(axis=-1))
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
     weights = jnp.exp(logits - safe_max[..., None])

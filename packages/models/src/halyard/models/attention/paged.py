@@ -27,8 +27,8 @@ from halyard.models.attention.layout import visible
 def paged_attention(
     query: Float[Array, "B pos heads d"],
     query_positions: Int[Array, "B pos"],
-    key_pool: Float[Array, "layers pages S h d"],
-    value_pool: Float[Array, "layers pages S h d"],
+    key_pool: Float[Array, "layers pages h d S"],
+    value_pool: Float[Array, "layers pages h S d"],
     layer: Int[Array, ""],
     page_table: Int[Array, "B J"],
     new_keys: Float[Array, "B pos h d"],
@@ -45,7 +45,8 @@ def paged_attention(
     Args:
         query: the call's queries.
         query_positions: each query's position; -1 for padding (it sees nothing: output 0).
-        key_pool, value_pool: the pool of pages of every layer (read in place: one gather a page).
+        key_pool, value_pool: the pool of pages of every layer (read in place: one gather a page); a page's
+            keys are ``d x S`` per head, as the logits' product takes them, its values ``S x d``.
         layer: this layer's index in the pools.
         page_table: each row's pages in position order.
         new_keys, new_values: the call's keys and values, one per query.
@@ -60,8 +61,8 @@ def paged_attention(
         ``[B, pos, heads, d]`` in the query's dtype.
     """
     rows, length, heads, size = query.shape
-    pages_per_row, page_size = page_table.shape[1], key_pool.shape[2]
-    kv_heads = key_pool.shape[3]
+    pages_per_row, page_size = page_table.shape[1], value_pool.shape[3]
+    kv_heads = value_pool.shape[2]
     group = heads // kv_heads
     static = Static(
         causal=True,
@@ -95,11 +96,12 @@ def paged_attention(
                 slots = jnp.where(
                     (slots >= 0) & (slots < page_size) & (write_positions >= 0), slots, page_size
                 )
-                keys = key_pool[layer, page_table[:, page]].at[row_index, slots].set(new_k, mode="drop")
-                values = value_pool[layer, page_table[:, page]].at[row_index, slots].set(new_v, mode="drop")
-                return _attend(
-                    static, state, query_block, keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), mask
+                # [B, h, d, S] and [B, h, S, d]; the new tokens' entries indexed first: [B, pos, h, d]
+                keys = key_pool[layer, page_table[:, page]].at[row_index, :, :, slots].set(new_k, mode="drop")
+                values = (
+                    value_pool[layer, page_table[:, page]].at[row_index, :, slots].set(new_v, mode="drop")
                 )
+                return _attend(static, state, query_block, keys, values, mask, keys_by_size=True)
 
             return jax.lax.cond(jnp.any(mask), update, lambda state: state, state), None
 

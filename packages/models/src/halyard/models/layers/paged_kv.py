@@ -20,14 +20,18 @@ from halyard.named import Axis, NamedArray, named
 PAGE = "page"
 PAGE_SLOT = "page_slot"
 SEQ_PAGE = "seq_page"
+KEY_AXES = ("layers", PAGE, "kv_heads", "head_size", PAGE_SLOT)
+"""How the key pool is laid out: a page's keys of one head are ``head_size x page_slot``, the operand of the
+attention logits' product as it is read (no transposed copy of each page a step)."""
+VALUE_AXES = ("layers", PAGE, "kv_heads", PAGE_SLOT, "head_size")
+"""How the value pool is laid out: a page's values of one head are ``page_slot x head_size``."""
 
 
 class PagedKV(eqx.Module):
     """A pool of key/value pages and the pages of the rows of one call.
 
     Attributes:
-        key_pages, value_pages: ``(layers, page, page_slot, kv_heads, head_size)``; inside the layer scan
-            each layer sees its slice, without ``layers``.
+        key_pages, value_pages: laid out as `KEY_AXES` and `VALUE_AXES`.
         page_table: int32 ``(batch, seq_page)``: the pages of each row's sequence in order (page ``i``
             holds positions ``i * page_size ...``); entries past the sequence's end may be any page (the
             causal mask hides what they hold).
@@ -57,16 +61,16 @@ class PagedKV(eqx.Module):
             num_layers, num_pages, page_size, num_kv_heads, head_size: the axis sizes.
             dtype: the dtype keys and values are stored in (the model's compute dtype).
         """
-        axes = (
-            Axis("layers", num_layers),
-            Axis(PAGE, num_pages),
-            Axis(PAGE_SLOT, page_size),
-            Axis("kv_heads", num_kv_heads),
-            Axis("head_size", head_size),
-        )
-        shape = tuple(a.size for a in axes)
-        zeros = NamedArray(jnp.zeros(shape, dtype), axes)
-        return cls(zeros, NamedArray(jnp.zeros(shape, dtype), axes), *_no_rows())
+        sizes = {
+            "layers": num_layers, PAGE: num_pages, PAGE_SLOT: page_size, "kv_heads": num_kv_heads,
+            "head_size": head_size,
+        }  # fmt: skip
+
+        def pool(names: tuple[str, ...]) -> NamedArray:
+            axes = tuple(Axis(name, sizes[name]) for name in names)
+            return NamedArray(jnp.zeros(tuple(a.size for a in axes), dtype), axes)
+
+        return cls(pool(KEY_AXES), pool(VALUE_AXES), *_no_rows())
 
     def without_rows(self) -> PagedKV:
         """The pool alone (an empty page table), as it is kept between calls."""
@@ -112,21 +116,18 @@ class PagedKV(eqx.Module):
         positions = self.write_positions.array
         seq_pages = table.shape[1]
         page_of = jnp.take_along_axis(table, jnp.clip(positions // self.page_size, 0, seq_pages - 1), axis=1)
-        num_slots = self.key_pages.axis_size(PAGE) * self.page_size
-        slots = jnp.where(
-            positions < seq_pages * self.page_size,
-            page_of * self.page_size + positions % self.page_size,
-            num_slots,
-        ).reshape(-1)
+        slot = jnp.where(positions < seq_pages * self.page_size, positions % self.page_size, self.page_size)
+        page_of, slot = page_of.reshape(-1), slot.reshape(-1)  # a padding token's slot is past the page
 
         def store(pages: NamedArray, new: NamedArray) -> NamedArray:
-            ordered = pages.rearrange("layers", PAGE, PAGE_SLOT, "kv_heads", "head_size")
-            layers = ordered.array.shape[0]
-            flat = ordered.array.reshape(layers, num_slots, *ordered.array.shape[3:])
-            fresh = new.rearrange("layers", "batch", "key_pos", "kv_heads", "head_size").array
-            fresh = fresh.reshape(layers, -1, *fresh.shape[3:]).astype(flat.dtype)
-            flat = flat.at[:, slots].set(fresh, mode="drop")
-            return NamedArray(flat.reshape(ordered.array.shape), ordered.axes)
+            names = pages.axis_names
+            index = tuple(page_of if n == PAGE else slot if n == PAGE_SLOT else slice(None) for n in names)
+            # the page and slot indices are not adjacent, so the indexed entries come first, then the
+            # pool's other axes in its order
+            rest = [n for n in names if n not in (PAGE, PAGE_SLOT)]
+            fresh = new.rearrange("batch", "key_pos", *rest).array
+            fresh = fresh.reshape(-1, *fresh.shape[2:]).astype(pages.dtype)
+            return NamedArray(pages.array.at[index].set(fresh, mode="drop"), pages.axes)
 
         return PagedKV(
             store(self.key_pages, new_keys),
@@ -145,7 +146,7 @@ class PagedLayers(eqx.Module):
     layer's index and the pools are whole.
 
     Attributes:
-        key_pool, value_pool: ``(pool_layer, page, page_slot, kv_heads, head_size)``.
+        key_pool, value_pool: as `KEY_AXES` and `VALUE_AXES`, with ``pool_layer`` for ``layers``.
         layer: int32 ``(layers,)``, a scalar in each layer.
         page_table, write_positions: as in `PagedKV`.
     """
@@ -183,8 +184,8 @@ class PagedLayers(eqx.Module):
         output = paged_attention(
             ordered.array,
             query_positions.rearrange("batch", "pos").array,
-            self.key_pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array,
-            self.value_pool.rearrange(POOL_LAYER, PAGE, PAGE_SLOT, "kv_heads", "head_size").array,
+            self.key_pool.rearrange(POOL_LAYER, *KEY_AXES[1:]).array,
+            self.value_pool.rearrange(POOL_LAYER, *VALUE_AXES[1:]).array,
             self.layer.array,
             self.page_table.array,
             new_keys.rearrange("batch", "key_pos", "kv_heads", "head_size").array,
