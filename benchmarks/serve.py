@@ -3,9 +3,9 @@
 One model, the ``llama`` benchmark shape (6 layers, hidden 512, MLP 1536, GQA 8/4, vocab 8192; positions up
 to 512), one workload: 128 requests with prompts of 16-192 tokens and 16-128 new tokens each (seeded), all
 arriving at once, greedy. Arms, each run in this process once to compile and again for the figures (the
-engine's two modes ``--repeats`` times each, interleaved, their median run reported; the deterministic /
-fast cost is the median of the repetitions' ratios), except the old ``generate``, which runs in a subprocess
-on the checkout of the last commit that had it:
+engine's modes ``--repeats`` times each, interleaved, their median run reported, each run from an empty
+prefix cache; the deterministic / fast cost is the median of the repetitions' ratios), except the old
+``generate``, which runs in a subprocess on the checkout of the last commit that had it:
 
 - ``engine``: `halyard.serve.Engine`, fast mode (continuous batching, chunked prefill, 64 running sequences);
 - ``engine_deterministic``: the same, ``deterministic=True`` (programs of fixed row counts);
@@ -145,7 +145,10 @@ def run_engines(
 
 
 def run_workload(engine: Engine, workload: Workload) -> dict[str, float]:
-    """Every request of ``workload`` added at once and run to its end: throughput and time to first token."""
+    """Every request of ``workload`` added at once and run to its end: throughput and time to first token.
+    The run starts from an empty prefix cache: the previous run's prompts would otherwise skip most of their
+    prefill, which the static arms cannot."""
+    engine.pages.clear_cache()
     started = time.perf_counter()
     first: dict[str, float] = {}
     ids = [
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--old-checkout", type=Path, default=None, help=f"a checkout of {OLD_GENERATE_COMMIT}"
     )
     parser.add_argument(
-        "--repeats", type=int, default=3, help="warm runs of each engine arm, interleaved (median reported)"
+        "--repeats", type=int, default=5, help="warm runs of each engine arm, interleaved (median reported)"
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
