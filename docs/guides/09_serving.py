@@ -127,7 +127,7 @@ print("alone and among 20 others: the same tokens and log-prob bits")
 # (`halyard.named.nn.unfuse_multiply_add()` before JAX starts; `halyard serve --training-arithmetic` and
 # `train` for GRPO do it) the log-probs equal those of a training forward pass over the whole sequence traced
 # inside `batch_invariant`, bit for bit. That is what reinforcement learning on-policy needs
-# ([10_rl](10_rl.md)); it costs about 1.1x the fast mode's time (benchmarks/README.md), so it is off unless
+# ([10_rl](10_rl.md)); it costs about 1.3x the fast mode's time (benchmarks/README.md), so it is off unless
 # asked for.
 
 # %% [markdown]
