@@ -136,5 +136,21 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise() -> None:
     among = _run(fast, _others(20, seed=20), 7)
     np.testing.assert_allclose(among.logprobs[:5], alone.logprobs[:5], rtol=1e-4, atol=1e-4)
     assert not np.array_equal(np.float32(among.logprobs[:5]), np.float32(alone.logprobs[:5]))
-    # deterministic: decoding programs of deterministic_rows rows (two a step for more), prefill one row a program
-    assert {shape.rows for shape in ENGINES[64].runner.compiled_shapes} == {1, 32}
+    # deterministic: prefill one row a program, decoding programs of at most deterministic_rows rows
+    shapes = ENGINES[64].runner.compiled_shapes
+    assert {s.rows for s in shapes if s.tokens > 1} == {1} and max(
+        s.rows for s in shapes if s.tokens == 1
+    ) == 32
+
+
+def test_fewer_decoding_rows_only_where_the_row_check_agrees() -> None:
+    """Deterministic mode runs a program of fewer than ``deterministic_rows`` decoding rows only once a probe
+    showed that it computes every row as the full program does; a size that disagrees is never used. (The
+    bitwise tests above run such programs: the target alone decodes one row.)"""
+    runner = ENGINES[64].runner
+    pages = max(shape.seq_pages for shape in runner.row_checks)  # the target's pages as it ends
+    checks = {shape.rows: agrees for shape, agrees in runner.row_checks.items() if shape.seq_pages == pages}
+    assert checks and all(rows < 32 for rows in checks)
+    chosen = runner.shape_for(1, 32, 1, pages, False).rows
+    assert chosen == min([rows for rows, agrees in checks.items() if agrees] + [32])
+    assert all(not checks[rows] for rows in checks if rows < chosen)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from halyard.serve.program import ProgramShape, StepInputs
 from halyard.serve.requests import RequestState
-from halyard.serve.runner import ProgramShape, StepInputs
 from halyard.serve.sampler import RowSettings
 from halyard.serve.scheduler import Chunk
 

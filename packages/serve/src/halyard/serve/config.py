@@ -25,16 +25,17 @@ class EngineConfig:
         max_running: the most sequences that run at once (the decoding program's rows).
         chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
         max_prefill_rows: the most sequences prefilled in one step.
-        min_rows: outside deterministic mode, programs are compiled for row counts that are powers of two
-            from this one up to ``max_running`` (decoding) or ``max_prefill_rows`` (prefill).
+        min_rows: programs are compiled for row counts that are powers of two from this one up to
+            ``max_running`` (decoding) or ``max_prefill_rows`` (prefill).
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
             it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
-            comes from the cache: a program's shape never depends on what else runs (decoding rows run in
-            programs of exactly ``deterministic_rows`` rows, as many as the running sequences need; each
-            prefilling sequence runs in a program of its own), because XLA's CPU kernels round a row
-            differently at different row counts (docs: serving, deterministic mode).
-        deterministic_rows: the rows of one decoding program in deterministic mode (at most
-            ``max_running``): fewer cost less when few sequences run, more cost less when many do.
+            comes from the cache. XLA's CPU kernels may round a row differently at different row counts, so
+            decoding rows run in programs of ``deterministic_rows`` rows (as many as the running sequences
+            need), or of fewer rows only where a probe showed that such a program gives every row the same
+            bits (`halyard.serve.row_check`), and each prefilling sequence runs in a program of its own
+            (docs: serving, deterministic mode).
+        deterministic_rows: the most rows of one decoding program in deterministic mode (at most
+            ``max_running``).
         training_arithmetic: with ``deterministic``, the programs also compute with the training step's
             batch-invariant arithmetic (`halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo``
             does), so a token's log-probs equal those of a training forward pass traced inside
@@ -109,7 +110,7 @@ class EngineConfig:
 
     def program_rows(self) -> tuple[int, int]:
         """The most rows of one decoding program and of one prefill program: in deterministic mode every
-        program has exactly these rows (a step runs as many programs as its rows need)."""
+        program has at most these rows (a step runs as many programs as its rows need)."""
         if self.deterministic:
             return min(self.deterministic_rows, self.max_running), 1
         return self.max_running, self.max_prefill_rows

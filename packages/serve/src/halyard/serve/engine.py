@@ -25,8 +25,9 @@ from halyard.serve.config import EngineConfig
 from halyard.serve.outputs import RequestOutput, SampleOutput, Update
 from halyard.serve.pages import PageTable
 from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.program import StepOutputs
 from halyard.serve.requests import RequestState
-from halyard.serve.runner import ModelRunner, StepOutputs
+from halyard.serve.runner import ModelRunner
 from halyard.serve.scheduler import Chunk, Scheduler, Sequence
 from halyard.serve.stats import EngineStats
 from halyard.serve.text import Decode

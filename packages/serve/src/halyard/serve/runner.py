@@ -6,7 +6,9 @@ row, the logits of one chosen token and the next token drawn from them (`halyard
 optionally the log-probability of every fed token's successor (prompt log-probs). The shapes come from a
 small fixed set: ``tokens`` is 1 (decoding rows) or the chunk size (prefill rows); ``rows`` and the number
 of pages a row can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles
-each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`).
+each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`). In
+deterministic mode (``fixed_rows``) a program has fewer rows than the most asked for only where
+`halyard.serve.row_check` showed that it computes every row as the full-size program does.
 
 A step program only reads the pool; a second small program, to which the pool is donated, stores the
 step's new keys and values in place (a program that read and wrote the pool would copy all of it).
@@ -23,7 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,62 +36,10 @@ from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.params import MAX_TOP_LOGPROBS
+from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
+from halyard.serve.row_check import first_rows, probe_inputs, results_agree
 from halyard.serve.sampler import RowSettings, draw
 from halyard.shard import Layout, use_layout
-
-
-class StepInputs(NamedTuple):
-    """One program's inputs (numpy, host side).
-
-    Attributes:
-        tokens: int32 ``[rows, tokens]``.
-        positions: int32 ``[rows, tokens]``: each token's position, -1 for padding.
-        page_table: int32 ``[rows, seq_pages]``.
-        last: int32 ``[rows]``: the index (in ``tokens``) of the token whose logits are sampled from.
-        settings: the rows' `RowSettings` as numpy arrays.
-        next_tokens: int32 ``[rows, tokens]``: the token following each fed token (for prompt log-probs),
-            -1 where unknown; None when no row asks for prompt log-probs.
-    """
-
-    tokens: np.ndarray
-    positions: np.ndarray
-    page_table: np.ndarray
-    last: np.ndarray
-    settings: RowSettings
-    next_tokens: np.ndarray | None
-
-
-class StepOutputs(NamedTuple):
-    """One program's results (numpy): the drawn token per row with its log-probabilities and top
-    alternatives (`halyard.serve.sampler.Drawn`), and the prompt log-probs (``[rows, tokens]`` and
-    ``[rows, tokens, 20]`` top alternatives) when asked for."""
-
-    token: np.ndarray
-    logprob: np.ndarray
-    sampled_logprob: np.ndarray
-    top_tokens: np.ndarray
-    top_logprobs: np.ndarray
-    next_logprob: np.ndarray | None
-    next_top_tokens: np.ndarray | None
-    next_top_logprobs: np.ndarray | None
-
-
-def round_up_power_of_two(value: int, smallest: int = 1) -> int:
-    """The smallest power of two at least ``value`` and ``smallest``."""
-    size = max(1, smallest)
-    while size < value:
-        size *= 2
-    return size
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramShape:
-    """The static shape of one compiled program."""
-
-    rows: int
-    tokens: int
-    seq_pages: int
-    prompt_logprobs: bool
 
 
 class ModelRunner:
@@ -102,7 +52,8 @@ class ModelRunner:
         max_seq_pages: the most pages one sequence may hold (its context divided by ``page_size``).
         min_rows: the smallest row count a program is compiled for (row counts are powers of two from it,
             up to the largest asked for).
-        fixed_rows: compile every program for exactly the row count asked for (deterministic mode).
+        fixed_rows: deterministic mode: a program has the most rows asked for (``max_rows`` of `shape_for`),
+            or fewer only where `rows_agree` showed that fewer rows give every row the same bits.
         invariant: trace the programs inside `batch_invariant` (see the module docstring).
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
@@ -134,7 +85,9 @@ class ModelRunner:
         if mesh is not None and layout is not None:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
         self.pages = pages
+        self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
+        self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
 
     @property
@@ -146,13 +99,39 @@ class ModelRunner:
         self, rows: int, max_rows: int, tokens: int, seq_pages: int, prompt_logprobs: bool
     ) -> ProgramShape:
         """The program shape that holds ``rows`` rows (of at most ``max_rows``) of ``tokens`` tokens reading
-        ``seq_pages`` pages."""
-        return ProgramShape(
-            rows=max_rows if self.fixed_rows else min(round_up_power_of_two(rows, self.min_rows), max_rows),
-            tokens=tokens,
-            seq_pages=min(round_up_power_of_two(seq_pages), self.max_seq_pages),
-            prompt_logprobs=prompt_logprobs,
-        )
+        ``seq_pages`` pages: rows rounded up to a power of two from ``min_rows``; with ``fixed_rows``, the
+        smallest such count whose program computes every row as the ``max_rows`` program does
+        (`rows_agree`), else ``max_rows``."""
+        pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
+        size = min(round_up_power_of_two(rows, self.min_rows), max_rows)
+        while self.fixed_rows and size < max_rows:
+            shape = ProgramShape(size, tokens, pages, prompt_logprobs)
+            if self.rows_agree(shape, max_rows):
+                return shape
+            size = min(size * 2, max_rows)
+        return ProgramShape(size, tokens, pages, prompt_logprobs)
+
+    def rows_agree(self, shape: ProgramShape, max_rows: int) -> bool:
+        """Whether ``shape``'s program gives every row the bits the ``max_rows`` program of the same shape gives
+        it (`halyard.serve.row_check`; checked once per shape, when first asked, and kept in
+        ``row_checks``)."""
+        if shape in self.row_checks:
+            return self.row_checks[shape]
+        disagreed = {(s.rows, s.tokens) for s, agrees in self.row_checks.items() if not agrees}
+        if (shape.rows, shape.tokens) in disagreed:
+            return False  # this many rows disagreed over other pages: taken to disagree here too (safe)
+        full = dataclasses.replace(shape, rows=max_rows)
+        probe = probe_inputs(full, self.page_size, self.pages.key_pages.axis_size("page"), self.vocab_size)
+        small = self._results(shape, first_rows(probe, shape.rows))
+        self.row_checks[shape] = results_agree(small, self._results(full, probe), shape.rows)
+        return self.row_checks[shape]
+
+    def _results(self, shape: ProgramShape, inputs: StepInputs) -> tuple:
+        """What ``shape``'s program computes for ``inputs``: ``(the keys and values it would store, its
+        outputs)``, storing nothing."""
+        program, _ = self._program(shape)
+        with self._placement():
+            return program(self.model, self.pages, jax.tree.map(self._placed, inputs))
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""

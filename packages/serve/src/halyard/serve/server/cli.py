@@ -66,8 +66,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--deterministic",
         action="store_true",
-        help="a request's tokens and log-probs are bitwise the same whatever runs beside it: every program "
-        "has a fixed row count (--deterministic-rows decoding rows, one prefilling sequence)",
+        help="a request's tokens and log-probs are bitwise the same whatever runs beside it: programs of at "
+        "most --deterministic-rows decoding rows (fewer only where a probe showed the same bits), one "
+        "prefilling sequence each",
     )
     engine.add_argument(
         "--training-arithmetic",
