@@ -83,9 +83,8 @@ def _kept(
     mass = jnp.cumsum(probabilities, axis=-1)
     top_p = settings.top_p[:, None]
     keep = keep & ((mass - probabilities < top_p) | (top_p >= 1.0))
-    floor = (
-        settings.min_p[:, None] * weights[:, :1]
-    )  # min-p: against the most likely token, both rescaled alike
+    # min-p compares with the most likely token: renormalising rescales both alike
+    floor = settings.min_p[:, None] * weights[:, :1]
     keep = (keep & (weights >= floor)) | (rank == 0)
     # the top-p mass is right when the normaliser is: top-k keeps only ranked tokens, or all of them
     normalised = (top_k <= count) | (whole >= 0)
