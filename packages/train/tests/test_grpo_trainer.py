@@ -5,6 +5,7 @@ and reward functions that raise get one line each."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -66,6 +67,21 @@ def test_without_rl_deterministic_the_sampler_agrees_with_the_trainer_to_roundin
     assert result.returncode == 0, result.stderr[-3000:]
     differences = [r["sampling/sampling_logp_difference/max"] for r in _records(run_dir) if "loss" in r]
     assert len(differences) == 4 and max(differences) <= 1e-5
+
+
+def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(tmp_path: Path) -> None:
+    """``rl.top_p < 1``: prompt positions whose next token lies outside the nucleus are masked, not NaN (they
+    made every loss NaN before), and the trainer's filtered log-probs are still the sampler's bit for bit."""
+    run_dir = tmp_path / "nucleus"
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "3"]
+    result = run_cli([*args, "--rl.top_p", "0.9"], devices=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [r for r in _records(run_dir) if "loss" in r]
+    assert len(steps) == 3
+    assert all(
+        math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["nonfinite"] == 0 for r in steps
+    )
+    assert all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path: Path) -> None:

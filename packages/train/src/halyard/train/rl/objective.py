@@ -89,6 +89,9 @@ def _completion_logprobs(
         scaled = _sampling_logits(logits, temperature, top_p)
         log_probabilities = row_log_softmax(scaled)
         logps = jnp.take_along_axis(log_probabilities, targets[:, None], axis=-1)[:, 0]
+        # with top_p < 1 a prompt or padding position's next token may lie outside the nucleus (-inf): 0
+        # there, which the loss masks out (a masked -inf would make the loss and its gradient NaN)
+        logps = jnp.where(jnp.isfinite(logps), logps, 0.0)
         probabilities = jnp.exp(log_probabilities)
         entropy = -jnp.sum(jnp.where(probabilities > 0, probabilities * log_probabilities, 0.0), axis=-1)
         return logps, entropy
