@@ -6,11 +6,14 @@ packages, nor jax itself, so a PyTorch user can adopt it alone.
 
 from __future__ import annotations
 
-import ast
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from module_imports import file_imports  # tools/module_imports.py: every import of a file, at any depth
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,14 +40,7 @@ JAX_MODULES = {"jax", "jaxlib", "equinox", "optax", "flax", "orbax"}
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, node.lineno))
-    return found
+    return [(found.module, found.line) for found in file_imports(path)]
 
 
 def _package_dirs() -> list[Path]:

@@ -71,7 +71,7 @@ def test_round_trip_through_numpy_and_across_stack_kinds():
     _assert_same(loaded, source)
     assert loaded.layers.stacked.up.weight.axis_names == ("layers", "embed", "mlp")
     as_seq = from_state_dict(_model(BlockSeq, seed=2), state)
-    _assert_same(as_seq.layers.stacked(), source.layers)
+    _assert_same(Stacked.from_layers(as_seq.layers.layers(), as_seq.layers.Layers), source.layers)
 
 
 def test_values_are_cast_to_the_template_dtype():

@@ -100,7 +100,7 @@ def test_stacked_equals_unrolled_in_values_and_gradients(base, remat):
     _assert_trees_close(grad_x, ref_grad_x)
     _assert_trees_close(seq_grad_x, ref_grad_x)
     _assert_trees_close(grad_params, Stacked.from_layers(ref_grad_layers, Layers))
-    _assert_trees_close(seq_grad_params.stacked(), grad_params)
+    _assert_trees_close(Stacked.from_layers(seq_grad_params.layers(), Layers, remat), grad_params)
 
 
 @pytest.mark.parametrize("remat", ["full", "save_dots", "nested", "offload"])
@@ -120,7 +120,10 @@ def test_init_gives_layers_axis_first_and_distinct_layers(base):
     assert first.up.weight.axis_names == ("embed", "mlp")
     assert not np.allclose(np.asarray(first.up.weight.array), np.asarray(second.up.weight.array))
     _assert_trees_close(
-        stacked, BlockSeq.init(Layers, Block, Embed, Mlp, key=jax.random.PRNGKey(0)).stacked()
+        stacked,
+        Stacked.from_layers(
+            BlockSeq.init(Layers, Block, Embed, Mlp, key=jax.random.PRNGKey(0)).layers(), Layers
+        ),
     )
     _assert_trees_close(Stacked.from_layers(stacked.layers(), Layers), stacked)
     assert stacked.unrolled().num_layers == 4

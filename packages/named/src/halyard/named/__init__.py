@@ -4,6 +4,7 @@ Conventions: an `Axis` object held in a variable is a CamelCase noun (``Embed = 
 the axis *names* are lower case (``"embed"``, ``"heads"``, ``"head_size"``, ``"pos"``, ``"key_pos"``).
 """
 
+from halyard.named import methods as methods  # hands NamedArray its methods (see methods.py)
 from halyard.named import random
 from halyard.named.axis import Axis, AxisSelection, AxisSelector, AxisSpec
 from halyard.named.broadcast import broadcast_arrays, broadcast_axis, broadcast_to

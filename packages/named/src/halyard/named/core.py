@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -137,83 +137,48 @@ class NamedArray:
         """The single value of a one-element array as a Python scalar."""
         return self.array.item()
 
-    def rename(self, renames: Mapping[AxisSelector, str | Axis]) -> NamedArray:
-        """Rename axes: ``x.rename({"pos": "key_pos"})``. Sizes stay; an unknown name is a KeyError."""
-        from halyard.named.shape_ops import rename
+    # -- the named ops as methods -----------------------------------------------------------------
+    # halyard.named.methods binds these to the op modules' functions. Those modules build NamedArrays, so
+    # the class sits below them and is handed its methods from above (no import goes back up).
+    if TYPE_CHECKING:
 
-        return rename(self, renames)
+        def rename(self, renames: Mapping[AxisSelector, str | Axis]) -> NamedArray:
+            """Rename axes: ``x.rename({"pos": "key_pos"})``. Sizes stay; an unknown name is a KeyError."""
 
-    def rearrange(self, *axes: AxisSelector | Any, **sizes: int) -> NamedArray:
-        """Transpose to the given axis order (``...`` stands for the remaining axes in their order), or,
-        given one string with ``->``, split/merge/transpose as `halyard.named.rearrange` does:
-        ``x.rearrange("... (embed: heads head_size) -> ... heads head_size", heads=8)``."""
-        if len(axes) == 1 and isinstance(axes[0], str) and "->" in axes[0]:
-            from halyard.named.rearrange import rearrange
+        def rearrange(self, *axes: AxisSelector | Any, **sizes: int) -> NamedArray:
+            """Transpose to the given axis order (``...`` stands for the remaining axes in their order), or,
+            given one string with ``->``, split/merge/transpose as `halyard.named.rearrange` does:
+            ``x.rearrange("... (embed: heads head_size) -> ... heads head_size", heads=8)``."""
 
-            return rearrange(self, axes[0], **sizes)
-        if sizes:
-            raise TypeError(f"rearrange: sizes {sorted(sizes)} are only used with a 'lhs -> rhs' spec string")
-        from halyard.named.shape_ops import rearrange_axes
+        def broadcast_axis(self, axes: Axis | Sequence[Axis]) -> NamedArray:
+            """Add the given axes (in front) unless present."""
 
-        return rearrange_axes(self, axes)
+        def unwrap(self, *axes: AxisSelector) -> jax.Array:
+            """The plain array with dimensions in the order of ``axes`` (all of them must be named)."""
 
-    def broadcast_axis(self, axes: Axis | Sequence[Axis]) -> NamedArray:
-        """Add the given axes (in front) unless present."""
-        from halyard.named.broadcast import broadcast_axis
+        def __getitem__(self, index: Any) -> NamedArray:
+            """``x["pos", 3:7]``, ``x["batch", 0, "pos", 1:]``, ``x[{"batch": 0}]``; see `named.indexing`."""
 
-        return broadcast_axis(self, axes)
+        @property
+        def at(self) -> Any:
+            """Functional updates by name: ``x.at["pos", 3].set(v)``, ``.add``, ``.multiply``, ``.get``."""
 
-    def unwrap(self, *axes: AxisSelector) -> jax.Array:
-        """The plain array with dimensions in the order of ``axes`` (all of them must be named)."""
-        from halyard.named.shape_ops import unwrap
+        def sum(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+            """Sum over ``axis`` (names; all when None); see `halyard.named.sum`."""
 
-        return unwrap(self, *axes)
+        def mean(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+            """Mean over ``axis``; see `halyard.named.mean`."""
 
-    # -- indexing ------------------------------------------------------------------------------
-    def __getitem__(self, index: Any) -> NamedArray:
-        """``x["pos", 3:7]``, ``x["batch", 0, "pos", 1:]``, ``x[{"batch": 0}]``; see `named.indexing`."""
-        from halyard.named.indexing import index as _index
+        def max(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+            """Maximum over ``axis``; see `halyard.named.max`."""
 
-        return _index(self, index)
+        def min(self, axis: Any = None, *, where: Any = None) -> NamedArray:
+            """Minimum over ``axis``; see `halyard.named.min`."""
 
-    @property
-    def at(self) -> Any:
-        """Functional updates by name: ``x.at["pos", 3].set(v)``, ``.add``, ``.multiply``, ``.get``."""
-        from halyard.named.indexing import AtIndexer
-
-        return AtIndexer(self)
-
-    # -- reductions as methods -----------------------------------------------------------------
-    def sum(self, axis: Any = None, *, where: Any = None) -> NamedArray:
-        """Sum over ``axis`` (names; all when None); see `halyard.named.sum`."""
-        from halyard.named import reductions
-
-        return reductions.sum(self, axis, where=where)
-
-    def mean(self, axis: Any = None, *, where: Any = None) -> NamedArray:
-        """Mean over ``axis``; see `halyard.named.mean`."""
-        from halyard.named import reductions
-
-        return reductions.mean(self, axis, where=where)
-
-    def max(self, axis: Any = None, *, where: Any = None) -> NamedArray:
-        """Maximum over ``axis``; see `halyard.named.max`."""
-        from halyard.named import reductions
-
-        return reductions.max(self, axis, where=where)
-
-    def min(self, axis: Any = None, *, where: Any = None) -> NamedArray:
-        """Minimum over ``axis``; see `halyard.named.min`."""
-        from halyard.named import reductions
-
-        return reductions.min(self, axis, where=where)
+        def _binary(self, other: Any, op: Any, reverse: bool = False) -> NamedArray:
+            """``op(self, other)`` (``op(other, self)`` when ``reverse``), broadcast by name."""
 
     # -- operators (broadcast by name) ---------------------------------------------------------
-    def _binary(self, other: Any, op: Any, reverse: bool = False) -> NamedArray:
-        from halyard.named.broadcast import binary_op
-
-        return binary_op(op, other, self) if reverse else binary_op(op, self, other)
-
     def __add__(self, o: Any) -> NamedArray:
         return self._binary(o, jnp.add)
 

@@ -14,9 +14,10 @@ from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_
 from halyard.shard.cpu_threads import reserve_collective_threads, simulated_cpu_devices
 from halyard.shard.describe import format_spec
 from halyard.shard.global_batch import batch_share, default_batch_axes, global_batch_from_local
-from halyard.shard.layout import PRESETS, Layout, LeafPlacement
+from halyard.shard.layout import PRESETS, Layout
 from halyard.shard.mesh import BATCH_AXES, DCN_AXES, MESH_AXES, MeshSpec, mesh_axis_sizes
 from halyard.shard.padding import check_divisible, pad_for
+from halyard.shard.placement import LeafPlacement
 from halyard.shard.rules import DimPlacement, normalize_rules
 from halyard.shard.runtime import (
     ENV_COORDINATOR,

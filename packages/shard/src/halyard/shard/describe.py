@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from halyard.shard.mesh import mesh_axis_sizes
-
-if TYPE_CHECKING:
-    from halyard.shard.layout import Layout, LeafPlacement
+from halyard.shard.placement import LeafPlacement
 
 _LARGEST_SHOWN = 5
 
@@ -46,16 +43,25 @@ def replicated_share(placements: Sequence[LeafPlacement]) -> tuple[float, int, i
     return (replicated / shardable if shardable else 0.0), replicated, shardable
 
 
-def tolerance_error(layout: Layout, placements: Sequence[LeafPlacement], mesh: jax.sharding.Mesh) -> str:
-    """The refusal message when too much stays replicated, else ``""``."""
+def tolerance_error(
+    layout_name: str, tolerance: float, placements: Sequence[LeafPlacement], mesh: jax.sharding.Mesh
+) -> str:
+    """The refusal message when more than ``tolerance`` of the shardable elements stays replicated, else ``""``.
+
+    Args:
+        layout_name: the layout's name, for the message.
+        tolerance: the largest replicated share allowed (`Layout.tolerance`).
+        placements: every leaf's placement (`Layout.plan`).
+        mesh: the mesh they are placed on.
+    """
     share, replicated, shardable = replicated_share(placements)
-    if share <= layout.tolerance:
+    if share <= tolerance:
         return ""
     largest = sorted((p for p in placements if p.shardable and p.replicated), key=lambda p: -p.num_elements)
     lines = [
-        f"Layout {layout.name!r} leaves {share:.1%} of the shardable weight elements replicated "
+        f"Layout {layout_name!r} leaves {share:.1%} of the shardable weight elements replicated "
         f"({replicated} of {shardable}) on mesh {mesh_axis_sizes(mesh)}; the tolerance is "
-        f"{layout.tolerance:.1%}. Largest replicated weights:"
+        f"{tolerance:.1%}. Largest replicated weights:"
     ]
     lines += [
         f"  {p.path or '<root>'} {_axes_text(p)}: {p.num_elements} elements; {p.why}"
@@ -70,8 +76,14 @@ def tolerance_error(layout: Layout, placements: Sequence[LeafPlacement], mesh: j
     return "\n".join(lines)
 
 
-def describe_table(layout: Layout, placements: Sequence[LeafPlacement], mesh: jax.sharding.Mesh) -> str:
-    """The `Layout.describe` table: path, axes, spec, dtype, bytes per device, and a summary."""
+def describe_table(layout_name: str, placements: Sequence[LeafPlacement], mesh: jax.sharding.Mesh) -> str:
+    """The `Layout.describe` table: path, axes, spec, dtype, bytes per device, and a summary.
+
+    Args:
+        layout_name: the layout's name, for the summary line.
+        placements: every leaf's placement (`Layout.plan`).
+        mesh: the mesh they are placed on.
+    """
     mesh_sizes = mesh_axis_sizes(mesh)
     header = ("path", "axes", "spec", "dtype", "bytes/device", "note")
     rows = [
@@ -96,7 +108,7 @@ def describe_table(layout: Layout, placements: Sequence[LeafPlacement], mesh: ja
     share, _, _ = replicated_share(placements)
     mesh_text = ", ".join(f"{name}={size}" for name, size in mesh_sizes.items() if size > 1) or "1 device"
     lines.append(
-        f"layout {layout.name}, mesh ({mesh_text}): {format_bytes(total)} in all, "
+        f"layout {layout_name}, mesh ({mesh_text}): {format_bytes(total)} in all, "
         f"{format_bytes(per_device)} per device, {share:.1%} of shardable weights replicated"
     )
     return "\n".join(lines)

@@ -13,7 +13,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.named import Axis, NamedArray
+from halyard.shard.describe import describe_table, tolerance_error
 from halyard.shard.mesh import BATCH_AXES, mesh_axis_sizes
+from halyard.shard.placement import LeafPlacement
 from halyard.shard.rules import DimPlacement, Rules, RuleValue, normalize_rules, preferred_mesh_axes, resolve
 
 _BATCH = (BATCH_AXES, ("replica", "data", "fsdp"), ("replica", "data"))
@@ -32,49 +34,6 @@ def _is_named(x: Any) -> bool:
     # A NamedArray around an empty pytree node (optax's MaskedNode, in the state of a masked or
     # multi_transform optimizer such as Muon's) holds no array to place: descend into it, finding no leaf.
     return isinstance(x, NamedArray) and bool(jax.tree_util.tree_leaves(x.array))
-
-
-@dataclass(frozen=True)
-class LeafPlacement:
-    """How one leaf of a pytree is placed (what `Layout.describe` prints and the tolerance check counts).
-
-    Attributes:
-        path: the leaf's path in the tree, dotted (``blocks.attn.q``).
-        axes: its named axes; ``None`` for a plain array (replicated unless already annotated).
-        shape, dtype: global shape and dtype.
-        spec: the `PartitionSpec`.
-        dims: per-dimension placement (empty for plain arrays).
-        why: when a rule wanted this leaf split but it stayed replicated, the reason.
-        shardable: whether the rules would split it on this mesh (what ``tolerance`` is measured over).
-    """
-
-    path: str
-    axes: tuple[Axis, ...] | None
-    shape: tuple[int, ...]
-    dtype: Any
-    spec: PartitionSpec
-    dims: tuple[DimPlacement, ...] = ()
-    why: str = ""
-    shardable: bool = False
-
-    @property
-    def num_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def replicated(self) -> bool:
-        return all(entry is None for entry in self.spec)
-
-    def bytes_per_device(self, mesh_sizes: Mapping[str, int]) -> int:
-        """Bytes one device holds of this leaf."""
-        split = math.prod(
-            mesh_sizes[a] for entry in self.spec if entry is not None for a in _entry_axes(entry)
-        )
-        return self.num_elements * np.dtype(self.dtype).itemsize // split
-
-
-def _entry_axes(entry: Any) -> tuple[str, ...]:
-    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _spec(dims: Sequence[DimPlacement]) -> PartitionSpec:
@@ -279,18 +238,14 @@ class Layout:
         self._check(self.plan(tree, mesh), mesh)
 
     def _check(self, placements: Sequence[LeafPlacement], mesh: jax.sharding.Mesh) -> None:
-        from halyard.shard.describe import tolerance_error
-
-        message = tolerance_error(self, placements, mesh)
+        message = tolerance_error(self.name, self.tolerance, placements, mesh)
         if message:
             raise ValueError(message)
 
     def describe(self, tree: Any, mesh: jax.sharding.Mesh) -> str:
         """A table of every leaf: path, axes, spec, dtype, bytes per device; then totals and the replicated
         share. Never raises for tolerance (it is the tool to understand a refusal)."""
-        from halyard.shard.describe import describe_table
-
-        return describe_table(self, self.plan(tree, mesh), mesh)
+        return describe_table(self.name, self.plan(tree, mesh), mesh)
 
 
 PRESETS: tuple[str, ...] = ("data_parallel", "fsdp", "tensor_parallel", "fsdp_tensor", "expert_parallel")

@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from halyard.data.examples.hf_template import render_with_template
-from halyard.data.examples.messages import Segments, checked_messages, marker_segments, required_field
+from halyard.data.examples.chat_rendering import ChatRendering
+from halyard.data.examples.messages import Segments, checked_messages, required_field
 from halyard.data.examples.preference import preference_segments
 from halyard.data.sources.records import ExampleError, MissingFieldError
 
@@ -98,6 +98,17 @@ class ExampleFormat:
     def markers(self) -> dict[str, str]:
         """The simple template's text before a message, by role."""
         return {"system": self.system_marker, "user": self.user_marker, "assistant": self.assistant_marker}
+
+    @property
+    def rendering(self) -> ChatRendering:
+        """The chat template chats and preference pairs are rendered with (the tokenizer's or the markers)."""
+        template = None
+        if self.chat_template == "tokenizer":
+            assert self.tokenizer_template is not None, "build_cache fills in the tokenizer's template"
+            template = self.tokenizer_template
+        return ChatRendering(
+            self.markers, self.end_of_turn, template, self.template_bos_token, self.template_eos_token
+        )
 
     def with_tokenizer_template(
         self, template: str | None, bos_token: str | None, eos_token: str | None, tokenizer_source: str
@@ -189,19 +200,21 @@ class ExampleFormat:
             return ((prompt, False), (completion, True))
         if self.kind != "chat":
             raise ExampleError(f"{where}: example format {self.kind!r} has no segments")
-        messages = self._messages(value, where)
-        if self.chat_template == "tokenizer":
-            assert self.tokenizer_template is not None, "build_cache fills in the tokenizer's template"
-            return render_with_template(
-                self.tokenizer_template, messages, where, self.template_bos_token, self.template_eos_token
-            )
-        targets = [message["role"] == "assistant" for message in messages]
-        return marker_segments(messages, targets, self.markers, self.end_of_turn)
+        return self.rendering.chat(self._messages(value, where), where)
 
     def pair_segments(self, value: Any, where: str) -> tuple[Segments, Segments]:
         """Render one preference record into its chosen and its rejected example (see
         `halyard.data.examples.preference.preference_segments`, which says what it raises)."""
-        return preference_segments(self, value, where)
+        return preference_segments(
+            value,
+            where,
+            self.rendering,
+            prompt_field=self.prompt_field,
+            chosen_field=self.chosen_field,
+            rejected_field=self.rejected_field,
+            role_field=self.role_field,
+            content_field=self.content_field,
+        )
 
     def _messages(self, value: dict[str, Any], where: str) -> list[dict[str, str]]:
         if self.messages_field not in value:

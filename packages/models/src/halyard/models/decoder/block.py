@@ -10,7 +10,7 @@ arrives with each call, so layers that differ only by it share one stacked param
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from halyard.models.attention import AttentionMask
 from halyard.models.decoder.layout import BlockLayout, LayerKind
+from halyard.models.decoder.spec import DecoderSpec
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
 from halyard.models.layers.paged_kv import PagedLayers
@@ -26,9 +27,6 @@ from halyard.models.reports import report_rms
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import LayerNorm, RMSNorm
 from halyard.shard import constrain
-
-if TYPE_CHECKING:
-    from halyard.models.decoder.config import DecoderConfig
 
 Norm = RMSNorm | LayerNorm
 
@@ -62,7 +60,7 @@ class DecoderBlock(eqx.Module):
     report_coordinates: bool = eqx.field(static=True, default=False)
 
     @classmethod
-    def init(cls, config: DecoderConfig, *, key: jax.Array) -> DecoderBlock:
+    def init(cls, config: DecoderSpec, *, key: jax.Array) -> DecoderBlock:
         """A layer with the family's initialisation (`BlockLayout`'s stds; zero biases, unit norms)."""
         shape, layout, dtype = config.shape, config.layout(), config.params
         Embed, Mlp = Axis("embed", shape.embed), Axis("mlp", shape.mlp)

@@ -1,108 +1,29 @@
-"""`DecoderConfig`: what every decoder family tells the one skeleton (`Decoder`).
+"""`DecoderConfig`: the base of every decoder family's config, and what follows from a family's answers.
 
 A family's config is a frozen dataclass with its own fields (named as its papers and checkpoints name
-them); it derives from `DecoderConfig` and answers four questions: the model's sizes (`shape`), how a
-layer is arranged (`layout`), what differs per layer (`layer_kinds`), and the few hooks where a family's
-embedding or output differ (`embedding_scale`, `final_logit_softcap`). Parameter and FLOP counts follow
-from those answers.
+them); it derives from `DecoderConfig` and answers the questions of `DecoderSpec` (spec.py): the model's
+sizes, how a layer is arranged, what differs per layer, and the few hooks where a family's embedding or
+output differ. The model (`init`), parameter and FLOP counts follow from those answers.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 
-from halyard.models.config import ModelConfig
-from halyard.models.decoder.layout import BlockLayout, LayerKind
+from halyard.models.decoder.model import Decoder
+from halyard.models.decoder.spec import DecoderSpec
 from halyard.models.flops import decoder_flops_per_token
 from halyard.named.nn import activation
 
-if TYPE_CHECKING:
-    from halyard.models.decoder.model import Decoder
-
-
-class DecoderShape(NamedTuple):
-    """The sizes of a decoder.
-
-    Attributes:
-        vocab, embed, mlp, layers: vocabulary, width, MLP width and depth.
-        heads, kv_heads, head_size: query heads, key/value heads, size of one head.
-        max_position: the longest position configured (learned tables, rotary scaling).
-        tie_embeddings: the output projection is the input embedding.
-        learned_positions: a learned ``(position, embed)`` table is added to the embeddings (GPT-2).
-    """
-
-    vocab: int
-    embed: int
-    mlp: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_size: int
-    max_position: int
-    tie_embeddings: bool
-    learned_positions: bool = False
-
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig(ModelConfig):
+class DecoderConfig(DecoderSpec):
     """Base of every decoder family's config (fields: `ModelConfig`'s; the family adds its own)."""
-
-    @property
-    @abc.abstractmethod
-    def shape(self) -> DecoderShape:
-        """The model's sizes."""
-
-    @abc.abstractmethod
-    def layout(self) -> BlockLayout:
-        """How every layer is arranged (the same for all layers)."""
-
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        """Each layer's attention window and rotary setting, in layer order (default: none, learned positions)."""
-        return (LayerKind(None, None),) * self.shape.layers
-
-    @property
-    def embedding_scale(self) -> float:
-        """Multiplier on the token embeddings (Gemma: sqrt(hidden_size)); 1.0 for most families."""
-        return 1.0
-
-    @property
-    def final_logit_softcap(self) -> float | None:
-        """``cap * tanh(logits / cap)`` on the output logits (Gemma 2), or None."""
-        return None
-
-    def router_loss_weights(self) -> tuple[float, float]:
-        """Weights of the MoE load-balancing loss and router z-loss in the training loss (dense: zeros)."""
-        return (0.0, 0.0)
-
-    @property
-    def embed_init_std(self) -> float:
-        """Std of the token (and position) embeddings at init."""
-        return self.layout().init_std
-
-    @property
-    def lm_head_init_std(self) -> float:
-        """Std of an untied output projection at init."""
-        return self.layout().init_std
-
-    # -- what follows from the answers ------------------------------------------------------------
-    @property
-    def head_size(self) -> int:
-        """Size of one attention head."""
-        return self.shape.head_size
-
-    @property
-    def kv_heads(self) -> int:
-        """Number of key/value heads."""
-        return self.shape.kv_heads
 
     def init(self, key: jax.Array) -> Decoder:
         """The model with freshly initialised parameters (see `Decoder.init`)."""
-        from halyard.models.decoder.model import Decoder
-
         return Decoder.init(self, key=key)
 
     def num_params(self) -> int:

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 from halyard.models.attention import AttentionMask
 from halyard.models.decoder.block import DecoderBlock, Norm, make_norm
-from halyard.models.decoder.config import DecoderConfig
 from halyard.models.decoder.pipeline import PipelineSchedule, pipeline_stages, run_pipelined
+from halyard.models.decoder.spec import DecoderSpec
 from halyard.models.layers.moe import load_balancing_loss, router_z_loss
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.model import CausalLM, DecoderOutput, default_positions
@@ -31,7 +31,7 @@ LAYERS = "layers"
 
 
 class Decoder(CausalLM):
-    """A decoder-only transformer described by a `DecoderConfig`.
+    """A decoder-only transformer described by a family's config (a `DecoderConfig`, read as its `DecoderSpec`).
 
     Attributes:
         embed: token embedding ``(vocab, embed)``.
@@ -47,11 +47,11 @@ class Decoder(CausalLM):
     layers: Stacked[DecoderBlock]
     final_norm: Norm
     lm_head: Linear | None
-    config: DecoderConfig = eqx.field(static=True)
+    config: DecoderSpec = eqx.field(static=True)
     decoder_takes_token_mask: ClassVar[bool] = True
 
     @classmethod
-    def init(cls, config: DecoderConfig, *, key: jax.Array) -> Decoder:
+    def init(cls, config: DecoderSpec, *, key: jax.Array) -> Decoder:
         """Initialise every parameter from ``key`` (the family's stds; norms at one, biases at zero)."""
         shape, dtype = config.shape, config.params
         embed_key, position_key, layers_key, head_key = jax.random.split(key, 4)
@@ -75,7 +75,7 @@ class Decoder(CausalLM):
         return cls(embed, position_embedding, layers, final_norm, lm_head, config)
 
     @property
-    def model_config(self) -> DecoderConfig:
+    def model_config(self) -> DecoderSpec:
         return self.config
 
     @property

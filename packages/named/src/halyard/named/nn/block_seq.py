@@ -1,5 +1,8 @@
 """`BlockSeq`: the unrolled twin of `Stacked` (a Python loop over separate layer modules).
 
+`Stacked.unrolled()` turns a stack into one; `Stacked.from_layers(seq.layers(), seq.Layers, seq.remat)` turns
+one back (this module sits below stacked.py and does not import it).
+
 Useful to compare against `Stacked`, for layers that differ slightly, and where unrolling is faster
 to run (small N) at the price of compiling each layer.
 """
@@ -7,7 +10,7 @@ to run (small N) at the price of compiling each layer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -25,9 +28,6 @@ from halyard.named.nn.layer_stack import (
 )
 from halyard.named.nn.remat import check_remat, checkpoint_layer
 from halyard.named.reporting import capture_reports
-
-if TYPE_CHECKING:
-    from halyard.named.nn.stacked import Stacked
 
 
 class BlockSeq(LayerStack[M]):
@@ -75,12 +75,6 @@ class BlockSeq(LayerStack[M]):
 
     def with_layers(self, layers: Sequence[M]) -> BlockSeq[M]:
         return BlockSeq(tuple(layers), self.Layers, self.remat)
-
-    def stacked(self) -> Stacked[M]:
-        """The same layers as a `Stacked` (parameters stacked along ``Layers``)."""
-        from halyard.named.nn.stacked import Stacked
-
-        return Stacked.from_layers(self.blocks, self.Layers, self.remat)
 
     def fold(
         self,

@@ -6,13 +6,14 @@ Scanning compiles the layer once whatever N is, so compile time stays flat as mo
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from halyard.named.axis import Axis
+from halyard.named.nn.block_seq import BlockSeq
 from halyard.named.nn.layer_pattern import Run, repeating_runs
 from halyard.named.nn.layer_stack import (
     LayerStack,
@@ -29,9 +30,6 @@ from halyard.named.nn.layer_stack import (
 )
 from halyard.named.nn.remat import check_remat, checkpoint_layer, nested_block_size
 from halyard.named.reporting import capture_reports
-
-if TYPE_CHECKING:
-    from halyard.named.nn.block_seq import BlockSeq
 
 
 @eqx.filter_jit
@@ -122,8 +120,6 @@ class Stacked(LayerStack[M]):
 
     def unrolled(self) -> BlockSeq[M]:
         """The same layers as a `BlockSeq` (a Python loop; same parameters, ``fold`` and ``scan``)."""
-        from halyard.named.nn.block_seq import BlockSeq
-
         return BlockSeq(tuple(self.layers()), self.Layers, self.remat)
 
     def layer_parameters(self, params: Any) -> Any:

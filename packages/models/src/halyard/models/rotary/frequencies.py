@@ -8,13 +8,11 @@ with the factor that multiplies cos and sin. Nothing is cached: each call comput
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    from halyard.models.rotary import RotaryConfig
+from halyard.models.rotary.config import RotaryConfig
 
 
 def inverse_frequencies(
