@@ -136,7 +136,8 @@ FILE_SECONDS = {
     "test_harness_command.py": 18,
     "test_export_integration.py": 18,
     "test_tokenizer_folder_everywhere.py": 17,
-    "test_serve_command.py": 17,  # new: 15-18 s alone
+    "test_serve_command.py": 17,
+    "test_tpu_host_start.py": 65,  # new: train, generate/eval/replay/plan, serve with TPU_* variables set  # new: 15-18 s alone
     "test_kill_resume.py": 16,
     "test_checkpoint_roundtrip.py": 16,
     "test_indexing.py": 15,
