@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -100,6 +101,7 @@ def run_configuration(args: argparse.Namespace, remat: str, attention: str) -> d
         "train_command": shlex.join(["train", *arguments]),
     }
     log_path = args.work_dir / f"{name}.log"
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier call's run: its log would pass for this one's
     started = time.perf_counter()
     with log_path.open("w") as log:
         process = subprocess.Popen(
