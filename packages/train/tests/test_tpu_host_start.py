@@ -1,7 +1,7 @@
 """The commands start on a single TPU host, whose environment holds ``TPU_*`` variables (issue 51).
 
-On a one-chip TPU v5e machine ``TPU_WORKER_HOSTNAMES`` held a warning text instead of host names, and
-``train`` stopped before step 1 asking the unreachable metadata server for the pod's coordinator. Here, on
+On a one-chip TPU v5e machine ``TPU_WORKER_HOSTNAMES`` held a warning text instead of host names (on
+another day ``localhost``), and ``train`` stopped before step 1 asking the unreachable metadata server for the pod's coordinator. Here, on
 CPU, with those variables set: ``train`` resumes a tiny run alone (one host name, or the warning text),
 ``halyard generate|eval|replay|plan|serve`` start on it, and two host names make ``train`` look for the
 pod's coordinator, which it cannot find here, so it says in one line which variables to set.
@@ -22,7 +22,7 @@ import pytest
 from halyard.train.trackers.jsonl import read_jsonl
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-0.3.0"  # the demo at a tiny size, step-4 checkpoint
-ONE_HOST = "t1v-n-5e0c1a2b-w-0"
+ONE_HOST = "localhost"  # what the one-chip v5e machine held on 2026-12-05
 JUNK = "WARNING: could not determine TPU worker hostnames or IP addresses"  # a text, not host names
 TWO_HOSTS = "t1v-n-5e0c1a2b-w-0,t1v-n-5e0c1a2b-w-1"
 COMMAND = "import sys; from halyard.train.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -37,7 +37,8 @@ def tpu_environment(hostnames: str, **more: str) -> dict[str, str]:
         JAX_PLATFORMS="cpu",
         TPU_WORKER_HOSTNAMES=hostnames,
         TPU_WORKER_ID="0",
-        TPU_ACCELERATOR_TYPE="v5litepod-1",
+        TPU_ACCELERATOR_TYPE="v5litepod-4",
+        TPU_SKIP_MDS_QUERY="true",
         **more,
     )
 
