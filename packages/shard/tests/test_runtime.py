@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from halyard.named import named
 from halyard.shard import (
+    ClusterNotFoundError,
     Layout,
     MeshSpec,
     barrier,
@@ -120,7 +121,20 @@ SLURM = {
         (SLURM, "slurm"),
         ({"SLURM_JOB_ID": "7"}, None),
         ({"OMPI_MCA_orte_hnp_uri": "x"}, "ompi"),
-        ({"TPU_WORKER_HOSTNAMES": "a,b"}, "tpu"),
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0-w-0,t1v-n-0-w-1"}, "tpu"),
+        ({"TPU_WORKER_HOSTNAMES": "10.0.0.2:8470, 10.0.0.3:8470"}, "tpu"),
+        # a single TPU host: one name, none, or (as on a one-chip v5e machine) a warning text
+        ({"TPU_WORKER_HOSTNAMES": "t1v-n-0-w-0", "TPU_WORKER_ID": "0"}, None),
+        ({"TPU_WORKER_HOSTNAMES": ""}, None),
+        ({"TPU_WORKER_HOSTNAMES": "WARNING: worker hostnames unknown, using localhost"}, None),
+        ({"CLOUD_TPU_TASK_ID": "0"}, None),
+        # JAX reads TPU_PROCESS_ADDRESSES first
+        ({"TPU_PROCESS_ADDRESSES": "h0:8476", "TPU_WORKER_HOSTNAMES": "h0,h1"}, None),
+        # asked for: HALYARD_CLUSTER decides
+        ({"HALYARD_CLUSTER": "tpu"}, "tpu"),
+        ({"HALYARD_CLUSTER": "none", "TPU_WORKER_HOSTNAMES": "h0,h1"}, None),
+        ({"HALYARD_CLUSTER": "Auto", "TPU_WORKER_HOSTNAMES": "h0,h1"}, "tpu"),
+        ({**SLURM, "HALYARD_CLUSTER": "ompi"}, "ompi"),
     ],
 )
 def test_detect_cluster(environ: dict, cluster: str | None) -> None:
@@ -134,6 +148,50 @@ def test_a_detected_cluster_leaves_the_coordinates_to_jax(recorded: list[dict]) 
         None,
     ) * 3
     assert initialize(environ=SLURM, detect=False).joined_by == "single"
+
+
+def test_an_unknown_cluster_asked_for_is_named() -> None:
+    with pytest.raises(ValueError, match=r"HALYARD_CLUSTER='pod': give auto \(detect\), none \(run alone\)"):
+        detect_cluster({"HALYARD_CLUSTER": "pod"})
+
+
+def test_a_single_tpu_host_never_asks_jax_to_join(recorded: list[dict]) -> None:
+    junk = {"TPU_WORKER_HOSTNAMES": "WARNING: worker hostnames unknown", "TPU_WORKER_ID": "0"}
+    assert initialize(environ=junk).joined_by == "single"
+    assert initialize(environ={"TPU_WORKER_HOSTNAMES": "t1v-n-0-w-0"}).joined_by == "single"
+    assert recorded == []
+    info = initialize(environ={"TPU_WORKER_HOSTNAMES": "t1v-n-0-w-0,t1v-n-0-w-1"})
+    assert info.joined_by == "tpu" and recorded[0]["coordinator_address"] is None
+
+
+def test_a_cluster_without_a_coordinator_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict] = []
+
+    def no_metadata_server(**kwargs: object) -> None:
+        calls.append(kwargs)
+        raise ConnectionError(
+            "HTTPConnectionPool(host='metadata.google.internal', port=80): Max retries\nmore"
+        )
+
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", no_metadata_server)
+    with pytest.raises(ClusterNotFoundError) as raised:
+        initialize(environ={"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1"})
+    message = str(raised.value)
+    assert message.startswith("TPU_WORKER_HOSTNAMES names 2 hosts, so this process joins a multi-process run")
+    assert "ConnectionError: HTTPConnectionPool(host='metadata.google.internal'" in message
+    assert "HALYARD_COORDINATOR=host:port" in message and "HALYARD_CLUSTER=none" in message
+    assert len(message.splitlines()) == 1
+    # asked for on a host whose variable names no hosts: said at once, JAX is not asked (it would wait
+    # for the text to resolve as a host name)
+    with pytest.raises(ClusterNotFoundError, match=r"HALYARD_CLUSTER=tpu asks .* TPU_WORKER_HOSTNAMES='WARN"):
+        initialize(environ={"HALYARD_CLUSTER": "tpu", "TPU_WORKER_HOSTNAMES": "WARNING: unknown"})
+    assert len(calls) == 1
+    # coordinates given by the user keep JAX's own error
+    with pytest.raises(ConnectionError):
+        initialize(
+            environ={"HALYARD_COORDINATOR": "h0:1", "HALYARD_NUM_PROCESSES": "2", "HALYARD_PROCESS_ID": "0"}
+        )
 
 
 def test_single_process_helpers() -> None:

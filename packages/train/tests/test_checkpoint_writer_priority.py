@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,8 +15,10 @@ import numpy as np
 import pytest
 from trainer_fixtures import write_config
 
+from halyard.train.checkpoint import writer_priority
+from halyard.train.checkpoint.commit_marker import read_commit_marker
 from halyard.train.checkpoint.manager import CheckpointManager
-from halyard.train.checkpoint.writer_priority import LowPriorityWriters, supported
+from halyard.train.checkpoint.writer_priority import LowPriorityWriters, WriterPriorityWarning, supported
 
 linux_only = pytest.mark.skipif(not supported(), reason="threads are reniced one by one only on Linux")
 
@@ -78,6 +81,39 @@ def test_only_the_lowest_priority_also_takes_the_idle_policy() -> None:
         thread.start()
         thread.join()
     assert policies == {12: os.SCHED_OTHER, 19: os.SCHED_IDLE}
+
+
+@linux_only
+def test_a_refused_scheduling_call_skips_the_tuning_not_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TPU VM's gVisor sandbox refuses SCHED_IDLE with EINVAL: saves and restores still work, one warning."""
+    refused: list[int] = []
+
+    def sandbox_refuses(thread: int, policy: int, param: object) -> None:
+        refused.append(thread)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(os, "sched_setscheduler", sandbox_refuses)
+    monkeypatch.setattr(writer_priority, "_REFUSED", set())  # this test's process has not been refused yet
+    state = {"w": jax.numpy.arange(4096.0).reshape(64, 64), "step": 3}
+    with (
+        pytest.warns(WriterPriorityWarning) as warned,
+        CheckpointManager(tmp_path / "checkpoints") as manager,
+    ):
+        for step in (1, 2):  # the second save neither tries again nor warns again
+            assert manager.save(step, {**state, "step": step})
+            manager.wait()
+        restored = manager.restore(2, state).state
+    assert len(refused) == 1
+    assert len(warned) == 1
+    assert "(SCHED_IDLE) was refused here (OSError: [Errno 22] Invalid argument)" in str(warned[0].message)
+    np.testing.assert_array_equal(restored["w"], state["w"])
+    assert restored["step"] == 2
+    marker = read_commit_marker(tmp_path / "checkpoints" / "step_00000002")  # sealed, checksummed
+    assert marker.step == 2 and marker.checksums and set(marker.checksums) == set(marker.files)
+    # what was not refused still applies: the writers' nice value
+    assert all(nice >= 19 for nice, _ in writer_thread_priorities().values())
 
 
 @pytest.mark.parametrize("niceness", [-1, 20, "19", 1.5])

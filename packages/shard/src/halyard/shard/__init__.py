@@ -10,6 +10,7 @@ print(layout.describe(params, mesh))
 ```
 """
 
+from halyard.shard.cluster import ENV_CLUSTER, ClusterNotFoundError, detect_cluster
 from halyard.shard.constrain import ActiveLayout, active_layout, constrain, use_layout, without_layout
 from halyard.shard.cpu_threads import reserve_collective_threads, simulated_cpu_devices
 from halyard.shard.describe import format_spec
@@ -25,7 +26,6 @@ from halyard.shard.runtime import (
     ENV_PROCESS_ID,
     ProcessInfo,
     barrier,
-    detect_cluster,
     initialize,
     is_main_process,
     process_count,
@@ -41,12 +41,14 @@ reserve_collective_threads()
 __all__ = [
     "BATCH_AXES",
     "DCN_AXES",
+    "ENV_CLUSTER",
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
     "MESH_AXES",
     "PRESETS",
     "ActiveLayout",
+    "ClusterNotFoundError",
     "DimPlacement",
     "Layout",
     "LeafPlacement",

@@ -9,6 +9,13 @@ from dataclasses import dataclass
 import jax
 from jax.experimental import multihost_utils
 
+from halyard.shard.cluster import (
+    ClusterNotFoundError,
+    check_tpu_hosts,
+    coordinates_hint,
+    detect_cluster,
+    why_cluster,
+)
 from halyard.shard.console import filter_gloo_connection_lines
 
 ENV_COORDINATOR = "HALYARD_COORDINATOR"
@@ -41,23 +48,6 @@ class ProcessInfo:
     joined_by: str
 
 
-def detect_cluster(environ: Mapping[str, str] | None = None) -> str | None:
-    """The cluster manager JAX can read process counts and a coordinator from, or ``None``.
-
-    Args:
-        environ: the environment to inspect (default ``os.environ``).
-    """
-    environ = os.environ if environ is None else environ
-    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
-    if all(name in environ for name in slurm):
-        return "slurm"
-    if "OMPI_MCA_orte_hnp_uri" in environ:
-        return "ompi"
-    if "TPU_WORKER_HOSTNAMES" in environ or "CLOUD_TPU_TASK_ID" in environ:
-        return "tpu"
-    return None
-
-
 def _int_from(value: int | str | None, what: str) -> int | None:
     if value is None or isinstance(value, int):
         return value
@@ -84,8 +74,10 @@ def initialize(
 
     Where the coordinates come from, first match wins: the arguments; the environment variables
     ``HALYARD_COORDINATOR`` (``host:port`` of process 0), ``HALYARD_NUM_PROCESSES``,
-    ``HALYARD_PROCESS_ID``; JAX's own detection under Slurm, Open MPI or on a TPU pod; otherwise a
-    single process (nothing is initialized). CPU collectives are set to gloo first (unless already chosen),
+    ``HALYARD_PROCESS_ID``; JAX's own detection under Slurm, Open MPI or on a TPU pod (`detect_cluster`:
+    a TPU host joins others only when ``TPU_WORKER_HOSTNAMES`` lists two or more hosts, or
+    ``HALYARD_CLUSTER=tpu`` asks); otherwise a single process (nothing is initialized, nothing is asked of
+    the network). CPU collectives are set to gloo first (unless already chosen),
     so a multi-process run works on one machine. Call it before anything else touches JAX devices.
     Calling it again once joined returns the same information.
 
@@ -95,7 +87,8 @@ def initialize(
         process_id: this process, ``0 .. num_processes - 1``.
         local_device_ids: restrict this process to these local devices (e.g. one GPU per process).
         cpu_device_count: simulated CPU devices for this process (``jax_num_cpu_devices``; testing).
-        detect: ask JAX to detect Slurm / Open MPI / TPU when no coordinates are given.
+        detect: ask JAX to detect Slurm / Open MPI / TPU when no coordinates are given and `detect_cluster`
+            finds the environment names several processes.
         initialization_timeout_s: give up when the other processes do not join within this time.
         heartbeat_timeout_s: a process silent this long is considered dead: the others then stop with an
             error naming it ("Task 1 heartbeat timeout") instead of waiting forever. Default:
@@ -107,7 +100,9 @@ def initialize(
 
     Raises:
         ValueError: when only some of the three coordinates are given (names the missing ones and their
-            environment variables), or a variable is not an integer.
+            environment variables), a variable is not an integer, or ``HALYARD_CLUSTER`` is unknown.
+        ClusterNotFoundError: a cluster was detected or asked for (``HALYARD_CLUSTER``) and JAX found no
+            coordinator in it; the one-line message says which variables to set.
         RuntimeError: from JAX when devices were already used before this call.
     """
     environ = os.environ if environ is None else environ
@@ -135,6 +130,8 @@ def initialize(
         if cluster is None:
             return process_info("single")
         source = cluster
+        if cluster == "tpu":
+            check_tpu_hosts(environ)
     elif missing:
         raise ValueError(
             f"initialize: {', '.join(missing)} missing; give all three coordinates of the run (as "
@@ -145,14 +142,26 @@ def initialize(
     # Older JAX defaulted to no CPU collectives: multi-process CPU runs then fail at the first all-reduce.
     if getattr(jax.config, "jax_cpu_collectives_implementation", None) is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        local_device_ids=local_device_ids,
-        initialization_timeout=initialization_timeout_s,
-        heartbeat_timeout_seconds=heartbeat_timeout_s or DEFAULT_HEARTBEAT_TIMEOUT_S,
-    )
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            local_device_ids=local_device_ids,
+            initialization_timeout=initialization_timeout_s,
+            heartbeat_timeout_seconds=heartbeat_timeout_s or DEFAULT_HEARTBEAT_TIMEOUT_S,
+        )
+    except (ValueError, RuntimeError, OSError) as error:
+        # JAX's detection failing (no coordinator address, an unreachable metadata server, a host name
+        # that does not resolve) ends in one of these; coordinates given explicitly keep JAX's own error, and
+        # so does calling this after JAX's backend started (a bug in the caller, not in the environment).
+        if source in ("arguments", "environment") or "must be called before" in str(error):
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ClusterNotFoundError(
+            f"{why_cluster(source, environ)}, so this process joins a multi-process run, but JAX found no "
+            f"coordinator ({type(error).__name__}: {reason[:200]}); {coordinates_hint()}"
+        ) from error
     if quiet_gloo and getattr(jax.config, "jax_cpu_collectives_implementation", None) == "gloo":
         filter_gloo_connection_lines()
     return process_info(source)

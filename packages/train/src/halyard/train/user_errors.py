@@ -3,9 +3,9 @@
     error: <what is wrong, where (key, file:line, path), what to do>
 
 Exit code 2 means bad input (a config key, a data source, a tokenizer, a checkpoint that is missing or
-was written for other data, an impossible mesh or schedule); 1 means the run failed while running (a
-damaged checkpoint, a checkpoint write, a non-finite loss, out of memory). Any other exception is a bug
-and keeps its traceback. ``HALYARD_DEBUG=1`` (or ``--debug`` on the command line) shows the traceback of
+was written for other data, an impossible mesh or schedule, a multi-host environment without a
+coordinator); 1 means the run failed while running (a damaged checkpoint, a checkpoint write, a non-finite
+loss, out of memory). Any other exception is a bug and keeps its traceback. ``HALYARD_DEBUG=1`` (or ``--debug`` on the command line) shows the traceback of
 every error.
 
 Halyard's own warnings (a damaged checkpoint skipped, ...) print as one line ``warning: <message>``
@@ -44,12 +44,20 @@ def exit_code_of(error: BaseException) -> int | None:
     """
     from halyard.data import DataInputError
     from halyard.export import HfConversionError
+    from halyard.shard import ClusterNotFoundError
     from halyard.train.checkpoint.commit_marker import DamagedCheckpointError
     from halyard.train.checkpoint.data_position import DataMismatchError
     from halyard.train.checkpoint.discovery import CheckpointNotFoundError
     from halyard.train.checkpoint.manager import CheckpointWriteError
 
-    bad_input = (ConfigError, DataInputError, HfConversionError, CheckpointNotFoundError, DataMismatchError)
+    bad_input = (
+        ConfigError,
+        DataInputError,
+        HfConversionError,
+        CheckpointNotFoundError,
+        DataMismatchError,
+        ClusterNotFoundError,  # the environment names a multi-host run that cannot be joined
+    )
     if isinstance(error, bad_input):
         return INPUT_ERROR_EXIT_CODE
     if isinstance(error, RunFailure | CheckpointWriteError | DamagedCheckpointError):

@@ -16,6 +16,11 @@ every slice one of them loses (benchmarks/README.md: steps during a write x1.43 
 The threads keep their lower priority after the save (an unprivileged process may not raise a
 thread's priority back), which only matters for a TensorStore read that competes with other work for
 the CPU. Where threads cannot be reniced individually (not Linux), this does nothing.
+
+All of it is an optimisation, never a condition of the save: a system call the machine refuses (a gVisor
+sandbox, as on a TPU VM, answers ``SCHED_IDLE`` with EINVAL; a seccomp policy may answer EPERM) is skipped
+for the rest of the process with one `WriterPriorityWarning`, and the checkpoint is written and committed
+as anywhere else.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import TracebackType
 
@@ -40,18 +46,47 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and _TASKS.is_dir()
 
 
+class WriterPriorityWarning(UserWarning):
+    """Lowering the checkpoint writers' priority was refused here; the checkpoints are written anyway."""
+
+
+_REFUSED: set[str] = set()
+"""The tunings this process was refused (``"nice"``, ``"SCHED_IDLE"``): not tried again, warned once."""
+
+
+def _refused(tuning: str, error: OSError) -> None:
+    """Remember that ``tuning`` is refused here and say so the first time."""
+    if tuning not in _REFUSED:
+        _REFUSED.add(tuning)
+        warnings.warn(
+            f"lowering the checkpoint writers' CPU priority ({tuning}) was refused here "
+            f"({type(error).__name__}: {error}); checkpoints are written and committed as usual, without it",
+            WriterPriorityWarning,
+            stacklevel=2,
+        )
+
+
 def _lower(thread_id: int, niceness: int) -> bool:
     changed = False
-    try:
-        if os.getpriority(os.PRIO_PROCESS, thread_id) < niceness:
-            os.setpriority(os.PRIO_PROCESS, thread_id, niceness)
-            changed = True
-        idle = getattr(os, "SCHED_IDLE", None)
-        if niceness >= IDLE_NICENESS and idle is not None and os.sched_getscheduler(thread_id) != idle:
-            os.sched_setscheduler(thread_id, idle, os.sched_param(0))
-            changed = True
-    except (ProcessLookupError, PermissionError):  # the thread ended, or a policy forbids it
-        pass
+    if "nice" not in _REFUSED:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, thread_id) < niceness:
+                os.setpriority(os.PRIO_PROCESS, thread_id, niceness)
+                changed = True
+        except ProcessLookupError:  # the thread ended
+            return changed
+        except OSError as error:  # EPERM from a policy, or a sandbox without the call
+            _refused("nice", error)
+    idle = getattr(os, "SCHED_IDLE", None)
+    if niceness >= IDLE_NICENESS and idle is not None and "SCHED_IDLE" not in _REFUSED:
+        try:
+            if os.sched_getscheduler(thread_id) != idle:
+                os.sched_setscheduler(thread_id, idle, os.sched_param(0))
+                changed = True
+        except ProcessLookupError:
+            pass
+        except OSError as error:  # gVisor (a TPU VM's sandbox) answers EINVAL
+            _refused("SCHED_IDLE", error)
     return changed
 
 
@@ -62,7 +97,12 @@ def lower_writer_threads(niceness: int) -> int:
         niceness: the nice value, 0 (normal) to 19 (lowest priority).
     """
     changed = 0
-    for task in _TASKS.iterdir():
+    try:
+        tasks = list(_TASKS.iterdir())
+    except OSError as error:  # /proc hidden or restricted
+        _refused("listing the threads", error)
+        return 0
+    for task in tasks:
         try:
             name = (task / "comm").read_text().strip()
         except OSError:  # the thread ended meanwhile

@@ -9,11 +9,13 @@ from halyard.shard import initialize
 from halyard.train.builtin_configs import resolve_config_paths
 from halyard.train.checkpoint.preemption import PreemptionFlag
 from halyard.train.commands.config_show import PRINT_CONFIG_FLAG, print_config
+from halyard.train.config.errors import ConfigError
 from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.interruption import stop_run
 from halyard.train.trainer.preflight import finished_step
 from halyard.train.trainer.trainer import Trainer
+from halyard.train.user_errors import one_line
 from halyard.train.watch.host import is_per_part
 
 
@@ -32,7 +34,10 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
         stop_run(preemption, "before the run started; nothing was written", report=True)
     if config.trainer.objective == "grpo" and config.rl.deterministic:
         unfuse_multiply_add()  # before XLA starts: sampler and trainer log-probs bitwise (batch_invariant)
-    initialize()
+    try:
+        initialize()  # alone, unless the environment names several processes (halyard.shard.cluster)
+    except ValueError as error:  # HALYARD_* coordinates incomplete or not integers, HALYARD_CLUSTER unknown
+        raise ConfigError(one_line(str(error))) from error
     if preemption is not None:
         preemption.reinstall()  # jax.distributed's own SIGTERM handler replaced it in a multi-process run
     trainer = Trainer(config, preemption=preemption)  # checks the config (nothing is written yet)
