@@ -12,9 +12,9 @@ from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.models import ModelConfig, model_config
 from halyard.models.lora import LoraConfig
 from halyard.shard import MeshSpec
+from halyard.train.doremi.config import DoremiConfig, check_doremi_run
 from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
-from halyard.train.doremi.config import DoremiConfig, check_doremi_run
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
 from halyard.train.optim.config import AdamWConfig, OptimizerConfig
 from halyard.train.rl.config import RlConfig

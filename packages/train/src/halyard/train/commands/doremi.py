@@ -33,18 +33,24 @@ def doremi_main(argv: Sequence[str]) -> int:
     when the command runs again; a finished one is kept.
     """
     parser = argparse.ArgumentParser(prog="halyard doremi", description=doremi_main.__doc__)
-    parser.add_argument("--reference", default=None, help="a trained reference run's folder (skips training one)")
+    parser.add_argument(
+        "--reference", default=None, help="a trained reference run's folder (skips training one)"
+    )
     parser.add_argument("--main", action="store_true", help="also train the main run on the learned mixture")
     known, rest = parser.parse_known_args(list(argv))
     config = parse_config(TrainConfig, resolve_config_paths(rest), prog="halyard doremi")
     if not config.data.mixture.sources:
-        raise ConfigError("halyard doremi learns the weights of data.mixture's sources: give data.mixture.sources")
+        raise ConfigError(
+            "halyard doremi learns the weights of data.mixture's sources: give data.mixture.sources"
+        )
     initialize()
     folder = Path(config.trainer.run_dir)
     reference = _reference_config(config, folder)
     reference_dir = known.reference or reference.trainer.run_dir
     if known.reference is None:
-        _say(f"doremi: the reference run ({reference_dir}), on the mixture {dict(config.data.mixture.weights)}")
+        _say(
+            f"doremi: the reference run ({reference_dir}), on the mixture {dict(config.data.mixture.weights)}"
+        )
         _train(reference)
     proxy = dataclasses.replace(
         reference,
@@ -56,7 +62,9 @@ def doremi_main(argv: Sequence[str]) -> int:
     weights = learned_weights(state.opt_state, int(state.step), source_order(config.data.mixture))
     main = main_run_config(reference, weights["average"], str(folder / "main"))
     if is_main_process():
-        path = write_domain_weights(folder, weights, proxy, reference=reference_dir, proxy=proxy.trainer.run_dir)
+        path = write_domain_weights(
+            folder, weights, proxy, reference=reference_dir, proxy=proxy.trainer.run_dir
+        )
         main_config = save_resolved_config(main, folder, "main.yaml")
         shown = ", ".join(f"{name} {value:.4f}" for name, value in weights["average"].items())
         print(f"doremi: the learned mixture (average over {weights['steps']} steps): {shown}; wrote {path}")

@@ -35,7 +35,11 @@ def write_bytes_tokenizer(path: str | Path) -> Path:
 
 def _byte_of(symbol: str) -> int:
     """The byte GPT-2's byte-level alphabet spells as ``symbol``."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     if ord(symbol) in printable:
         return ord(symbol)
     others = [byte for byte in range(256) if byte not in printable]

@@ -51,4 +51,6 @@ def check_doremi_run(config: Any) -> None:
     if config.trainer.invariant:
         raise ValueError("trainer.invariant: not supported with trainer.objective=doremi; set it to false")
     if config.lora.enabled:
-        raise ValueError("lora.rank > 0: trainer.objective=doremi trains the whole proxy model; set lora.rank: 0")
+        raise ValueError(
+            "lora.rank > 0: trainer.objective=doremi trains the whole proxy model; set lora.rank: 0"
+        )

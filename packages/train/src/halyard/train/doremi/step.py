@@ -35,7 +35,9 @@ def make_doremi_step(
         z_loss_weight: the run's z-loss weight, also in the reference's per-position loss.
     """
 
-    def step(state: TrainState, batch: dict[str, Any], frozen: Any = None) -> tuple[TrainState, dict[str, Any]]:
+    def step(
+        state: TrainState, batch: dict[str, Any], frozen: Any = None
+    ) -> tuple[TrainState, dict[str, Any]]:
         batch = dict(batch)
         reference = batch.pop(REFERENCE_MODEL)
         opt_state: DomainWeightsState = state.opt_state
