@@ -1,6 +1,6 @@
 """Built-in corpora of different learnability, for DoReMi's demo (``doremi-demo``): English prose (Python's
 own documentation), a repetitive domain (one sentence over and over: learned at once) and noise (random
-printable characters: nothing to learn beyond their alphabet). Every machine can write them; no network."""
+binary digits: nothing to learn beyond their alphabet). Every machine can write them; no network."""
 
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def repetitive_documents(count: int) -> list[str]:
 
 
 def noise_documents(count: int, *, seed: int = 0) -> list[str]:
-    """``count`` documents of `CHARACTERS` printable ASCII characters drawn uniformly at random (seeded)."""
-    alphabet = np.array([chr(code) for code in range(ord(" "), ord("~") + 1)])
+    """``count`` documents of `CHARACTERS` binary digits drawn uniformly at random (seeded): once a model
+    gives 0 and 1 half the probability each (learned in a few steps) no model does better."""
+    alphabet = np.array(list("01"))
     rng = np.random.default_rng(seed)
     return ["".join(rng.choice(alphabet, size=CHARACTERS)) for _ in range(count)]
 
