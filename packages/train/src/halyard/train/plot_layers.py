@@ -20,7 +20,6 @@ from halyard.train.config.errors import ConfigError
 from halyard.train.plot import metrics_file
 from halyard.train.trackers.jsonl import read_jsonl
 
-
 LINES_UP_TO = 12
 """Up to this many matching metrics without a layer number are drawn as lines (more, or per layer: a heatmap)."""
 
