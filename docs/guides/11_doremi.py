@@ -59,11 +59,11 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 #       repetitive: {builtin_corpus: repetitive}
 #       noise: {builtin_corpus: noise}
 #     weights: {python: 1, prose: 1, repetitive: 1, noise: 1}
-# trainer: {steps: 200, batch_size: 16}
+# trainer: {steps: 300, batch_size: 16}
 # ```
 
 # %%
-steps = 30 if SMOKE else 200
+steps = 30 if SMOKE else 300
 folder = WORK / "doremi-demo"
 shutil.rmtree(folder, ignore_errors=True)
 command = ["halyard", "doremi", "--config", "doremi-demo", "--main", "--trainer.run_dir", str(folder)]
@@ -83,7 +83,8 @@ print("\n".join(line for line in done.stdout.splitlines() if line.startswith(("d
 # %%
 learned = json.loads((folder / "domain_weights.json").read_text())
 print({name: round(weight, 4) for name, weight in learned["average"].items()})
-assert learned["average"]["noise"] < 0.25 / 5  # below a fifth of the uniform weight
+if not SMOKE:  # a few steps are too few for the weights to settle
+    assert learned["average"]["noise"] < 0.25 / 5  # below a fifth of the uniform weight
 
 
 def last_validation(run: Path) -> dict[str, float]:
