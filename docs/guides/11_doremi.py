@@ -45,7 +45,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 #
 # `doremi-demo` mixes four built-in corpora, written on every machine without a network, in equal shares:
 # Python source (`python-stdlib`), English prose (`english-prose`: the paragraphs of Python's own reference
-# documentation), a repetitive domain (`repetitive`: one sentence over and over, learned at once) and noise
+# documentation), a repetitive domain (`repetitive`: the alphabet over and over, learned at once) and noise
 # (`noise`: random binary digits; past giving 0 and 1 half the probability each there is nothing to learn). A token per byte
 # (`data.tokenizer: bytes`) and a 2-layer Llama keep it to minutes on a laptop:
 #

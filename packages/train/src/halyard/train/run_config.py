@@ -32,7 +32,7 @@ class DataConfig:
     sources: list[str] = field(default_factory=list)
     """Raw text shards: paths or URLs with globs/braces (jsonl, json, txt, parquet, .gz/.zst)."""
     builtin_corpus: str | None = None
-    """A corpus present on every machine instead of `sources`: `python-stdlib` (the standard library's .py files), `english-prose` (Python's reference documentation's paragraphs), `repetitive` (one sentence over and over) or `noise` (random binary digits)."""
+    """A corpus present on every machine instead of `sources`: `python-stdlib` (the standard library's .py files), `english-prose` (Python's reference documentation's paragraphs), `repetitive` (the alphabet over and over) or `noise` (random binary digits)."""
     tokenizer: str | None = None
     """A tokenizer.json file or tokenizer folder, or `bytes` (a token per byte, shipped); with `builtin_corpus` and no tokenizer, a BPE tokenizer is trained on the corpus."""
     tokenizer_vocab_size: int = 4096

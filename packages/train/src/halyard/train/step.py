@@ -147,8 +147,7 @@ def make_train_step(
             "num_tokens": stats["num_tokens"].astype(jnp.float32),
             **update,
         }
-        metrics.update({name: value / num_tokens for name, value in stats.items() if name != "num_tokens"})
-        metrics.update({name: stats[name] for name in PLAIN_STATS if name in stats})
+        metrics.update(_stat_metrics(stats, num_tokens))
         if learning_rate is not None:  # the rate this update applied: the schedule at the optimizer's count
             applied_at = schedule_count(state.opt_state, default=state.step)
             metrics["learning_rate"] = jnp.asarray(learning_rate(applied_at), jnp.float32)
@@ -162,6 +161,15 @@ def make_train_step(
         return new_state, _finished(metrics, _watched(watch, state, new_state, grads, examples))
 
     return _collecting(train_step) if watch is not None and watch.model else train_step
+
+
+def _stat_metrics(stats: dict[str, jax.Array], num_tokens: jax.Array) -> dict[str, jax.Array]:
+    """The stats of ``loss_fn`` (but ``num_tokens``) as metrics: token means, `PLAIN_STATS` as they are."""
+    return {
+        name: value if name in PLAIN_STATS else value / num_tokens
+        for name, value in stats.items()
+        if name != "num_tokens"
+    }
 
 
 def _collecting(

@@ -1,6 +1,6 @@
 """Built-in corpora of different learnability, for DoReMi's demo (``doremi-demo``): English prose (Python's
-own documentation), a repetitive domain (one sentence over and over: learned at once) and noise (random
-binary digits: nothing to learn beyond their alphabet). Every machine can write them; no network."""
+own documentation), a repetitive domain (the alphabet over and over: learned at once, and teaching nothing
+about the other domains) and noise (random binary digits: nothing to learn beyond their alphabet). Every machine can write them; no network."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from pydoc_data.topics import topics  # the text `help()` shows: in every Python installation
 
 import numpy as np
 
@@ -19,14 +20,12 @@ DOCUMENTS = 400
 """Documents of the generated corpora (repetitive, noise) when ``data.max_documents`` is not set."""
 CHARACTERS = 1000
 """Characters per generated document, about a prose document's."""
-SENTENCE = "The quick brown fox jumps over the lazy dog while five boxing wizards jump quickly. "
+REPEATED = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def english_prose_documents() -> list[str]:
     """The paragraphs of Python's reference documentation (``pydoc_data.topics``) grouped into documents of
     about `CHARACTERS` characters, in a fixed order (the topics sorted by name)."""
-    from pydoc_data.topics import topics  # the text `help()` shows: in every Python installation
-
     documents: list[str] = []
     current = ""
     for name in sorted(topics):
@@ -43,8 +42,9 @@ def english_prose_documents() -> list[str]:
 
 
 def repetitive_documents(count: int) -> list[str]:
-    """``count`` documents, each `SENTENCE` repeated to about `CHARACTERS` characters."""
-    return [SENTENCE * (CHARACTERS // len(SENTENCE))] * count
+    """``count`` documents, each `REPEATED` repeated to about `CHARACTERS` characters (not a sentence: a
+    repeated English sentence would also teach the prose's spelling)."""
+    return [REPEATED * (CHARACTERS // len(REPEATED))] * count
 
 
 def noise_documents(count: int, *, seed: int = 0) -> list[str]:
