@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from trainer_fixtures import assert_bitwise_equal, load_config, run_cli, write_config
 
 from halyard.train.cli import main
+from halyard.train.plan.step_memory import step_memory
+from halyard.train.run.setup import RunSetup
 from halyard.train.trackers.jsonl import read_jsonl
 from halyard.train.trainer.trainer import Trainer
 
@@ -99,16 +102,32 @@ def test_halyard_plot_draws_the_weights_trajectory(doremi_run: dict[str, Any]) -
     assert out.stat().st_size > 10_000
 
 
+def proxy_config(doremi_run: dict[str, Any], name: str) -> Path:
+    """A proxy run of its own (``trainer.objective: doremi``) against the command's reference, checkpointed
+    every step."""
+    tmp_path: Path = doremi_run["tmp"]
+    sections = doremi_sections(tmp_path / "cache")
+    sections["trainer"].update(objective="doremi")
+    sections["checkpoint"] = {"every_steps": 1}
+    sections["doremi"] = {"reference": str(doremi_run["folder"] / "reference")}
+    return write_config(tmp_path / f"{name}.yaml", tmp_path / name, tmp_path / "cache", **sections)
+
+
+def test_halyard_plan_compiles_the_proxy_step(doremi_run: dict[str, Any]) -> None:
+    config = load_config(proxy_config(doremi_run, "planned"))
+    plan = step_memory(config, jax.devices()[:1])
+    weights = sum(
+        leaf.size * 4 for leaf in jax.tree_util.tree_leaves(RunSetup(config).abstract_trained.abstract)
+    )
+    assert plan.batch > weights  # the reference's weights come with the batch
+
+
 def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any]) -> None:
     """The proxy (its domain weights and their sum in the checkpointed state) killed with SIGKILL after a
     checkpoint and resumed ends where the uninterrupted proxy run of the command ended."""
     tmp_path: Path = doremi_run["tmp"]
     folder: Path = doremi_run["folder"]
-    sections = doremi_sections(tmp_path / "cache")
-    sections["trainer"].update(objective="doremi")
-    sections["checkpoint"] = {"every_steps": 1}
-    sections["doremi"] = {"reference": str(folder / "reference")}
-    path = write_config(tmp_path / "killed.yaml", tmp_path / "killed", tmp_path / "cache", **sections)
+    path = proxy_config(doremi_run, "killed")
     code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, "--config", str(path)],
