@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from trainer_fixtures import assert_bitwise_equal, load_config, run_cli, write_config
+from trainer_fixtures import StopAfter, assert_bitwise_equal, load_config, run_cli, write_config
 
 from halyard.train.cli import main
 from halyard.train.plan.step_memory import step_memory
@@ -102,12 +102,12 @@ def test_halyard_plot_draws_the_weights_trajectory(doremi_run: dict[str, Any]) -
     assert out.stat().st_size > 10_000
 
 
-def proxy_config(doremi_run: dict[str, Any], name: str) -> Path:
+def proxy_config(doremi_run: dict[str, Any], name: str, **trainer: Any) -> Path:
     """A proxy run of its own (``trainer.objective: doremi``) against the command's reference, checkpointed
     every step."""
     tmp_path: Path = doremi_run["tmp"]
     sections = doremi_sections(tmp_path / "cache")
-    sections["trainer"].update(objective="doremi")
+    sections["trainer"].update(objective="doremi", **trainer)
     sections["checkpoint"] = {"every_steps": 1}
     sections["doremi"] = {"reference": str(doremi_run["folder"] / "reference")}
     return write_config(tmp_path / f"{name}.yaml", tmp_path / name, tmp_path / "cache", **sections)
@@ -120,6 +120,24 @@ def test_halyard_plan_compiles_the_proxy_step(doremi_run: dict[str, Any]) -> Non
         leaf.size * 4 for leaf in jax.tree_util.tree_leaves(RunSetup(config).abstract_trained.abstract)
     )
     assert plan.batch > weights  # the reference's weights come with the batch
+
+
+def test_the_proxy_on_an_fsdp_mesh_learns_the_same_weights(doremi_run: dict[str, Any]) -> None:
+    """The proxy and its reference sharded over 8 devices with FSDP: the first steps' domain weights, excess
+    losses and per-domain losses are those of the command's (data-parallel) proxy."""
+    fsdp = {"layout": "fsdp", "min_shard": 1, "mesh": {"data": 1, "fsdp": 8}}
+    config = load_config(proxy_config(doremi_run, "fsdp", **fsdp))
+    with pytest.raises(SystemExit):
+        Trainer(config, preemption=StopAfter(4)).fit()
+    got = [row for row in read_jsonl(Path(config.trainer.run_dir) / "metrics.jsonl") if "loss" in row]
+    expected = read_jsonl(doremi_run["folder"] / "proxy" / "metrics.jsonl")[: len(got)]
+    assert len(got) == 4
+    for mine, theirs in zip(got, expected, strict=True):
+        for name in DOMAINS:
+            for key in (f"doremi/{name}/weight", f"doremi/{name}/excess_loss", f"train/{name}/loss"):
+                np.testing.assert_allclose(
+                    float(mine[key]), float(theirs[key]), rtol=1e-4, atol=1e-6, err_msg=key
+                )
 
 
 def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any]) -> None:
