@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from trainer_fixtures import StopAfter, assert_bitwise_equal, load_config, run_cli, write_config
+from trainer_fixtures import StopAfter, assert_bitwise_equal, fails, load_config, run_cli, write_config
 
 from halyard.train.cli import main
 from halyard.train.plan.step_memory import step_memory
@@ -170,3 +170,35 @@ def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any])
     assert int(resumed.step) == STEPS
     assert_bitwise_equal(whole.params, resumed.params)
     assert_bitwise_equal(whole.opt_state, resumed.opt_state)  # the domain weights and their running sum too
+
+
+def test_a_given_reference_is_used_and_finished_runs_are_kept(doremi_run: dict[str, Any]) -> None:
+    """``--reference RUN`` trains no reference; the command run again keeps the finished proxy and writes the
+    same weights."""
+    folder: Path = doremi_run["folder"]
+    before = json.loads((folder / "domain_weights.json").read_text())
+    args = ["doremi", "--config", str(doremi_run["config"]), "--reference", str(folder / "reference")]
+    done = subprocess.run([sys.executable, "-m", "halyard.train.cli", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the reference run" not in done.stdout and f"{folder / 'proxy'} is finished; kept" in done.stdout
+    assert json.loads((folder / "domain_weights.json").read_text()) == before
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "--trainer.accumulation=2",
+            "trainer.accumulation=2: trainer.objective=doremi steps the domain weights",
+        ),
+        ("--doremi.reference=", "doremi.reference is empty: give the reference run's folder"),
+        ("--doremi.smoothing=1", "doremi.smoothing=1.0: must be in [0, 1)"),
+        ("--trainer.invariant=true", "trainer.invariant: not supported with trainer.objective=doremi"),
+    ],
+)
+def test_a_proxy_config_that_cannot_train_is_refused_in_one_line(
+    doremi_run: dict[str, Any], capsys: pytest.CaptureFixture[str], override: str, message: str
+) -> None:
+    path = proxy_config(doremi_run, "refused")
+    code, error = fails(capsys, ["train", "--config", str(path), override])
+    assert code == 2 and message in error, error
