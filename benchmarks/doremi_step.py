@@ -5,7 +5,8 @@ The model and batch are ``doremi-demo``'s (a 2-layer Llama, hidden 96, a token p
 on one CPU device; both programs come from the trainer's own `RunSetup.train_step`. The two runs train side
 by side, step ``s`` of each before step ``s + 1`` of either (the first of the two alternating), so a machine
 whose load changes from minute to minute slows both alike. A step's clock stops when the device has
-finished it. Reported: the mean seconds per step of each and the ratio proxy / plain.
+finished it. Reported: the mean seconds per step of each and the ratio proxy / plain (``proxy_over_plain``),
+printed and written as JSON (``--output``, default benchmarks/results/doremi_step.json).
 
 Usage::
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if round_index > 0:
                     seconds[name].append(elapsed)
     result = {name: float(np.mean(values)) for name, values in seconds.items()}
-    result["proxy / plain"] = result["proxy"] / result["plain"]
+    result["proxy_over_plain"] = result["proxy"] / result["plain"]
     result["rounds"], result["steps"] = rounds, steps
     print(json.dumps(result, indent=2))
     out = Path(args.output)
