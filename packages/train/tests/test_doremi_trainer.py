@@ -15,7 +15,15 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from trainer_fixtures import StopAfter, assert_bitwise_equal, fails, load_config, run_cli, write_config
+from trainer_fixtures import (
+    StopAfter,
+    assert_bitwise_equal,
+    fails,
+    load_config,
+    run_cli,
+    start_processes,
+    write_config,
+)
 
 from halyard.train.cli import main
 from halyard.train.plan.step_memory import step_memory
@@ -202,3 +210,20 @@ def test_a_proxy_config_that_cannot_train_is_refused_in_one_line(
     path = proxy_config(doremi_run, "refused")
     code, error = fails(capsys, ["train", "--config", str(path), override])
     assert code == 2 and message in error, error
+
+
+@pytest.mark.multiprocess
+def test_two_processes_train_the_proxy_like_one(doremi_run: dict[str, Any]) -> None:
+    """2 processes x 2 devices: the proxy (the reference restored onto both processes' devices) logs the
+    domain weights, excess losses and per-domain losses of the 8-device single-process proxy."""
+    processes = start_processes(["--config", str(proxy_config(doremi_run, "two-hosts", steps=4))])
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    alone = Trainer(load_config(proxy_config(doremi_run, "one-host", steps=4))).fit()
+    logged = [row for row in read_jsonl(doremi_run["tmp"] / "two-hosts" / "metrics.jsonl") if "loss" in row]
+    assert len(logged) == len(alone.history) == 4
+    for got, expected in zip(logged, alone.history, strict=True):
+        for name in DOMAINS:
+            for key in (f"doremi/{name}/weight", f"doremi/{name}/excess_loss", f"train/{name}/loss"):
+                np.testing.assert_allclose(float(got[key]), expected[key], rtol=1e-4, atol=1e-6, err_msg=key)
