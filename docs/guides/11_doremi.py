@@ -18,7 +18,7 @@
 # `halyard doremi --config C` does all three steps (`--main` trains the main run too):
 #
 # ```bash
-# halyard doremi --config doremi-demo --main     # about 5 minutes on 2 CPU cores
+# halyard doremi --config doremi-demo --main     # 3-4 minutes on 2 CPU cores
 # python docs/guides/11_doremi.py                # this guide: the same, and its figures
 # ```
 
@@ -152,7 +152,7 @@ figure.savefig(FIGURES / "11_doremi_losses.png", dpi=100)
 # 0.010 -> 0.039; their mean 1.542 -> 1.339. The learned mixture gives the noise (average weight 0.006) and
 # most of the repetitive domain's rows (0.059) to prose (0.530) and Python (0.406); the noise's loss rises a
 # little above the entropy of a random bit (0.848 against 0.693 nats). `halyard doremi --config doremi-demo
-# --main` took 3.5-4 minutes end to end on this 2-core machine, shared with other work.
+# --main` took 3.4-4.2 minutes end to end on this 2-core machine, shared with other work.
 #
 # ## What it costs
 #
