@@ -176,6 +176,27 @@ def test_each_source_is_validated_on_its_own(runs: dict[str, Any]) -> None:
     assert losses[0] <= last["eval_loss"] <= losses[1]
 
 
+def test_per_source_losses_are_the_same_on_an_fsdp_mesh(
+    runs: dict[str, Any], sources: dict[str, Any]
+) -> None:
+    """The whole run on 8 devices with FSDP (weights sharded, the rows over the fsdp axis): each source's
+    training and validation losses are the data-parallel run's."""
+    fsdp = {"trainer": {"layout": "fsdp", "min_shard": 1, "mesh": {"data": 1, "fsdp": 8}}}
+    result = Trainer(mixture_config(runs["tmp"], sources, "fsdp", **fsdp)).fit()
+    whole: FitResult = runs["whole"]
+    for got, expected in zip(result.history, whole.history, strict=True):
+        for key in ("loss", "train/web/loss", "train/code/loss", "train/web/tokens"):
+            np.testing.assert_allclose(got[key], expected[key], rtol=2e-5, err_msg=key)  # NaN where no rows
+    for key in (
+        "eval_loss",
+        "eval/web/loss",
+        "eval/code/loss",
+        "eval/web/bits_per_byte",
+        "eval/code/bits_per_byte",
+    ):
+        assert result.last_metrics[key] == pytest.approx(whole.last_metrics[key], rel=2e-5), key
+
+
 def test_the_saved_config_reads_back_and_halyard_eval_splits_by_source(
     runs: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -254,3 +275,6 @@ def test_two_processes_build_a_share_of_every_source_and_train_like_one(
         got = by_step[expected["step"]]
         for key in ("loss", "train/web/loss", "train/code/loss", "train/web/tokens"):
             np.testing.assert_allclose(float(got[key]), expected[key], rtol=2e-5, err_msg=key)  # NaN: "NaN"
+    evaluated = [record for record in logged if "eval_loss" in record][-1]
+    for key in ("eval_loss", "eval/web/loss", "eval/code/loss", "eval/web/bits_per_byte"):
+        np.testing.assert_allclose(evaluated[key], runs["whole"].last_metrics[key], rtol=2e-5, err_msg=key)

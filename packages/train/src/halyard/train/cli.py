@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "eval": "halyard.train.commands.evaluate:eval_main",
     "plan": "halyard.train.plan.command:plan_main",
     "plot": "halyard.train.commands.plot:plot_main",
+    "doremi": "halyard.train.commands.doremi:doremi_main",
     "replay": "halyard.train.commands.replay:replay_main",
     "config": "halyard.train.commands.config_show:config_main",
     "serve": "halyard.train.commands.serve:serve_main",
@@ -58,6 +59,8 @@ commands:
   config    print a resolved config with every key's meaning: halyard config show demo [--trainer.steps 10]
   plot      the loss of runs, overlaid, as a PNG: halyard plot --run runs/a runs/b [--out loss.png];
             per-layer metrics as a heatmap: halyard plot --run runs/a --metric 'grad_norm/layers/*'
+  doremi    learn a mixture's weights (DoReMi: reference run, proxy run, the main run's command):
+            halyard doremi --config doremi-demo [--reference RUN] [--main]
   replay    recompute a step exactly from the checkpoint before it: each example's loss and documents,
             the step's per-layer statistics: halyard replay --run runs/demo --step 31
 

@@ -20,6 +20,9 @@ from halyard.train.config.errors import ConfigError
 from halyard.train.plot import metrics_file
 from halyard.train.trackers.jsonl import read_jsonl
 
+LINES_UP_TO = 12
+"""Up to this many matching metrics without a layer number are drawn as lines (more, or per layer: a heatmap)."""
+
 
 def metric_plot_name(pattern: str) -> str:
     """The default file name of a metric's plot: ``grad_norm/layers/*`` -> ``grad_norm_layers.png``."""
@@ -35,8 +38,9 @@ def _index_key(name: str) -> tuple:
 def plot_metric(run_dir: str | os.PathLike[str], pattern: str, out: str | os.PathLike[str]) -> Path:
     """Draw the metrics of ``run_dir`` whose names match ``pattern`` (a glob) against the step into ``out``.
 
-    One matching metric is a line; several (one per layer, say) a heatmap whose rows are the metrics in
-    number order (layer 0 at the bottom) and whose columns are the steps that logged them.
+    One matching metric is a line; a few without a layer number (``doremi/*/weight``) a line each; more, or
+    one per layer, a heatmap whose rows are the metrics in number order (layer 0 at the bottom) and whose
+    columns are the steps that logged them.
 
     Raises:
         ConfigError: a folder without metrics, or no metric matching ``pattern`` (the close names are listed).
@@ -91,6 +95,12 @@ def _draw(
     if len(names) == 1:
         axes.plot(steps, values[0], "o-" if len(steps) < 30 else "-")
         axes.set_ylabel(names[0])
+    elif len(names) <= LINES_UP_TO and not any(part.isdigit() for name in names for part in name.split("/")):
+        # A few named series (a DoReMi proxy's doremi/<source>/weight): a line each, read off one axis.
+        for name, row in zip(names, values, strict=True):
+            axes.plot(steps, row, "-", label=name)
+        axes.set_ylabel(pattern)
+        axes.legend()
     else:
         edges = _step_edges(steps)
         mesh = axes.pcolormesh(

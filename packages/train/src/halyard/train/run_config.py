@@ -12,6 +12,7 @@ from halyard.data.examples.formats import CHAT_TEMPLATES, EXAMPLE_KINDS
 from halyard.models import ModelConfig, model_config
 from halyard.models.lora import LoraConfig
 from halyard.shard import MeshSpec
+from halyard.train.doremi.config import DoremiConfig, check_doremi_run
 from halyard.train.eval_config import EvalConfig
 from halyard.train.mixture.config import MixtureConfig, block_rows, check_mixture
 from halyard.train.objectives.config import OBJECTIVES, DpoConfig, check_objective_data
@@ -31,9 +32,9 @@ class DataConfig:
     sources: list[str] = field(default_factory=list)
     """Raw text shards: paths or URLs with globs/braces (jsonl, json, txt, parquet, .gz/.zst)."""
     builtin_corpus: str | None = None
-    """A corpus present on every machine instead of `sources`: `python-stdlib` (the standard library's .py files)."""
+    """A corpus present on every machine instead of `sources`: `python-stdlib` (the standard library's .py files), `english-prose` (Python's reference documentation's paragraphs), `repetitive` (the alphabet over and over) or `noise` (random binary digits)."""
     tokenizer: str | None = None
-    """A tokenizer.json file or tokenizer folder; with `builtin_corpus` and no tokenizer, a BPE tokenizer is trained on the corpus."""
+    """A tokenizer.json file or tokenizer folder, or `bytes` (a token per byte, shipped); with `builtin_corpus` and no tokenizer, a BPE tokenizer is trained on the corpus."""
     tokenizer_vocab_size: int = 4096
     """Vocabulary size of the tokenizer trained for a `builtin_corpus`."""
     cache_dir: str | None = None
@@ -195,7 +196,7 @@ class TrainerConfig:
     invariant_slices: int = 0
     """With trainer.invariant: slices per microbatch, a power of two; the devices on replica x data x fsdp must divide it. 0 takes the largest power of two that divides a microbatch's rows (batch_size / accumulation)."""
     objective: str = "lm"
-    """What the run minimises: lm (next-token cross-entropy on the target tokens), dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section) or grpo (reinforcement learning with verifiable rewards on data.format=prompts: the engine samples completions with the current weights, rewards score them; see the rl section)."""
+    """What the run minimises: lm (next-token cross-entropy on the target tokens), dpo (direct preference optimisation on data.format=preference pairs against the frozen initial weights; see the dpo section) or grpo (reinforcement learning with verifiable rewards on data.format=prompts: the engine samples completions with the current weights, rewards score them; see the rl section), or doremi (the proxy run of DoReMi on a data.mixture: Group DRO against a reference model, learning the sources' weights; see the doremi section and `halyard doremi`)."""
     watch: WatchConfig = field(default_factory=WatchConfig)
     """Statistics every trainer.watch.every steps: norms per module and per layer, what the model reports from inside its layers, histograms (off by default)."""
     spikes: SpikeConfig = field(default_factory=SpikeConfig)
@@ -280,10 +281,12 @@ class TrainConfig:
     dpo: DpoConfig = field(default_factory=DpoConfig)
     rl: RlConfig = field(default_factory=RlConfig)
     """Reinforcement learning with verifiable rewards (trainer.objective: grpo): how completions are sampled, scored and turned into the policy loss."""
+    doremi: DoremiConfig = field(default_factory=DoremiConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Low-rank adapters: with lora.rank > 0 only adapters on lora.target_modules train and the weights trainer.init names stay frozen (see README, LoRA fine-tuning)."""
 
     def __post_init__(self) -> None:
         check_objective_data(self.trainer.objective, self.data.format)
+        check_doremi_run(self)
         if self.data.mixture.sources:
             block_rows(self.data.mixture, self.trainer.batch_size)  # a block size that splits a schedule step

@@ -30,6 +30,10 @@ EXAMPLE_STATS = {"example_loss": "loss", "example_tokens": "tokens"}
 """Stats of ``loss_fn`` given per example (``[rows]``: each row's loss sum and its counted tokens) instead of
 summed: the step returns them in the batch's row order as ``metrics["examples"]["loss"]`` / ``["tokens"]``."""
 
+PLAIN_STATS = ("domain_weights", "excess_loss")
+"""Stats of ``loss_fn`` that are not token sums (a DoReMi proxy's per-domain figures of the step, with
+``trainer.accumulation`` 1): in the metrics as they are, not divided by ``num_tokens``."""
+
 
 class TrainState(eqx.Module):
     """Everything a step changes: the step count, parameters, optimizer state and the RNG key.
@@ -143,7 +147,7 @@ def make_train_step(
             "num_tokens": stats["num_tokens"].astype(jnp.float32),
             **update,
         }
-        metrics.update({name: value / num_tokens for name, value in stats.items() if name != "num_tokens"})
+        metrics.update(_stat_metrics(stats, num_tokens))
         if learning_rate is not None:  # the rate this update applied: the schedule at the optimizer's count
             applied_at = schedule_count(state.opt_state, default=state.step)
             metrics["learning_rate"] = jnp.asarray(learning_rate(applied_at), jnp.float32)
@@ -157,6 +161,15 @@ def make_train_step(
         return new_state, _finished(metrics, _watched(watch, state, new_state, grads, examples))
 
     return _collecting(train_step) if watch is not None and watch.model else train_step
+
+
+def _stat_metrics(stats: dict[str, jax.Array], num_tokens: jax.Array) -> dict[str, jax.Array]:
+    """The stats of ``loss_fn`` (but ``num_tokens``) as metrics: token means, `PLAIN_STATS` as they are."""
+    return {
+        name: value if name in PLAIN_STATS else value / num_tokens
+        for name, value in stats.items()
+        if name != "num_tokens"
+    }
 
 
 def _collecting(

@@ -10,7 +10,8 @@ from typing import Any
 from halyard.data import DataInputError, ExampleFormat
 from halyard.data.sources import expand_urls
 from halyard.train.config.errors import ConfigError
-from halyard.train.corpora.python_stdlib import BUILTIN_CORPORA, write_python_stdlib_corpus
+from halyard.train.corpora.bytes_tokenizer import tokenizer_file
+from halyard.train.corpora.domains import BUILTIN_CORPORA
 from halyard.train.corpora.tokenizer import train_bpe_tokenizer
 from halyard.train.mixture.config import in_source_terms, mixture_sources
 from halyard.train.run_config import DataConfig
@@ -55,17 +56,22 @@ def check_data_section(config: DataConfig, *, init: str = "auto") -> str | None:
             raise ConfigError(
                 f"data.builtin_corpus={config.builtin_corpus!r}: known corpora are {', '.join(BUILTIN_CORPORA)}"
             )
-        return config.tokenizer or hf_tokenizer_folder(init)
+        return _named_tokenizer(config) or hf_tokenizer_folder(init)
     if not config.sources:
         raise ConfigError("data.sources is empty: give paths/URLs of text shards, or data.builtin_corpus")
     _check_sources_hold_data(config.sources)
-    tokenizer = config.tokenizer or hf_tokenizer_folder(init)
+    tokenizer = _named_tokenizer(config) or hf_tokenizer_folder(init)
     if tokenizer is None:
         raise ConfigError(
             "data.tokenizer is not set: give a tokenizer.json file or a tokenizer folder (or start from "
             "trainer.init: hf:FOLDER with FOLDER holding tokenizer.json)"
         )
     return tokenizer
+
+
+def _named_tokenizer(config: DataConfig) -> str | None:
+    """``data.tokenizer`` as a file or folder (``bytes``: the shipped byte tokenizer), None when unset."""
+    return tokenizer_file(config.tokenizer) if config.tokenizer else None
 
 
 def _check_sources_hold_data(sources: list[str]) -> None:
@@ -113,7 +119,7 @@ def sources_and_tokenizer(config: DataConfig, work_dir: Path, init: str) -> tupl
     """
     tokenizer = check_data_section(config, init=init)
     if config.builtin_corpus is not None:
-        shards = write_python_stdlib_corpus(work_dir / "corpus", config.max_documents)
+        shards = BUILTIN_CORPORA[config.builtin_corpus](work_dir / "corpus", config.max_documents)
         tokenizer = tokenizer or str(
             train_bpe_tokenizer(shards, work_dir / "corpus" / "tokenizer.json", config.tokenizer_vocab_size)
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from halyard.data import load_tokenizer
+from halyard.train.corpora.bytes_tokenizer import tokenizer_file
 from halyard.train.data_assembly.data_section import hf_tokenizer_folder, work_dir_of
 from halyard.train.run_config import DataConfig
 
@@ -15,7 +16,8 @@ def tokenizer_path_of(config: DataConfig, run_dir: Path, *, init: str = "auto") 
     """Where the run's tokenizer is: ``data.tokenizer`` (a tokenizer.json or a folder), else the folder of
     ``trainer.init: hf:FOLDER`` when it holds one, else the one trained for a ``builtin_corpus``."""
     trained = work_dir_of(config, run_dir) / "corpus" / "tokenizer.json"
-    return config.tokenizer or hf_tokenizer_folder(init) or str(trained)
+    named = tokenizer_file(config.tokenizer) if config.tokenizer else None
+    return named or hf_tokenizer_folder(init) or str(trained)
 
 
 def load_run_tokenizer(path: str) -> Tokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OBJECTIVES = ("lm", "dpo", "grpo")
+OBJECTIVES = ("lm", "dpo", "grpo", "doremi")
 
 
 @dataclass(frozen=True)

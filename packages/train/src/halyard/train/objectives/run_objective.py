@@ -9,6 +9,7 @@ import jax
 
 from halyard.data import PreferenceDataset
 from halyard.shard import Layout
+from halyard.train.doremi.loss import doremi_loss_fn
 from halyard.train.objectives.dpo import dpo_loss_fn
 from halyard.train.objectives.dpo_evaluate import DpoEvaluator
 from halyard.train.objectives.lm_evaluate import Evaluator
@@ -23,10 +24,12 @@ if TYPE_CHECKING:
 def objective_loss_fn(
     config: TrainConfig,
 ) -> Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
-    """The train step's ``loss_fn``: next-token cross-entropy (lm), the DPO loss (dpo) or the GRPO family's
-    policy loss (grpo)."""
+    """The train step's ``loss_fn``: next-token cross-entropy (lm), the DPO loss (dpo), the GRPO family's
+    policy loss (grpo) or DoReMi's proxy loss (doremi)."""
     if config.trainer.objective == "grpo":
         return grpo_loss_fn(config.rl)
+    if config.trainer.objective == "doremi":
+        return doremi_loss_fn(config.doremi.step_size, config.doremi.smoothing, config.trainer.z_loss_weight)
     if config.trainer.objective == "dpo":
         return dpo_loss_fn(config.dpo.beta, config.dpo.label_smoothing)
     return lm_loss_fn(config.trainer.z_loss_weight, per_example=per_example_losses(config))

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config.errors import ConfigError
+from halyard.train.doremi.step import REFERENCE_MODEL
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.objectives.dpo import PAIR_KEYS, REFERENCE_KEYS
 from halyard.train.run.setup import RunSetup
@@ -162,7 +163,8 @@ def _with_shardings(abstract: Any, shardings: Any) -> Any:
 def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
     """The loader's batch as shapes: int32 ``[batch_size, seq_len + 1]`` rows split over the batch axes
     (under DPO: ``batch_size`` chosen / rejected pairs and the reference's log-probs of each; the
-    reference's own forward pass, a separate program without gradients, is not part of the step)."""
+    reference's own forward pass, a separate program without gradients, is not part of the step; under
+    DoReMi also the reference model's weights, whose forward is part of the step)."""
     axes = default_batch_axes(setup.mesh, setup.layout)
     rows = config.trainer.batch_size
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
@@ -193,6 +195,8 @@ def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.Shape
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
     if sources:  # a mixture's rows say their source (the per-source loss sums)
         batch["source_one_hot"] = jax.ShapeDtypeStruct((rows, len(sources)), jnp.int32, sharding=sharding)
+    if config.trainer.objective == "doremi":  # the proxy's step takes the reference's weights with the batch
+        batch[REFERENCE_MODEL] = _with_shardings(*setup.abstract_trained)
     return batch
 
 

@@ -24,6 +24,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from halyard.models import MupConfig, lr_multipliers
 from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.doremi.state import with_domain_weights
+from halyard.train.doremi.step import make_doremi_step
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
 from halyard.train.run.canonical import canonical_slices
@@ -100,9 +102,13 @@ class RunSetup:
         optimizer = self.config.optimizer
         if self.config.trainer.invariant:  # the invariant step clips, with its canonical norm
             optimizer = dataclasses.replace(optimizer, max_grad_norm=None)
-        return as_config_error(
+        built = as_config_error(
             "optimizer", lambda: optimizer.build(schedule=schedule, lr_multipliers=multipliers)
         )
+        if self.config.trainer.objective == "doremi":  # the domain weights live beside its state
+            domains = len(self.config.data.mixture.sources)
+            return with_domain_weights(built, [1.0 / domains] * domains)
+        return built
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         """What each checkpoint records for the next start: the schedule's segments and the mesh."""
@@ -176,5 +182,7 @@ class RunSetup:
             invariant=invariant,
             watch=self._watch() if watched else None,
         )
+        if config.trainer.objective == "doremi":  # the reference's forward and the weights' step around it
+            step = make_doremi_step(step, config.trainer.z_loss_weight)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.jit(step, donate_argnums=0, out_shardings=(self.abstract_state.shardings, replicated))

@@ -19,6 +19,7 @@ from halyard.train.config.parse import save_resolved_config
 from halyard.train.data_assembly.datasets import PreparedData
 from halyard.train.data_assembly.positions import example_position
 from halyard.train.data_assembly.run_data import start_background_build
+from halyard.train.doremi.reference import reference_model_hook
 from halyard.train.lora.adapters import with_base
 from halyard.train.lora.base import checkpoint_metadata
 from halyard.train.objectives.reference import reference_hook
@@ -50,7 +51,8 @@ class TrainingSession:
         manager: the run's checkpoint manager.
         state: the state the first step starts from.
         frozen: a LoRA run's frozen base (the train step's third argument), else None.
-        add_reference: ``batch -> batch`` before each step (DPO's reference log-probabilities).
+        add_reference: ``batch -> batch`` before each step (DPO's reference log-probabilities, DoReMi's
+            reference model).
         metadata: what each checkpoint records besides the state (data position, LoRA base).
         step_fn: the jitted train step.
         watched_step_fn: the jitted step of ``trainer.watch`` (the same update, with its statistics), or None.
@@ -166,10 +168,12 @@ def start_session(
         base = load_lora_base(config, setup.model_config, setup.layout, setup.mesh, manager)
         frozen = base.params if base is not None else None
         state = initial_state(setup, manager, data_position)
-    with out_of_memory_advice(config, "creating the DPO reference model"):
+    with out_of_memory_advice(config, "creating the reference model"):
         add_reference = reference_hook(
             config, lambda: frozen if frozen is not None else setup.initial_model(manager)
         )
+        if cfg.objective == "doremi":  # DoReMi's reference, frozen, sharded like the proxy
+            add_reference = reference_model_hook(config.doremi.reference, *setup.abstract_trained, manager)
     if is_main_process():  # only a config that got this far (data, model, optimizer, state) is saved
         save_resolved_config(config, run_dir)
     step_fn = setup.train_step()
