@@ -311,4 +311,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             ),
         ),
     ),
+    Benchmark(
+        "doremi_step",
+        "doremi_step.py",
+        (Figure("DoReMi proxy step / plain step (reference forward included)", "proxy_over_plain"),),
+    ),
 )
