@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from halyard.models.attention.context_parallel import CONTEXT_PARALLEL
+from halyard.models.attention.splash import SplashBlockSizes
 from halyard.named.nn import REMAT_POLICIES
 
 if TYPE_CHECKING:
     from halyard.models.model import CausalLM
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +30,9 @@ class ModelConfig(abc.ABC):
     """Fields every family shares: the performance knobs and the dtype policy.
 
     Attributes:
-        attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn``; changes
-            numerics only within float tolerance and never the parameter tree.
+        attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn`` |
+            ``splash`` (Pallas, TPU; ``auto`` picks it there for training); changes numerics only within
+            float tolerance and never the parameter tree.
         context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how attention runs when the
             mesh splits the sequence (``trainer.mesh.sequence`` > 1): K/V passed around a ring, K/V
             all-gathered, or an all-to-all to heads (``auto``: ``ulysses`` where each device's heads and
@@ -58,6 +60,8 @@ class ModelConfig(abc.ABC):
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
             default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
             A sequence no longer than one block runs as a single block.
+        splash_block_sizes: the tiles of the ``splash`` kernel (``query``, ``key``, ``key_compute``,
+            ``backward_query``, ``backward_key``, ``fused_backward``; `SplashBlockSizes`).
         eos_token_ids: the ids that end a sequence (a Hugging Face checkpoint's ``eos_token_id``, all of
             a list such as Llama 3.1 Instruct's): `halyard.serve`'s engine stops at them unless a request says
             otherwise, and `export_hf` writes them back. Empty: none known.
@@ -76,6 +80,7 @@ class ModelConfig(abc.ABC):
     loss_block_size: int | None = 2048
     loss_full_logits_max_mib: int = 512
     attention_block_size: int | None = None
+    splash_block_sizes: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
