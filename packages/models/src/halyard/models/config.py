@@ -52,6 +52,9 @@ class ModelConfig(abc.ABC):
         param_dtype: dtype the parameters are created in.
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
+        optimizer_dtype: dtype of the optimizer's state and arithmetic (``None``: the parameters' dtype);
+            ``param_dtype: bfloat16`` with ``optimizer_dtype: float32`` keeps the weights (and gradients)
+            in bfloat16 and Adam's moments in float32, each update rounded once into the weights.
         loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once), used when
             the float32 logits of a batch would take more than ``loss_full_logits_max_mib``.
         loss_full_logits_max_mib: up to this many MiB of float32 ``[tokens, vocab]`` logits the loss is
@@ -77,6 +80,7 @@ class ModelConfig(abc.ABC):
     remat: str = "save_dots"
     param_dtype: str = "float32"
     compute_dtype: str | None = None
+    optimizer_dtype: str | None = None
     loss_block_size: int | None = 2048
     loss_full_logits_max_mib: int = 512
     attention_block_size: int | None = None
@@ -109,7 +113,7 @@ class ModelConfig(abc.ABC):
             )
         if block is not None and block < 1:
             raise ValueError(f"{type(self).__name__}.attention_block_size must be positive, got {block}")
-        for name in ("param_dtype", "compute_dtype"):
+        for name in ("param_dtype", "compute_dtype", "optimizer_dtype"):
             value = getattr(self, name)
             if value is not None:
                 try:
@@ -177,6 +181,11 @@ class ModelConfig(abc.ABC):
     def params(self) -> Any:
         """The parameter dtype as a numpy dtype."""
         return jnp.dtype(self.param_dtype)
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer state's dtype as a numpy dtype."""
+        return jnp.dtype(self.optimizer_dtype or self.param_dtype)
 
 
 def _check_choice(config: Any, field: str, choices: tuple[str, ...]) -> None:

@@ -52,6 +52,7 @@ from halyard.models.attention.splash import (
 )
 from halyard.models.attention.xla import xla_attention
 from halyard.named import NamedArray
+from halyard.named.nn import target_backend
 
 IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "splash", "auto")
 SOFTCAP_IMPLEMENTATIONS = ("reference", "blocked", "splash", "auto")
@@ -165,9 +166,9 @@ def default_block_size(backend: str | None = None) -> int:
     """The ``blocked`` kernel's block when none is given: `CPU_BLOCK_SIZE` on CPU, else 128.
 
     Args:
-        backend: JAX's platform name; default ``jax.default_backend()``.
+        backend: JAX's platform name; default `target_backend` (JAX's, unless `compiling_for` says another).
     """
-    backend = jax.default_backend() if backend is None else backend
+    backend = target_backend() if backend is None else backend
     return CPU_BLOCK_SIZE if backend == "cpu" else ACCELERATOR_BLOCK_SIZE
 
 
@@ -178,12 +179,17 @@ def choose_implementation(
 
     Args:
         flat: the inputs, laid out by `halyard.models.attention.layout.flatten_inputs`.
-        backend: JAX's platform name (``cpu``, ``gpu``, ``tpu``); default ``jax.default_backend()``.
+        backend: JAX's platform name (``cpu``, ``gpu``, ``tpu``); default `target_backend` (JAX's, unless
+            `compiling_for` says another).
         logit_softcap: the attention's logit cap, or None; a cap rules out ``xla`` and ``cudnn``.
     """
-    backend = jax.default_backend() if backend is None else backend
+    # Planning a TPU's step elsewhere (`compiling_for`): `blocked` stands in for `splash`, with the same
+    # residuals (queries, keys, values, output, log-sum-exp) and block-sized workspace; the splash kernel's
+    # interpret mode would hold whole-array scratch that the TPU's kernel does not.
+    planned_elsewhere = backend is None and target_backend() != jax.default_backend()
+    backend = target_backend() if backend is None else backend
     if backend == "tpu" and splash_unsupported_reason(flat) is None:
-        return "splash"
+        return "blocked" if planned_elsewhere else "splash"
     if logit_softcap is not None:
         return "blocked"
     if backend == "gpu" and cudnn_unsupported_reason(flat) is None:

@@ -39,6 +39,7 @@ from halyard.named.nn.masks import causal_mask, segment_mask, sliding_window_mas
 from halyard.named.nn.normalization import LayerNorm, RMSNorm
 from halyard.named.nn.remat import REMAT_POLICIES, RematPolicy, effective_remat, offload_supported
 from halyard.named.nn.stacked import Stacked
+from halyard.named.nn.target_backend import compiling_for, target_backend
 
 __all__ = [
     "ACTIVATIONS",
@@ -60,6 +61,7 @@ __all__ = [
     "attention_weights",
     "batch_invariant",
     "causal_mask",
+    "compiling_for",
     "cross_entropy_loss",
     "default_dot_general",
     "dot_product_attention",
@@ -84,6 +86,7 @@ __all__ = [
     "silu",
     "sliding_window_mask",
     "tanh",
+    "target_backend",
     "unfuse_multiply_add",
     "z_loss",
 ]
