@@ -45,8 +45,9 @@ class ModelConfig(abc.ABC):
         scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
             depth); ``False`` unrolls them (same parameters, same results).
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
-            matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints)
-            or ``offload`` (matmul outputs to host). Default ``save_dots``: less activation memory, and
+            matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints),
+            ``offload`` (matmul outputs to host) or ``save_attention`` (keep only the attention kernel's
+            inputs and output, recompute the rest). Default ``save_dots``: less activation memory, and
             on CPU also faster than ``none`` (fewer fresh pages to fill outweigh the recomputation; figures
             in benchmarks/README.md). Mixtral defaults to ``none``.
         param_dtype: dtype the parameters are created in.

@@ -12,6 +12,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.attention.splash import SplashBlockSizes
@@ -191,6 +192,12 @@ class SelfAttention(eqx.Module):
             return self.o_proj(constrain(attended)), (key, value)
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         report_attention_logit_max(query, key, mask, self.scale)  # when a step collects (trainer.watch.model)
+        # What remat "save_attention" keeps (ATTENTION_SAVED_NAMES): the kernel's inputs and its output.
+        query, key, value = (
+            _named_checkpoint(query, "attention_query"),
+            _named_checkpoint(key, "attention_key"),
+            _named_checkpoint(value, "attention_value"),
+        )
         attended = attention(
             query,
             key,
@@ -203,4 +210,9 @@ class SelfAttention(eqx.Module):
             splash_block_sizes=self.splash_block_sizes,
             **softcap,
         )
-        return self.o_proj(constrain(attended)), None
+        return self.o_proj(constrain(_named_checkpoint(attended, "attention_output"))), None
+
+
+def _named_checkpoint(x: NamedArray, name: str) -> NamedArray:
+    """``x`` with its array tagged ``name`` for `jax.checkpoint` policies (an identity otherwise)."""
+    return NamedArray(checkpoint_name(x.array, name), x.axes)
