@@ -42,6 +42,10 @@ SMOKE = [
     "--data.tokenizer_vocab_size", "4096", "--data.seq_len", "256", "--data.max_documents", "200",
 ]  # fmt: skip
 SETTINGS: dict[str, list[str]] = {
+    "bf16_weights_f32_adam_offload_save_attention_b8": [
+        "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
+        "--trainer.offload_optimizer_state", "true", "--model.remat", "save_attention", "--trainer.batch_size", "8",
+    ],
     "bf16_weights_f32_adam_full_b2": [
         "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
         "--model.remat", "full", "--trainer.batch_size", "2",

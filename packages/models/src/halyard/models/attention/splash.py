@@ -259,6 +259,7 @@ def _kernel(
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     shape = (length, length)
+    one_head: splash.Mask
     if sliding_window is not None:  # key > query - window: (window - 1) keys to the left of the query
         one_head = splash.LocalMask(shape, window_size=(sliding_window - 1, 0 if causal else None), offset=0)
     elif causal:
@@ -266,9 +267,6 @@ def _kernel(
     else:
         one_head = splash.FullMask(shape)
     query, key, key_compute, backward_query, backward_key = blocks
-    backward_dq: dict[str, int] = (
-        {} if fused_backward else {"block_q_dq": backward_query, "block_kv_dq": backward_key}
-    )
     sizes = splash.BlockSizes(
         block_q=query,
         block_kv=key,
@@ -276,8 +274,9 @@ def _kernel(
         block_q_dkv=backward_query,
         block_kv_dkv=backward_key,
         block_kv_dkv_compute=backward_key,
+        block_q_dq=None if fused_backward else backward_query,
+        block_kv_dq=None if fused_backward else backward_key,
         use_fused_bwd_kernel=fused_backward,
-        **backward_dq,
     )
     # Concrete mask tables even when first built inside a trace (the cache outlives the trace).
     with jax.ensure_compile_time_eval():

@@ -23,7 +23,7 @@ def _cast_floats(tree: Any, dtype: Any) -> Any:
     """``tree`` with its floating leaves cast to ``dtype`` (integers, keys and None untouched)."""
 
     def cast(leaf: Any) -> Any:
-        if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.floating):
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.floating):
             return leaf.astype(dtype)
         return leaf
 
