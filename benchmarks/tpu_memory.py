@@ -50,10 +50,6 @@ SETTINGS: dict[str, list[str]] = {
         "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
         "--model.remat", "full", "--trainer.batch_size", "2",
     ],
-    "bf16_weights_f32_adam_offload_dots_b4": [
-        "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
-        "--trainer.offload_optimizer_state", "true", "--model.remat", "save_dots", "--trainer.batch_size", "4",
-    ],
     "f32_weights_offload_full_b4": [
         "--trainer.offload_optimizer_state", "true", "--model.remat", "full", "--trainer.batch_size", "4",
     ],
