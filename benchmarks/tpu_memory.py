@@ -35,6 +35,8 @@ from typing import Any
 
 BASE = ["--config", "llama-1b", "--data.seq_len", "2048", "--trainer.mesh.fsdp", "1"]
 EXTRA_ENV = "TPU_MEMORY_EXTRA"
+SETTINGS_ENV = "TPU_MEMORY_SETTINGS"
+"""The settings the run measures, as JSON (set from --settings for the children)."""
 """Overrides appended to every setting (``--smoke`` shrinks the model with them, to try the script on CPU)."""
 SMOKE = [
     "--model.num_layers", "1", "--model.hidden_size", "128", "--model.intermediate_size", "256",
@@ -53,8 +55,19 @@ SETTINGS: dict[str, list[str]] = {
     "f32_weights_offload_full_b4": [
         "--trainer.offload_optimizer_state", "true", "--model.remat", "full", "--trainer.batch_size", "4",
     ],
+    # TPU.md's 552M cut of the 1B model (8 layers, vocabulary 32,000), which fits: splash (auto) against xla.
+    "8_layers_vocab_32k_b8_acc4_splash": [
+        "--model.num_layers", "8", "--model.vocab_size", "32000", "--trainer.batch_size", "8",
+        "--trainer.accumulation", "4",
+    ],
+    "8_layers_vocab_32k_b8_acc4_xla": [
+        "--model.num_layers", "8", "--model.vocab_size", "32000", "--trainer.batch_size", "8",
+        "--trainer.accumulation", "4", "--model.attention_implementation", "xla",
+    ],
 }  # fmt: skip
 """Memory settings of the 1B model at seq 2048 (each a list of `train` overrides)."""
+DEFAULT_SETTINGS = list(SETTINGS)[:3]
+"""What a run measures unless --settings names others: the whole 1B model's three settings."""
 DATA = [
     "--data.builtin_corpus", "python-stdlib", "--data.tokenizer_vocab_size", "32000",
     "--data.validation_fraction", "0", "--trainer.log_every", "5", "--trainer.progress", "false",
@@ -101,7 +114,8 @@ def measure_memory() -> dict[str, Any]:
     from halyard.train.plan.step_memory import step_memory
 
     results: dict[str, Any] = {}
-    for name, overrides in SETTINGS.items():
+    for name in json.loads(os.environ.get(SETTINGS_ENV, json.dumps(DEFAULT_SETTINGS))):
+        overrides = SETTINGS[name]
         started = time.perf_counter()
         try:
             compiled = step_memory(_config(overrides), jax.devices()[:1])
@@ -275,15 +289,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--train-settings", nargs="*", default=None, help="default: those whose step fits")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, to try the script on CPU")
+    parser.add_argument("--settings", nargs="*", default=DEFAULT_SETTINGS, choices=list(SETTINGS))
     options = parser.parse_args()
     deadline = time.time() + options.deadline_s
     if options.smoke:
         os.environ[EXTRA_ENV] = json.dumps(SMOKE)
+    os.environ[SETTINGS_ENV] = json.dumps(options.settings)
     options.out.mkdir(parents=True, exist_ok=True)
     predictions = {}
     if "memory" in options.only:
         env = dict(os.environ, JAX_PLATFORMS="cpu")
-        predictions = {name: _child("--predict", name, env=env) for name in SETTINGS}
+        predictions = {name: _child("--predict", name, env=env) for name in options.settings}
     summary: dict[str, Any] = {}
     sections = [s for s in options.only if s in ("attention", "memory")]
     if sections:
@@ -310,9 +326,7 @@ def main() -> int:
         fitting = options.train_settings
         if fitting is None:
             memory = summary.get("memory", {})
-            fitting = [n for n, r in memory.items() if r["tpu"].get("total_gib", 99) < 15.5] or list(
-                SETTINGS
-            )[:1]
+            fitting = [n for n, r in memory.items() if r["tpu"].get("total_gib", 99) < 15.75]
         summary["train"] = train(options.out, options.work, options.steps, fitting, deadline)
     (options.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
