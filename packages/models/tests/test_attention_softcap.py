@@ -21,7 +21,7 @@ from halyard.named import NamedArray
 
 # Scaled logits here are about N(0, 1), so a cap of 1.5 bends most of them.
 SOFTCAP = 1.5
-SUPPORTED = ("reference", "blocked", "auto")
+SUPPORTED = ("reference", "blocked", "splash", "auto")
 
 
 @functools.cache

@@ -220,3 +220,27 @@ def test_bad_caps_are_refused(cap: object) -> None:
     hidden, unembed, labels, _ = _problem()
     with pytest.raises(ValueError, match="next_token_loss: logit_softcap must be a positive finite number"):
         next_token_loss(hidden, unembed, labels, logit_softcap=cap)  # type: ignore[arg-type]
+
+
+def test_bfloat16_weights_keep_their_blocked_gradient_in_bfloat16() -> None:
+    """The backward scan stacks each vocabulary block's gradient in the weight's dtype: a bf16 unembedding's
+    stacked gradients take bf16's bytes (the same values: blocks are disjoint, so this is the one rounding)."""
+    tokens, embed, vocab, block = 64, 16, 4096, 1024
+    labels = named(jnp.zeros((tokens,), jnp.int32), ("pos",))
+    hidden = named(jnp.ones((tokens, embed), jnp.bfloat16), ("pos", "embed"))
+    unembed = named(jnp.ones((vocab, embed), jnp.bfloat16), ("vocab", "embed"))
+
+    def loss(hidden: NamedArray, unembed: NamedArray) -> jax.Array:
+        return next_token_loss(hidden, unembed, labels, block_size=block)[0].array
+
+    program = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, unembed)
+    stacked = [
+        var.aval
+        for eqn in program.jaxpr.eqns
+        if eqn.primitive.name == "scan"
+        for var in eqn.outvars
+        if var.aval.shape == (vocab // block, block, embed)
+    ]
+    assert stacked and all(aval.dtype == jnp.bfloat16 for aval in stacked), stacked
+    grads = jax.grad(loss, argnums=(0, 1))(hidden, unembed)
+    assert grads[1].dtype == jnp.bfloat16

@@ -107,3 +107,25 @@ def test_an_invariant_plan_prints_the_default_step_beside_it(
     assert "trainer.invariant=false" in default and ratio == pytest.approx(
         float(total.split()[1]) / float(default.split()[2]), abs=0.01
     )
+
+
+def test_a_tpu_plan_counts_bfloat16_weights_and_host_optimizer_state(
+    config_path: Path, plans: dict[int, StepMemory], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bf16 weights with f32 moments halve the parameters only; offloaded moments leave the device total;
+    the step is traced as the TPU's (its matmuls; blocked attention standing in for splash)."""
+    base = plans[1]
+    config = load_config(
+        config_path,
+        "--model.param_dtype", "bfloat16",
+        "--model.optimizer_dtype", "float32",
+        "--trainer.offload_optimizer_state", "true",
+    )  # fmt: skip
+    tpu = step_memory(config, jax.devices()[:1], "tpu")
+    assert tpu.target_backend == "tpu" and tpu.optimizer_on_host
+    assert tpu.params * 2 == base.params and tpu.optimizer_state == base.optimizer_state
+    # The moments are in host memory: the device's arguments are the weights and the batch.
+    assert tpu.arguments == pytest.approx(tpu.params + tpu.batch, abs=64)
+    assert tpu.total < base.total - base.optimizer_state
+    report = format_plan(config, tpu, accelerator("tpu-v5e", "bfloat16"), mfu=0.4)
+    assert "AdamWConfig in float32, in host memory (trainer.offload_optimizer_state)" in report

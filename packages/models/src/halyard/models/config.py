@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from halyard.models.attention.context_parallel import CONTEXT_PARALLEL
+from halyard.models.attention.splash import SplashBlockSizes
 from halyard.named.nn import REMAT_POLICIES
 
 if TYPE_CHECKING:
     from halyard.models.model import CausalLM
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "xla", "blocked", "cudnn", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +30,9 @@ class ModelConfig(abc.ABC):
     """Fields every family shares: the performance knobs and the dtype policy.
 
     Attributes:
-        attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn``; changes
-            numerics only within float tolerance and never the parameter tree.
+        attention_implementation: ``auto`` | ``reference`` | ``xla`` | ``blocked`` | ``cudnn`` |
+            ``splash`` (Pallas, TPU; ``auto`` picks it there for training); changes numerics only within
+            float tolerance and never the parameter tree.
         context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how attention runs when the
             mesh splits the sequence (``trainer.mesh.sequence`` > 1): K/V passed around a ring, K/V
             all-gathered, or an all-to-all to heads (``auto``: ``ulysses`` where each device's heads and
@@ -43,13 +45,17 @@ class ModelConfig(abc.ABC):
         scan_layers: run the layers under a scan over the ``layers`` axis (compile time independent of
             depth); ``False`` unrolls them (same parameters, same results).
         remat: what the backward pass recomputes per layer: ``none``, ``full``, ``save_dots`` (keep
-            matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints)
-            or ``offload`` (matmul outputs to host). Default ``save_dots``: less activation memory, and
+            matmul outputs, recompute norms, activations and attention), ``nested`` (sqrt(L) checkpoints),
+            ``offload`` (matmul outputs to host) or ``save_attention`` (keep only the attention kernel's
+            inputs and output, recompute the rest). Default ``save_dots``: less activation memory, and
             on CPU also faster than ``none`` (fewer fresh pages to fill outweigh the recomputation; figures
             in benchmarks/README.md). Mixtral defaults to ``none``.
         param_dtype: dtype the parameters are created in.
         compute_dtype: dtype activations are computed in (``None``: the parameters' dtype); weights are
             cast to it on use, the loss is always computed in float32.
+        optimizer_dtype: dtype of the optimizer's state and arithmetic (``None``: the parameters' dtype);
+            ``param_dtype: bfloat16`` with ``optimizer_dtype: float32`` keeps the weights (and gradients)
+            in bfloat16 and Adam's moments in float32, each update rounded once into the weights.
         loss_block_size: vocabulary block of the cross-entropy (``None``: full logits at once), used when
             the float32 logits of a batch would take more than ``loss_full_logits_max_mib``.
         loss_full_logits_max_mib: up to this many MiB of float32 ``[tokens, vocab]`` logits the loss is
@@ -58,6 +64,8 @@ class ModelConfig(abc.ABC):
         attention_block_size: queries and keys per block of the ``blocked`` attention kernel (the CPU
             default); ``None``: 64 on CPU, 128 elsewhere (see `halyard.models.attention.default_block_size`).
             A sequence no longer than one block runs as a single block.
+        splash_block_sizes: the tiles of the ``splash`` kernel (``query``, ``key``, ``key_compute``,
+            ``backward_query``, ``backward_key``, ``fused_backward``; `SplashBlockSizes`).
         eos_token_ids: the ids that end a sequence (a Hugging Face checkpoint's ``eos_token_id``, all of
             a list such as Llama 3.1 Instruct's): `halyard.serve`'s engine stops at them unless a request says
             otherwise, and `export_hf` writes them back. Empty: none known.
@@ -73,9 +81,11 @@ class ModelConfig(abc.ABC):
     remat: str = "save_dots"
     param_dtype: str = "float32"
     compute_dtype: str | None = None
+    optimizer_dtype: str | None = None
     loss_block_size: int | None = 2048
     loss_full_logits_max_mib: int = 512
     attention_block_size: int | None = None
+    splash_block_sizes: SplashBlockSizes = dataclasses.field(default_factory=SplashBlockSizes)
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -104,7 +114,7 @@ class ModelConfig(abc.ABC):
             )
         if block is not None and block < 1:
             raise ValueError(f"{type(self).__name__}.attention_block_size must be positive, got {block}")
-        for name in ("param_dtype", "compute_dtype"):
+        for name in ("param_dtype", "compute_dtype", "optimizer_dtype"):
             value = getattr(self, name)
             if value is not None:
                 try:
@@ -172,6 +182,11 @@ class ModelConfig(abc.ABC):
     def params(self) -> Any:
         """The parameter dtype as a numpy dtype."""
         return jnp.dtype(self.param_dtype)
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer state's dtype as a numpy dtype."""
+        return jnp.dtype(self.optimizer_dtype or self.param_dtype)
 
 
 def _check_choice(config: Any, field: str, choices: tuple[str, ...]) -> None:

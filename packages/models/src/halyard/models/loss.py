@@ -261,13 +261,15 @@ def _blocked_backward(static: _Static, residuals: tuple, cotangents: tuple) -> t
             "nv,ve->ne", logit_gradient, weight_block.astype(jnp.float32)
         )
         weight_gradient = jnp.einsum("nv,ne->ve", logit_gradient, hidden.astype(jnp.float32))
-        return hidden_gradient, weight_gradient
+        # Blocks are disjoint rows: rounding each to the weight's dtype here is the final rounding, and the
+        # stacked gradients take the weight's bytes (half of float32's for bfloat16) rather than float32's.
+        return hidden_gradient, weight_gradient.astype(weight.dtype)
 
     hidden_gradient, weight_gradients = _scan_blocks(
         step, jnp.zeros(hidden.shape, jnp.float32), blocks.shape[0]
     )
     weight_gradient = weight_gradients.reshape(-1, weight.shape[1])[:vocab]
-    return hidden_gradient.astype(hidden.dtype), weight_gradient.astype(weight.dtype), None
+    return hidden_gradient.astype(hidden.dtype), weight_gradient, None
 
 
 _blocked_logsumexp_and_label_logit.defvjp(_blocked_forward, _blocked_backward)

@@ -151,6 +151,8 @@ class TrainerConfig:
     """Global batch size in sequences (across all processes and microbatches)."""
     accumulation: int = 1
     """Microbatches per step (gradient accumulation); the gradient equals the full batch's."""
+    offload_optimizer_state: bool = False
+    """Keep the optimizer state in the host's pinned memory between steps (memory_kind pinned_host), moving it to the device for each update: the device holds parameters, gradients and activations only between updates. Needs a backend with pinned_host memory (TPU, GPU, JAX's CPU backend)."""
     seed: int = 0
     """Initialisation and dropout seed."""
     init: str = "auto"

@@ -12,12 +12,14 @@ from halyard.models.attention.dispatch import (
     default_block_size,
 )
 from halyard.models.attention.mask import AttentionMask
+from halyard.models.attention.splash import SplashBlockSizes
 
 __all__ = [
     "AUTO_XLA_MAX_SCORES",
     "CPU_BLOCK_SIZE",
     "IMPLEMENTATIONS",
     "AttentionMask",
+    "SplashBlockSizes",
     "attention",
     "choose_implementation",
     "default_block_size",

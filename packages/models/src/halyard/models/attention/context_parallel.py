@@ -63,6 +63,13 @@ class ContextSplit:
 def context_split(query: NamedArray, key: NamedArray) -> ContextSplit | None:
     """The split of self-attention inputs whose ``pos`` the active layout puts on several devices, else
     None (no active layout, ``pos`` not split, or keys of another length: a KV cache)."""
+    split = layout_split(query, key)
+    return split if split is not None and split.size > 1 else None
+
+
+def layout_split(query: NamedArray, key: NamedArray) -> ContextSplit | None:
+    """How the active layout places self-attention inputs (``size`` 1 when ``pos`` is not split), or None
+    (no active layout, or keys of another length: a KV cache)."""
     active = active_layout()
     if active is None or query.axis_size(POS) != key.axis_size("key_pos"):
         return None
@@ -70,8 +77,6 @@ def context_split(query: NamedArray, key: NamedArray) -> ContextSplit | None:
     sequence = query_dims[POS]
     sizes = dict(active.mesh.shape)
     size = math.prod(sizes[a] for a in sequence)
-    if size < 2:
-        return None
     key_dims = {d.axis.name: d.mesh_axes for d in active.layout.placement(key.axes, active.mesh)}
     heads = query_dims[HEADS] if query_dims[HEADS] == key_dims[KV_HEADS] else ()
     batch = tuple(

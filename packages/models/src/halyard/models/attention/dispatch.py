@@ -7,12 +7,16 @@ The ``auto`` rule:
 2. on CPU: ``blocked``: faster than ``xla`` for training-length sequences (it skips masked blocks and
    stays in cache; figures in benchmarks/README.md), as fast for one-token decoding, with memory linear
    in length;
-3. on other accelerators (GPU without cuDNN support, TPU), when ``num_queries * num_keys <=
+3. on a TPU, when the splash kernel takes the inputs (self-attention with default positions and no
+   ``key_valid``: training and prefill; `halyard.models.attention.splash`): ``splash``, with or without a
+   ``logit_softcap``;
+4. on other accelerators (GPU without cuDNN support, TPU), when ``num_queries * num_keys <=
    AUTO_XLA_MAX_SCORES`` (``2048 * 2048``): ``xla``, whose fused quadratic path is fast there at that size;
-4. otherwise: ``blocked``, whose memory is linear in sequence length.
+5. otherwise: ``blocked``, whose memory is linear in sequence length.
 
-With a ``logit_softcap`` (Gemma 2), ``auto`` is always ``blocked``: ``xla`` and ``cudnn`` (both
+Off TPU, with a ``logit_softcap`` (Gemma 2), ``auto`` is ``blocked``: ``xla`` and ``cudnn`` (both
 ``jax.nn.dot_product_attention``) cannot cap the logits, so only `SOFTCAP_IMPLEMENTATIONS` accept one.
+``splash`` runs anywhere (off TPU in Pallas's interpret mode: exact, slow; for tests).
 
 When the active layout splits ``pos`` over several devices (``trainer.mesh.sequence``), attention runs
 context-parallel (`halyard.models.attention.context_parallel`: ``ring``, ``all_gather``, ``ulysses``) with
@@ -34,17 +38,24 @@ from halyard.models.attention.context_parallel import (
     CONTEXT_PARALLEL,
     context_parallel_attention,
     context_split,
+    layout_split,
 )
 from halyard.models.attention.cudnn import cudnn_attention, cudnn_unsupported_reason
 from halyard.models.attention.layout import FlatAttention, flatten_inputs, unflatten_output
 from halyard.models.attention.mask import AttentionMask
 from halyard.models.attention.reference import reference_attention
 from halyard.models.attention.softcap import checked_softcap
+from halyard.models.attention.splash import (
+    SplashBlockSizes,
+    sharded_splash_attention,
+    splash_unsupported_reason,
+)
 from halyard.models.attention.xla import xla_attention
 from halyard.named import NamedArray
+from halyard.named.nn import target_backend
 
-IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "auto")
-SOFTCAP_IMPLEMENTATIONS = ("reference", "blocked", "auto")
+IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "splash", "auto")
+SOFTCAP_IMPLEMENTATIONS = ("reference", "blocked", "splash", "auto")
 """The implementations that accept a ``logit_softcap``."""
 CPU_BLOCK_SIZE = 64
 """The ``blocked`` kernel's block on CPU. Measured (fwd+bwd, causal, 8 heads of 64, one core): 0.85x the
@@ -65,6 +76,7 @@ def attention(
     block_size: int | None = None,
     logit_softcap: float | None = None,
     context_parallel: str | None = "auto",
+    splash_block_sizes: SplashBlockSizes | None = None,
 ) -> NamedArray:
     """Scaled dot-product attention over named axes, with grouped-query support.
 
@@ -75,14 +87,15 @@ def attention(
             convention; ``kv_heads=1`` is multi-query attention).
         value: ``(batch..., "key_pos", "kv_heads", "head_size")``.
         mask: an `AttentionMask` (causal, sliding window, segment ids, positions, key validity).
-        implementation: ``reference`` | ``xla`` | ``blocked`` | ``cudnn`` | ``auto`` (see the module
-            docstring for the rule ``auto`` follows).
+        implementation: ``reference`` | ``xla`` | ``blocked`` | ``cudnn`` | ``splash`` | ``auto`` (see
+            the module docstring for the rule ``auto`` follows).
         scale: the logit multiplier; default ``1/sqrt(head_size)`` (muP passes ``1/head_size``).
         block_size: queries and keys per block for ``blocked``; ``None``: `default_block_size`.
         logit_softcap: ``cap``: the scaled logits become ``cap * tanh(logits / cap)`` before the mask
             and the softmax (Gemma 2's ``attn_logit_softcapping``); None: no capping.
         context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how to attend when the active
             layout splits ``pos`` over several devices (see the module docstring); None: never split.
+        splash_block_sizes: the ``splash`` kernel's tiles; None: `SplashBlockSizes`'s defaults.
 
     Returns:
         ``(batch..., "pos", "heads", "head_size")`` in the query's axis order and dtype. Rows whose
@@ -90,8 +103,9 @@ def attention(
 
     Raises:
         ValueError: an unknown implementation, missing or mismatched axes, heads not a multiple of
-            kv_heads, a mask array with the wrong axes, ``cudnn`` where cuDNN cannot run, a
-            ``logit_softcap`` that is not a positive number, or one given to ``xla`` or ``cudnn``.
+            kv_heads, a mask array with the wrong axes, ``cudnn`` or ``splash`` where the kernel cannot
+            run these inputs, a ``logit_softcap`` that is not a positive number, or one given to ``xla``
+            or ``cudnn``.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -135,6 +149,14 @@ def attention(
     elif chosen == "blocked":
         block_size = default_block_size() if block_size is None else block_size
         output = blocked_attention(flat, scale=scale, block_size=block_size, logit_softcap=logit_softcap)
+    elif chosen == "splash":
+        output = sharded_splash_attention(
+            flat,
+            layout_split(query, key),
+            scale=scale,
+            block_sizes=splash_block_sizes,
+            logit_softcap=logit_softcap,
+        )
     else:
         output = cudnn_attention(flat, scale=scale)
     return unflatten_output(flat, output)
@@ -144,9 +166,9 @@ def default_block_size(backend: str | None = None) -> int:
     """The ``blocked`` kernel's block when none is given: `CPU_BLOCK_SIZE` on CPU, else 128.
 
     Args:
-        backend: JAX's platform name; default ``jax.default_backend()``.
+        backend: JAX's platform name; default `target_backend` (JAX's, unless `compiling_for` says another).
     """
-    backend = jax.default_backend() if backend is None else backend
+    backend = target_backend() if backend is None else backend
     return CPU_BLOCK_SIZE if backend == "cpu" else ACCELERATOR_BLOCK_SIZE
 
 
@@ -157,12 +179,19 @@ def choose_implementation(
 
     Args:
         flat: the inputs, laid out by `halyard.models.attention.layout.flatten_inputs`.
-        backend: JAX's platform name (``cpu``, ``gpu``, ``tpu``); default ``jax.default_backend()``.
+        backend: JAX's platform name (``cpu``, ``gpu``, ``tpu``); default `target_backend` (JAX's, unless
+            `compiling_for` says another).
         logit_softcap: the attention's logit cap, or None; a cap rules out ``xla`` and ``cudnn``.
     """
+    # Planning a TPU's step elsewhere (`compiling_for`): `blocked` stands in for `splash`, with the same
+    # residuals (queries, keys, values, output, log-sum-exp) and block-sized workspace; the splash kernel's
+    # interpret mode would hold whole-array scratch that the TPU's kernel does not.
+    planned_elsewhere = backend is None and target_backend() != jax.default_backend()
+    backend = target_backend() if backend is None else backend
+    if backend == "tpu" and splash_unsupported_reason(flat) is None:
+        return "blocked" if planned_elsewhere else "splash"
     if logit_softcap is not None:
         return "blocked"
-    backend = jax.default_backend() if backend is None else backend
     if backend == "gpu" and cudnn_unsupported_reason(flat) is None:
         return "cudnn"
     if backend == "cpu":

@@ -76,6 +76,7 @@ class DecoderBlock(eqx.Module):
             norm_offset=layout.norm_offset, init_std=std, out_init_std=out_std,
             query_init_std=layout.query_init_std, implementation=config.attention_implementation,
             block_size=config.attention_block_size, context_parallel=config.context_parallel,
+            splash_block_sizes=config.splash_block_sizes,
         )  # fmt: skip
         mlp: MLP | GatedMLP | MoeMLP
         if layout.mlp == "moe":

@@ -12,8 +12,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from halyard.models.attention import AttentionMask, attention
+from halyard.models.attention.splash import SplashBlockSizes
 from halyard.models.layers.paged_kv import PagedLayers
 from halyard.models.reports import report_attention_logit_max
 from halyard.models.rotary import RotaryConfig, apply_rotary
@@ -41,6 +43,7 @@ class SelfAttention(eqx.Module):
         block_size: queries and keys per block of the ``blocked`` kernel (static; None: 64 on CPU, else 128).
         context_parallel: ``auto`` | ``ring`` | ``all_gather`` | ``ulysses``: how attention runs when the
             active layout splits ``pos`` over several devices (static; `halyard.models.attention`).
+        splash_block_sizes: the ``splash`` kernel's tiles (static; None: its defaults).
     """
 
     q_proj: Linear
@@ -55,6 +58,7 @@ class SelfAttention(eqx.Module):
     implementation: str = eqx.field(static=True)
     block_size: int | None = eqx.field(static=True, default=None)
     context_parallel: str = eqx.field(static=True, default="auto")
+    splash_block_sizes: SplashBlockSizes | None = eqx.field(static=True, default=None)
 
     @classmethod
     def init(
@@ -79,6 +83,7 @@ class SelfAttention(eqx.Module):
         query_init_std: float | None = None,
         block_size: int | None = None,
         context_parallel: str = "auto",
+        splash_block_sizes: SplashBlockSizes | None = None,
         dtype: Any,
     ) -> SelfAttention:
         """Create the four projections (N(0, std**2) weights, zero biases).
@@ -99,6 +104,7 @@ class SelfAttention(eqx.Module):
             implementation: attention kernel (`halyard.models.attention.attention`).
             block_size: queries and keys per block of the ``blocked`` kernel (None: the backend's default).
             context_parallel: attention over a sequence split across devices (`attention`'s argument).
+            splash_block_sizes: the ``splash`` kernel's tiles (None: its defaults).
             dtype: parameter dtype.
 
         Raises:
@@ -135,7 +141,7 @@ class SelfAttention(eqx.Module):
             k_norm = RMSNorm.init(k_axes, eps=norm_eps, offset=norm_offset, dtype=dtype)
         return cls(
             q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, max_position, scale, softcap, implementation,
-            block_size, context_parallel,
+            block_size, context_parallel, splash_block_sizes,
         )  # fmt: skip
 
     def __call__(
@@ -186,6 +192,12 @@ class SelfAttention(eqx.Module):
             return self.o_proj(constrain(attended)), (key, value)
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         report_attention_logit_max(query, key, mask, self.scale)  # when a step collects (trainer.watch.model)
+        # What remat "save_attention" keeps (ATTENTION_SAVED_NAMES): the kernel's inputs and its output.
+        query, key, value = (
+            _named_checkpoint(query, "attention_query"),
+            _named_checkpoint(key, "attention_key"),
+            _named_checkpoint(value, "attention_value"),
+        )
         attended = attention(
             query,
             key,
@@ -195,6 +207,12 @@ class SelfAttention(eqx.Module):
             scale=self.scale,
             block_size=self.block_size,
             context_parallel=self.context_parallel,
+            splash_block_sizes=self.splash_block_sizes,
             **softcap,
         )
-        return self.o_proj(constrain(attended)), None
+        return self.o_proj(constrain(_named_checkpoint(attended, "attention_output"))), None
+
+
+def _named_checkpoint(x: NamedArray, name: str) -> NamedArray:
+    """``x`` with its array tagged ``name`` for `jax.checkpoint` policies (an identity otherwise)."""
+    return NamedArray(checkpoint_name(x.array, name), x.axes)

@@ -37,11 +37,19 @@ from halyard.named.nn.linear import DotGeneral, Linear
 from halyard.named.nn.loss import cross_entropy_loss, z_loss
 from halyard.named.nn.masks import causal_mask, segment_mask, sliding_window_mask
 from halyard.named.nn.normalization import LayerNorm, RMSNorm
-from halyard.named.nn.remat import REMAT_POLICIES, RematPolicy, effective_remat, offload_supported
+from halyard.named.nn.remat import (
+    ATTENTION_SAVED_NAMES,
+    REMAT_POLICIES,
+    RematPolicy,
+    effective_remat,
+    offload_supported,
+)
 from halyard.named.nn.stacked import Stacked
+from halyard.named.nn.target_backend import compiling_for, target_backend
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTION_SAVED_NAMES",
     "REMAT_POLICIES",
     "ROW_BLOCK",
     "UNFUSED_FLAG",
@@ -60,6 +68,7 @@ __all__ = [
     "attention_weights",
     "batch_invariant",
     "causal_mask",
+    "compiling_for",
     "cross_entropy_loss",
     "default_dot_general",
     "dot_product_attention",
@@ -84,6 +93,7 @@ __all__ = [
     "silu",
     "sliding_window_mask",
     "tanh",
+    "target_backend",
     "unfuse_multiply_add",
     "z_loss",
 ]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from halyard.named.nn.invariance import invariant_matmul, invariant_rows
+from halyard.named.nn.target_backend import target_backend
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
 
@@ -35,12 +36,12 @@ DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[in
 def default_dot_general(
     lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precision: Any = None, **kwargs: Any
 ) -> jax.Array:
-    """`gemm_dot_general` when JAX's default backend is the CPU or inside `batch_invariant`,
+    """`gemm_dot_general` when the program is for the CPU (`target_backend`) or inside `batch_invariant`,
     ``jax.lax.dot_general`` otherwise.
 
     Args: as ``jax.lax.dot_general``.
     """
-    if jax.default_backend() == "cpu" or invariant_rows() is not None:
+    if target_backend() == "cpu" or invariant_rows() is not None:
         return gemm_dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
 

@@ -7,6 +7,11 @@
 - ``"nested"``: group the L layers into about sqrt(L) blocks of about sqrt(L) layers; keep only block
   inputs, and recompute a block layer by layer (memory ~ 2 sqrt(L) layer inputs). In an unrolled
   `BlockSeq` this is the same as ``"full"``.
+- ``"save_attention"``: keep only the attention kernel's inputs and output (the values a layer names
+  `ATTENTION_SAVED_NAMES` with ``checkpoint_name``: rotated queries, keys, values, the attended output);
+  recompute the projections' neighbours, norms and the MLP. A fraction of ``"save_dots"``'s memory
+  (with grouped-query attention and a 4x MLP about a fifth), and the quadratic attention is not redone
+  outside its kernel's own backward. In a block that names nothing it is ``"full"``.
 - ``"offload"``: like ``"save_dots"``, but the saved matmul results live in pinned host memory
   (``offload_dot_with_no_batch_dims("device", "pinned_host")``). Used when the device exposes a
   ``pinned_host`` memory (GPU, TPU, and the CPU backend of recent JAX, where host and device memory
@@ -21,8 +26,15 @@ from typing import Any, Literal
 
 import jax
 
-RematPolicy = Literal["none", "full", "save_dots", "nested", "offload"]
-REMAT_POLICIES: tuple[str, ...] = ("none", "full", "save_dots", "nested", "offload")
+RematPolicy = Literal["none", "full", "save_dots", "nested", "offload", "save_attention"]
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "save_dots", "nested", "offload", "save_attention")
+ATTENTION_SAVED_NAMES: tuple[str, ...] = (
+    "attention_query",
+    "attention_key",
+    "attention_value",
+    "attention_output",
+)
+"""The ``checkpoint_name`` names ``"save_attention"`` keeps (set by the attention layer)."""
 
 
 def check_remat(remat: str) -> str:
@@ -77,6 +89,10 @@ def checkpoint_layer(
         return jax.checkpoint(
             fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable, prevent_cse=False
         )
+    if remat == "save_attention":
+        kept = [name for name in ATTENTION_SAVED_NAMES if name not in recomputed]
+        policy = jax.checkpoint_policies.save_only_these_names(*kept)
+        return jax.checkpoint(fn, policy=policy, prevent_cse=False)
     policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     return jax.checkpoint(fn, policy=policy, prevent_cse=False)
 

@@ -39,6 +39,12 @@ class Accelerator:
     """Share of `memory_gib` a JAX program can use by default."""
 
     @property
+    def backend(self) -> str | None:
+        """``tpu`` for a TPU, whose step is traced as for it (its matmuls, its attention kernel); None for a
+        GPU, whose step is traced as the CPU's (as measured so far; a GPU's own program is not checked yet)."""
+        return "tpu" if self.name.startswith("TPU") else None
+
+    @property
     def usable_bytes(self) -> float:
         """Bytes a step may use on one chip."""
         return self.memory_gib * self.usable_fraction * 2**30

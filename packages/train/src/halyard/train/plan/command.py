@@ -75,9 +75,11 @@ def plan_main(argv: Sequence[str]) -> int:
     if devices is None:
         return _rerun_with_devices(argv, num_devices)
     print(f"compiling the train step for {num_devices} simulated devices ...", file=sys.stderr, flush=True)
-    memory = step_memory(config, devices)
+    memory = step_memory(config, devices, chip.backend)
     # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
-    default = step_memory(without_invariant(config), devices) if config.trainer.invariant else None
+    default = (
+        step_memory(without_invariant(config), devices, chip.backend) if config.trainer.invariant else None
+    )
     print(format_plan(config, memory, chip, options.mfu, default=default))
     return 0
 
@@ -129,6 +131,10 @@ def format_plan(
         knobs = ["raise trainer.accumulation"]
         knobs += ["set model.remat full"] if memory.remat != "full" else []
         knobs += ["trainer.layout fsdp"] if trainer.layout == "data_parallel" else []
+        if model.params.itemsize > 2:
+            knobs += ["model.param_dtype bfloat16 with model.optimizer_dtype float32"]
+        if not memory.optimizer_on_host:
+            knobs += ["trainer.offload_optimizer_state true"]
         if config.data.seq_len >= LONG_SEQUENCE:
             knobs += ["split each sequence over more devices (trainer.mesh.sequence)"]
         knobs += ["lower trainer.batch_size or data.seq_len", "use more devices (--devices)"]
@@ -149,6 +155,7 @@ def format_plan(
 def _memory_rows(config: TrainConfig, memory: StepMemory, default: StepMemory | None) -> list[str]:
     """The memory table's rows: each part of the step's memory, the total, and the default step's total
     beside an invariant step's."""
+    model: Any = config.model
     return [
         *(
             [_row("frozen base", memory.frozen_params, "LoRA: no gradients, no optimizer state")]
@@ -160,7 +167,17 @@ def _memory_rows(config: TrainConfig, memory: StepMemory, default: StepMemory | 
             memory.params,
             "the layout's shards" if memory.trained_params is None else "the adapters",
         ),
-        _row("optimizer state", memory.optimizer_state, type(config.optimizer).__name__),
+        _row(
+            "optimizer state",
+            memory.optimizer_state,
+            type(config.optimizer).__name__
+            + (f" in {model.optimizer.name}" if model.optimizer != model.params else "")
+            + (
+                ", in host memory (trainer.offload_optimizer_state): not in the total"
+                if memory.optimizer_on_host
+                else ""
+            ),
+        ),
         _row("gradients", memory.gradients, "one per parameter, in its shard (of the temporaries)"),
         _row("activations", memory.activations, "saved for the backward pass, and workspace"),
         _row("batch", memory.batch, "int32 tokens and segment ids"),

@@ -2,7 +2,10 @@
 
 The step is the trainer's own (`RunSetup.train_step`), lowered on abstract inputs
 (`jax.ShapeDtypeStruct` with the layout's shardings) and compiled for the configured mesh: nothing
-is allocated, so an 8B model plans on a laptop with simulated CPU devices.
+is allocated, so an 8B model plans on a laptop with simulated CPU devices. It is traced as for the
+accelerator planned (`halyard.named.nn.compiling_for`): the accelerator's matmuls where they differ from
+the CPU's; the blocked attention kernel stands in for the TPU's splash kernel (the same residuals). With ``trainer.offload_optimizer_state`` the optimizer state is in host memory, not in
+the device's total (the CPU's analysis counts host and device memory as one).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from halyard.named.nn import compiling_for
 from halyard.shard import default_batch_axes, mesh_axis_sizes, use_layout
 from halyard.train.config.errors import ConfigError
 from halyard.train.doremi.step import REFERENCE_MODEL
@@ -46,7 +50,7 @@ class StepMemory:
     params: int
     """The trained parameters' shards on one device (with LoRA: the adapters)."""
     optimizer_state: int
-    """The optimizer state's shards on one device."""
+    """The optimizer state's shards on one device (in its host memory with `optimizer_on_host`)."""
     batch: int
     """The batch's shard on one device."""
     gradients: int
@@ -67,6 +71,10 @@ class StepMemory:
     """trainer.objective=grpo: the inference engine's page pool on one device (rl.max_running sequences of data.seq_len tokens; pages split over the tensor axis only)."""
     reference_params: int = 0
     """trainer.objective=grpo with rl.kl_beta: the frozen reference model's shards on one device."""
+    optimizer_on_host: bool = False
+    """trainer.offload_optimizer_state: the optimizer state lives in host memory (not in `total`)."""
+    target_backend: str | None = None
+    """The backend the step was traced for (None: the compiling one's)."""
 
     @property
     def activations(self) -> int:
@@ -86,12 +94,15 @@ class StepMemory:
         )
 
 
-def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemory:
+def step_memory(
+    config: TrainConfig, devices: Sequence[jax.Device], target_backend: str | None = None
+) -> StepMemory:
     """Compile the run's train step for ``devices`` on abstract inputs and read its memory per device.
 
     Args:
         config: the run config (its mesh must fit ``len(devices)`` devices).
         devices: the mesh's devices (simulated CPU devices do: only shapes and shardings matter).
+        target_backend: trace the step as for this backend (``tpu``, ``gpu``); None: the devices' own.
 
     Raises:
         ConfigError: a mesh, layout or batch that does not fit these devices.
@@ -109,11 +120,16 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
     if config.lora.enabled:  # the frozen base: the whole model, placed as training places it
         abstract_model = jax.eval_shape(setup.model_config.init, jax.random.PRNGKey(0))
         frozen = _with_shardings(abstract_model, setup.layout.shardings(abstract_model, setup.mesh))
-    with use_layout(setup.layout, setup.mesh):
+    with use_layout(setup.layout, setup.mesh), compiling_for(target_backend):
         compiled = setup.train_step().lower(state, batch, frozen).compile()
     analysis = compiled.memory_analysis()
     model: Any = setup.model_config
     params = _bytes_per_device(state.params)
+    optimizer_state = _bytes_per_device(state.opt_state)
+    on_host = config.trainer.offload_optimizer_state
+    # A backend that keeps host arguments apart reports them there; the CPU counts them with the rest.
+    host_counted_apart = int(getattr(analysis, "host_argument_size_in_bytes", 0) or 0) > 0
+    state_in_arguments = optimizer_state if on_host and not host_counted_apart else 0
     return StepMemory(
         num_devices=len(devices),
         mesh={axis: size for axis, size in mesh_axis_sizes(setup.mesh).items() if size > 1},
@@ -122,11 +138,11 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         num_params=int(model.num_params()),
         flops_per_token=float(model.flops_per_token(config.data.seq_len)),
         params=params,
-        optimizer_state=_bytes_per_device(state.opt_state),
+        optimizer_state=optimizer_state,
         batch=_bytes_per_device(batch),
         gradients=params,
         temporaries=int(analysis.temp_size_in_bytes),
-        arguments=int(analysis.argument_size_in_bytes),
+        arguments=int(analysis.argument_size_in_bytes) - state_in_arguments,
         outputs_not_aliased=max(int(analysis.output_size_in_bytes - analysis.alias_size_in_bytes), 0),
         compile_seconds=time.perf_counter() - started,
         frozen_params=_bytes_per_device(frozen) if frozen is not None else 0,
@@ -135,6 +151,8 @@ def step_memory(config: TrainConfig, devices: Sequence[jax.Device]) -> StepMemor
         else None,
         engine_pages=_engine_pages(config, setup) if config.trainer.objective == "grpo" else 0,
         reference_params=params if config.trainer.objective == "grpo" and config.rl.kl_beta > 0 else 0,
+        optimizer_on_host=on_host,
+        target_backend=target_backend,
     )
 
 

@@ -22,12 +22,15 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.models import MupConfig, lr_multipliers
+from halyard.named.nn import offload_supported
 from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
+from halyard.train.config.errors import ConfigError
 from halyard.train.doremi.state import with_domain_weights
 from halyard.train.doremi.step import make_doremi_step
 from halyard.train.lora.adapters import join, lora_loss_fn, trainable_params
 from halyard.train.objectives.run_objective import objective_loss_fn
+from halyard.train.optim.state_placement import host_shardings, with_host_state, with_state_dtype
 from halyard.train.run.canonical import canonical_slices
 from halyard.train.run.mesh_record import mesh_record
 from halyard.train.run.schedule_plan import SchedulePlan, run_schedule_plan
@@ -105,7 +108,12 @@ class RunSetup:
         built = as_config_error(
             "optimizer", lambda: optimizer.build(schedule=schedule, lr_multipliers=multipliers)
         )
-        if self.config.trainer.objective == "doremi":  # the domain weights live beside its state
+        model: Any = self.model_config
+        if model.optimizer != model.params:
+            built = with_state_dtype(built, model.optimizer)
+        if self.config.trainer.offload_optimizer_state:
+            built = with_host_state(built)
+        if self.config.trainer.objective == "doremi":  # the domain weights live beside its state, in float32
             domains = len(self.config.data.mixture.sources)
             return with_domain_weights(built, [1.0 / domains] * domains)
         return built
@@ -126,7 +134,16 @@ class RunSetup:
     def abstract_state(self) -> Placed:
         """The train state's shapes and shardings: nothing allocated."""
         abstract = jax.eval_shape(self.init_state, jax.random.PRNGKey(self.config.trainer.seed))
-        return Placed(abstract, self.layout.shardings(abstract, self.mesh))
+        shardings = self.layout.shardings(abstract, self.mesh)
+        if self.config.trainer.offload_optimizer_state:
+            device = self.mesh.devices.flat[0]
+            if not offload_supported(device):
+                raise ConfigError(
+                    f"trainer.offload_optimizer_state: the {device.platform} device has no pinned_host "
+                    "memory to keep the optimizer state in; set it to false"
+                )
+            shardings = dataclasses.replace(shardings, opt_state=host_shardings(shardings.opt_state))
+        return Placed(abstract, shardings)
 
     @cached_property
     def abstract_trained(self) -> Placed:
