@@ -16,10 +16,6 @@ Sections (each writes ``DIR/<section>.json`` and prints a table):
 - ``train``: ``train --config llama-1b`` for `--steps` steps per setting that fits, on the built-in
   python-stdlib corpus (tokenizer of 32,000 tokens; the model keeps its 128,256), reading tokens/s and MFU
   from the run's metrics.jsonl.
-
-Until `halyard.shard.initialize` stops treating a one-host TPU as a cluster and checkpoint writers stop
-failing on a refused ``SCHED_IDLE`` (issue 51, another branch), the ``train`` section's child process turns
-both off for itself (`_train_child`).
 """
 
 from __future__ import annotations
@@ -238,13 +234,9 @@ def train(out: Path, work: Path, steps: int, fitting: list[str], deadline: float
 
 
 def _train_child(args: list[str]) -> int:
-    """`train` with one host's TPU variables not taken for a cluster and without the writers' SCHED_IDLE."""
-    import halyard.shard.runtime as runtime
-    import halyard.train.checkpoint.writer_priority as writer_priority
+    """`train` in a child process of its own (only one process may hold the TPU)."""
     from halyard.train.cli import train_main
 
-    runtime.detect_cluster = lambda environ=None: None
-    writer_priority._lower = lambda thread_id, niceness: False
     return int(train_main(args) or 0)
 
 
