@@ -6,7 +6,9 @@ row, the logits of one chosen token and the next token drawn from them (`halyard
 optionally the log-probability of every fed token's successor (prompt log-probs). The shapes come from a
 small fixed set: ``tokens`` is 1 (decoding rows) or the chunk size (prefill rows); ``rows`` and the number
 of pages a row can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles
-each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`). In
+each shape once and never again (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``;
+`ModelRunner.shape_set` lists every shape an engine can ask for, which `halyard.serve.warmup` compiles at
+start). In
 deterministic mode (``fixed_rows``) a program has fewer rows than the most asked for only where
 `halyard.serve.row_check` showed that it computes every row as the full-size program does.
 
@@ -87,8 +89,10 @@ class ModelRunner:
         self.pages = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
+        self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
+        self._stores: set[tuple[int, int, int]] = set()  # (rows, tokens, seq_pages) the store compiled for
 
     @property
     def compiled_shapes(self) -> list[ProgramShape]:
@@ -110,6 +114,16 @@ class ModelRunner:
                 return shape
             size = min(size * 2, max_rows)
         return ProgramShape(size, tokens, pages, prompt_logprobs)
+
+    def shape_set(self, max_rows: int, tokens: int) -> list[ProgramShape]:
+        """Every shape `shape_for` can give programs of at most ``max_rows`` rows of ``tokens`` tokens without
+        prompt log-probs: one per row bucket and page bucket (in deterministic mode this runs the row
+        checks, compiling what they need)."""
+        shapes: dict[ProgramShape, None] = {}
+        for rows in _buckets(self.min_rows, max_rows):
+            for pages in _buckets(1, self.max_seq_pages):
+                shapes[self.shape_for(rows, max_rows, tokens, pages, prompt_logprobs=False)] = None
+        return list(shapes)
 
     def rows_agree(self, shape: ProgramShape, max_rows: int) -> bool:
         """Whether ``shape``'s program gives every row the bits the ``max_rows`` program of the same shape gives
@@ -137,9 +151,15 @@ class ModelRunner:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
         program, store = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
+        store_key = (shape.rows, shape.tokens, shape.seq_pages)
         with self._placement():
             written, outputs = program(self.model, self.pages, device_inputs)
+            started = time.perf_counter()
             self.pages = store(self.pages, written, device_inputs.page_table, device_inputs.positions)
+            if store_key not in self._stores:  # its first call compiled it (the call itself only dispatches)
+                self._stores.add(store_key)
+                self.compile_seconds += time.perf_counter() - started
+                self.programs_compiled += 1
         values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
         return StepOutputs(*values)
 
@@ -163,18 +183,31 @@ class ModelRunner:
         if programs is not None:
             return programs
         started = time.perf_counter()
-        example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
+        example = jax.tree.map(self._placed, example_inputs(shape, self.page_size))
         with self._placement():
             lowered = jax.jit(_step, static_argnames="invariant").lower(
                 self.model, self.pages, example, invariant=self.invariant
             )
             compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started
+        self.programs_compiled += 1
         self._programs[shape] = (compiled, _store)
         return compiled, _store
 
 
-def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
+def _buckets(smallest: int, largest: int) -> list[int]:
+    """The sizes `round_up_power_of_two` gives from ``smallest`` (``smallest`` times powers of two) below
+    ``largest``, then ``largest``."""
+    sizes = []
+    size = round_up_power_of_two(1, smallest)
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
+def example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
+    """Inputs of ``shape`` that are all padding: a program run on them stores nothing."""
     rows, tokens = shape.rows, shape.tokens
     int_rows = np.zeros((rows,), np.int32)
     settings = RowSettings(
