@@ -13,7 +13,9 @@ deterministic mode (``fixed_rows``) a program has fewer rows than the most asked
 `halyard.serve.row_check` showed that it computes every row as the full-size program does.
 
 A step program only reads the pool; a second small program, to which the pool is donated, stores the
-step's new keys and values in place (a program that read and wrote the pool would copy all of it).
+step's new keys and values in place (a program that read and wrote the pool would copy all of it). It is
+given only the few pages each row writes (`store_window`), so it compiles once per ``(rows, tokens)``, not
+once per page bucket as well.
 
 With ``invariant`` (`EngineConfig.training_arithmetic`) the programs are traced inside
 `halyard.named.nn.batch_invariant`: in a process without
@@ -92,7 +94,7 @@ class ModelRunner:
         self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
-        self._stores: set[tuple[int, int, int]] = set()  # (rows, tokens, seq_pages) the store compiled for
+        self._stores: set[tuple[int, int]] = set()  # the (rows, tokens) the store program was compiled for
 
     @property
     def compiled_shapes(self) -> list[ProgramShape]:
@@ -151,11 +153,12 @@ class ModelRunner:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
         program, store = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
-        store_key = (shape.rows, shape.tokens, shape.seq_pages)
+        window, window_positions = store_window(inputs.page_table, inputs.positions, self.page_size)
+        store_key = (shape.rows, shape.tokens)
         with self._placement():
             written, outputs = program(self.model, self.pages, device_inputs)
             started = time.perf_counter()
-            self.pages = store(self.pages, written, device_inputs.page_table, device_inputs.positions)
+            self.pages = store(self.pages, written, self._placed(window), self._placed(window_positions))
             if store_key not in self._stores:  # its first call compiled it (the call itself only dispatches)
                 self._stores.add(store_key)
                 self.compile_seconds += time.perf_counter() - started
@@ -193,6 +196,33 @@ class ModelRunner:
         self.programs_compiled += 1
         self._programs[shape] = (compiled, _store)
         return compiled, _store
+
+
+def store_window(
+    page_table: np.ndarray, positions: np.ndarray, page_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pages each row writes and its positions within them: ``(table [rows, width], positions [rows,
+    tokens])``, ``width`` the most pages ``tokens`` consecutive positions can touch. Row ``r``'s window starts
+    at the page of its first fed position; positions shift by as many whole pages (the same page and slot
+    for every token), padding (-1) stays padding.
+
+    Args:
+        page_table: int32 ``[rows, seq_pages]``: each row's pages.
+        positions: int32 ``[rows, tokens]``: each fed token's position, -1 for padding.
+        page_size: tokens per page.
+    """
+    tokens = positions.shape[1]
+    width = -(-tokens // page_size) + 1
+    fed = positions >= 0
+    first = np.where(fed.any(axis=1), np.where(fed, positions, np.iinfo(np.int32).max).min(axis=1), 0)
+    first_page = first // page_size
+    pages = first_page[:, None] + np.arange(width)[None, :]
+    inside = pages < page_table.shape[1]
+    window = np.where(
+        inside, np.take_along_axis(page_table, np.minimum(pages, page_table.shape[1] - 1), 1), 0
+    )
+    shifted = np.where(fed, positions - (first_page * page_size)[:, None], -1)
+    return window.astype(np.int32), shifted.astype(np.int32)
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:
