@@ -39,6 +39,7 @@ from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
+from halyard.serve.compile_events import thread_compiles
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
 from halyard.serve.row_check import first_rows, probe_inputs, results_agree
@@ -94,7 +95,6 @@ class ModelRunner:
         self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
-        self._stores: set[tuple[int, int]] = set()  # the (rows, tokens) the store program was compiled for
 
     @property
     def compiled_shapes(self) -> list[ProgramShape]:
@@ -154,13 +154,11 @@ class ModelRunner:
         program, store = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
         window, window_positions = store_window(inputs.page_table, inputs.positions, self.page_size)
-        store_key = (shape.rows, shape.tokens)
         with self._placement():
             written, outputs = program(self.model, self.pages, device_inputs)
-            started = time.perf_counter()
+            started, compiles = time.perf_counter(), thread_compiles()
             self.pages = store(self.pages, written, self._placed(window), self._placed(window_positions))
-            if store_key not in self._stores:  # its first call compiled it (the call itself only dispatches)
-                self._stores.add(store_key)
+            if thread_compiles() > compiles:  # this call compiled it (the call itself only dispatches)
                 self.compile_seconds += time.perf_counter() - started
                 self.programs_compiled += 1
         values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
@@ -170,7 +168,7 @@ class ModelRunner:
         """A host input as the programs take it: on the default device, or replicated over the mesh (every
         process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic)."""
         if self.mesh is None:
-            return jnp.asarray(value)
+            return jax.device_put(value)  # jnp.asarray would compile a small program per shape and dtype
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         return jax.make_array_from_process_local_data(replicated, np.asarray(value))
 
