@@ -3,12 +3,15 @@ greedy and sampled, n > 1) compiles nothing more, through the public `Engine` AP
 
 from __future__ import annotations
 
+import argparse
 import logging
+from pathlib import Path
 
 import pytest
 from tiny_models import tiny_model
 
 from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.server import add_server_arguments, engine_config_of
 
 WARM = EngineConfig(
     page_size=8, num_pages=12, max_context=16, max_running=2, chunk_size=8, max_prefill_rows=1, warmup=True
@@ -38,3 +41,12 @@ def test_after_warmup_a_mixed_workload_compiles_nothing(caplog: pytest.LogCaptur
     engine.generate([list(range(40, 53))], SamplingParams(max_tokens=3, temperature=0.0))  # one row, alone
     assert engine.stats.programs_compiled == warmed, [s for s in engine.runner.compiled_shapes]
     assert engine.stats.steps > 10
+
+
+def test_the_server_options_set_warmup_and_the_compilation_cache(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    plain = engine_config_of(parser.parse_args([]))
+    assert not plain.warmup and plain.compilation_cache is None
+    chosen = engine_config_of(parser.parse_args(["--warmup", "--compilation-cache", str(tmp_path)]))
+    assert chosen.warmup and chosen.compilation_cache == str(tmp_path)
