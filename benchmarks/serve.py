@@ -27,6 +27,7 @@ Usage::
     python benchmarks/serve.py                 # the llama shape, 128 requests
     python benchmarks/serve.py --quick         # a tiny model, 16 requests (a smoke test)
     python benchmarks/serve.py --skip old_generate
+    python benchmarks/serve.py --quick --warmup --skip transformers old_generate   # compile every shape at start
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/serve.json).
 """
@@ -106,21 +107,30 @@ def summary(seconds: float, first_token: list[float], tokens: int) -> dict[str, 
 
 
 def run_engines(
-    model: CausalLM, workload: Workload, modes: dict[str, dict[str, bool]], context: int, repeats: int
+    model: CausalLM,
+    workload: Workload,
+    modes: dict[str, dict[str, bool]],
+    context: int,
+    repeats: int,
+    warmup: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
-    """Each engine arm (name -> its `EngineConfig` fields) runs the workload once to compile, then ``repeats``
-    times, the arms interleaved so that a slow minute of the machine falls on all. Returns each arm's median
-    run and, for each other arm run beside ``engine``, its time / the fast mode's of each repetition."""
-    engines = {
-        name: Engine(
+    """Each engine arm (name -> its `EngineConfig` fields) runs the workload once to compile (after compiling
+    its whole shape set at start with ``warmup``), then ``repeats`` times, the arms interleaved so that a slow
+    minute of the machine falls on all. Returns each arm's median run and, for each other arm run beside
+    ``engine``, its time / the fast mode's of each repetition."""
+    engines: dict[str, Engine] = {}
+    start_seconds: dict[str, float] = {}
+    for name, fields in modes.items():
+        began = time.perf_counter()
+        engines[name] = Engine(
             model,
             EngineConfig(
                 page_size=64, num_pages=64 * -(-context // 64) + 8, max_context=context, max_running=64,
-                chunk_size=128, max_prefill_rows=4, **fields,
+                chunk_size=128, max_prefill_rows=4, warmup=warmup, **fields,
             ),
-        )
-        for name, fields in modes.items()
-    }  # fmt: skip
+        )  # fmt: skip
+        start_seconds[name] = time.perf_counter() - began
+    compiled_at_start = {name: engine.stats.programs_compiled for name, engine in engines.items()}
     first = {name: run_workload(engine, workload) for name, engine in engines.items()}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     for _ in range(repeats):
@@ -132,8 +142,11 @@ def run_engines(
         arms[name] = dict(
             median,
             compile_seconds=engine.runner.compile_seconds,
+            start_seconds=start_seconds[name],
             first_run_seconds=first[name]["seconds"],
             compiled_shapes=len(engine.runner.compiled_shapes),
+            programs_compiled=engine.stats.programs_compiled,
+            programs_compiled_at_start=compiled_at_start[name],
             repeat_seconds=[run["seconds"] for run in runs[name]],
         )
     pairs = {
@@ -293,6 +306,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--repeats", type=int, default=5, help="warm runs of each engine arm, interleaved (median reported)"
     )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="the engines compile their whole shape set at start (EngineConfig.warmup)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -307,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"model": shapes.__dict__, "requests": len(workload.prompts)}
     arms: dict[str, dict[str, Any]] = {}
     modes = {name: fields for name, fields in ENGINE_MODES.items() if name not in args.skip}
-    engine_arms, pairs = run_engines(model, workload, modes, context, args.repeats)
+    engine_arms, pairs = run_engines(model, workload, modes, context, args.repeats, args.warmup)
     arms.update(engine_arms)
     if "transformers" not in args.skip:
         from halyard.export import export_hf
@@ -339,6 +357,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{name:27s} {arm['tokens_per_second']:9.1f} tokens/s  {arm['seconds']:7.2f} s  "
             f"ttft mean {arm['ttft_mean']:.2f} median {arm['ttft_median']:.2f} p90 {arm['ttft_p90']:.2f} s"
             + (f"  (first run {arm['first_run_seconds']:.1f} s)" if "first_run_seconds" in arm else "")
+            + (
+                f"  ({arm['programs_compiled']} programs compiled in {arm['compile_seconds']:.1f} s, "
+                f"{arm['programs_compiled_at_start']} at start)"
+                if "programs_compiled" in arm
+                else ""
+            )
         )
     for name, value in ratios.items():
         print(f"{name:40s} {value:.3f}")

@@ -10,7 +10,7 @@ import jax
 import pytest
 from trainer_fixtures import run_cli, write_config
 
-from halyard.train.trainer.compilation_cache import use_compilation_cache
+from halyard.shard.compilation_cache import use_compilation_cache
 
 
 def _losses(run_dir: Path) -> list[float]:

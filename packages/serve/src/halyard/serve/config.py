@@ -43,6 +43,12 @@ class EngineConfig:
             (`halyard.named.nn.unfuse_multiply_add`); costs more (benchmarks/README.md).
         prefix_cache: share the pages of common prompt prefixes between requests.
         seed: draws the seeds of requests that give none.
+        warmup: compile every step program the engine can ask for when it starts, logging a progress line
+            per shape (`halyard.serve.warmup`), so that no step compiles later (``EngineStats.
+            programs_compiled`` stays); otherwise each compiles at its first use.
+        compilation_cache: a folder for JAX's persistent compilation cache (`halyard.shard.compilation_cache`,
+            the mechanism training's ``trainer.compilation_cache`` uses): a second start loads its programs
+            from there. None: no cache, unless this process set one already.
     """
 
     page_size: int = 64
@@ -57,6 +63,8 @@ class EngineConfig:
     training_arithmetic: bool = False
     prefix_cache: bool = True
     seed: int = 0
+    warmup: bool = False
+    compilation_cache: str | None = None
 
     def __post_init__(self) -> None:
         for name in (

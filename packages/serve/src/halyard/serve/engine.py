@@ -31,7 +31,9 @@ from halyard.serve.runner import ModelRunner
 from halyard.serve.scheduler import Chunk, Scheduler, Sequence
 from halyard.serve.stats import EngineStats
 from halyard.serve.text import Decode
+from halyard.serve.warmup import warm_up
 from halyard.shard import Layout
+from halyard.shard.compilation_cache import use_compilation_cache
 
 
 class Engine:
@@ -68,6 +70,7 @@ class Engine:
         eos = getattr(model.model_config, "eos_token_ids", ()) if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = tuple(int(t) for t in eos)
         self.pages = PageTable(config.num_pages, config.page_size)
+        use_compilation_cache(config.compilation_cache)  # before the runner compiles anything
         self.runner = ModelRunner(
             model,
             num_pages=config.num_pages,
@@ -93,6 +96,10 @@ class Engine:
         self._ids = itertools.count()
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
+        if config.warmup:
+            warm_up(self.runner, config)
+            self.stats.compile_seconds = self.runner.compile_seconds
+            self.stats.programs_compiled = self.runner.programs_compiled
 
     # -- requests ------------------------------------------------------------------------------------
     def add_request(self, prompt: Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
@@ -217,6 +224,7 @@ class Engine:
             running=len(self.scheduler.running),
             pages_in_use=self.pages.in_use,
             compile_seconds=self.runner.compile_seconds,
+            programs_compiled=self.runner.programs_compiled,
         )
         return updates
 

@@ -6,12 +6,16 @@ row, the logits of one chosen token and the next token drawn from them (`halyard
 optionally the log-probability of every fed token's successor (prompt log-probs). The shapes come from a
 small fixed set: ``tokens`` is 1 (decoding rows) or the chunk size (prefill rows); ``rows`` and the number
 of pages a row can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles
-each shape once and never again (`ModelRunner.compiled_shapes`, `ModelRunner.compile_seconds`). In
+each shape once and never again (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``;
+`ModelRunner.shape_set` lists every shape an engine can ask for, which `halyard.serve.warmup` compiles at
+start). In
 deterministic mode (``fixed_rows``) a program has fewer rows than the most asked for only where
 `halyard.serve.row_check` showed that it computes every row as the full-size program does.
 
 A step program only reads the pool; a second small program, to which the pool is donated, stores the
-step's new keys and values in place (a program that read and wrote the pool would copy all of it).
+step's new keys and values in place (a program that read and wrote the pool would copy all of it). It is
+given only the few pages each row writes (`store_window`), so it compiles once per ``(rows, tokens)``, not
+once per page bucket as well.
 
 With ``invariant`` (`EngineConfig.training_arithmetic`) the programs are traced inside
 `halyard.named.nn.batch_invariant`: in a process without
@@ -35,6 +39,7 @@ from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
+from halyard.serve.compile_events import thread_compiles
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
 from halyard.serve.row_check import first_rows, probe_inputs, results_agree
@@ -87,6 +92,7 @@ class ModelRunner:
         self.pages = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
+        self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
 
@@ -110,6 +116,16 @@ class ModelRunner:
                 return shape
             size = min(size * 2, max_rows)
         return ProgramShape(size, tokens, pages, prompt_logprobs)
+
+    def shape_set(self, max_rows: int, tokens: int) -> list[ProgramShape]:
+        """Every shape `shape_for` can give programs of at most ``max_rows`` rows of ``tokens`` tokens without
+        prompt log-probs: one per row bucket and page bucket (in deterministic mode this runs the row
+        checks, compiling what they need)."""
+        shapes: dict[ProgramShape, None] = {}
+        for rows in _buckets(self.min_rows, max_rows):
+            for pages in _buckets(1, self.max_seq_pages):
+                shapes[self.shape_for(rows, max_rows, tokens, pages, prompt_logprobs=False)] = None
+        return list(shapes)
 
     def rows_agree(self, shape: ProgramShape, max_rows: int) -> bool:
         """Whether ``shape``'s program gives every row the bits the ``max_rows`` program of the same shape gives
@@ -137,9 +153,14 @@ class ModelRunner:
         """Run one program on ``inputs`` (already padded to ``shape``) and store the new keys and values."""
         program, store = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
+        window, window_positions = store_window(inputs.page_table, inputs.positions, self.page_size)
         with self._placement():
             written, outputs = program(self.model, self.pages, device_inputs)
-            self.pages = store(self.pages, written, device_inputs.page_table, device_inputs.positions)
+            started, compiles = time.perf_counter(), thread_compiles()
+            self.pages = store(self.pages, written, self._placed(window), self._placed(window_positions))
+            if thread_compiles() > compiles:  # this call compiled it (the call itself only dispatches)
+                self.compile_seconds += time.perf_counter() - started
+                self.programs_compiled += 1
         values: list[Any] = [None if value is None else np.asarray(value) for value in outputs]
         return StepOutputs(*values)
 
@@ -147,7 +168,7 @@ class ModelRunner:
         """A host input as the programs take it: on the default device, or replicated over the mesh (every
         process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic)."""
         if self.mesh is None:
-            return jnp.asarray(value)
+            return jax.device_put(value)  # jnp.asarray would compile a small program per shape and dtype
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         return jax.make_array_from_process_local_data(replicated, np.asarray(value))
 
@@ -162,19 +183,61 @@ class ModelRunner:
         programs = self._programs.get(shape)
         if programs is not None:
             return programs
-        started = time.perf_counter()
-        example = jax.tree.map(self._placed, _example_inputs(shape, self.page_size))
+        started, compiles = time.perf_counter(), thread_compiles()
+        example = jax.tree.map(self._placed, example_inputs(shape, self.page_size))
         with self._placement():
             lowered = jax.jit(_step, static_argnames="invariant").lower(
                 self.model, self.pages, example, invariant=self.invariant
             )
             compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started
+        self.programs_compiled += (
+            thread_compiles() - compiles
+        )  # 0 when JAX had it (this process, the disk cache)
         self._programs[shape] = (compiled, _store)
         return compiled, _store
 
 
-def _example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
+def store_window(
+    page_table: np.ndarray, positions: np.ndarray, page_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pages each row writes and its positions within them: ``(table [rows, width], positions [rows,
+    tokens])``, ``width`` the most pages ``tokens`` consecutive positions can touch. Row ``r``'s window starts
+    at the page of its first fed position; positions shift by as many whole pages (the same page and slot
+    for every token), padding (-1) stays padding.
+
+    Args:
+        page_table: int32 ``[rows, seq_pages]``: each row's pages.
+        positions: int32 ``[rows, tokens]``: each fed token's position, -1 for padding.
+        page_size: tokens per page.
+    """
+    tokens = positions.shape[1]
+    width = -(-tokens // page_size) + 1
+    fed = positions >= 0
+    first = np.where(fed.any(axis=1), np.where(fed, positions, np.iinfo(np.int32).max).min(axis=1), 0)
+    first_page = first // page_size
+    pages = first_page[:, None] + np.arange(width)[None, :]
+    inside = pages < page_table.shape[1]
+    window = np.where(
+        inside, np.take_along_axis(page_table, np.minimum(pages, page_table.shape[1] - 1), 1), 0
+    )
+    shifted = np.where(fed, positions - (first_page * page_size)[:, None], -1)
+    return window.astype(np.int32), shifted.astype(np.int32)
+
+
+def _buckets(smallest: int, largest: int) -> list[int]:
+    """The sizes `round_up_power_of_two` gives from ``smallest`` (``smallest`` times powers of two) below
+    ``largest``, then ``largest``."""
+    sizes = []
+    size = round_up_power_of_two(1, smallest)
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
+def example_inputs(shape: ProgramShape, page_size: int) -> StepInputs:
+    """Inputs of ``shape`` that are all padding: a program run on them stores nothing."""
     rows, tokens = shape.rows, shape.tokens
     int_rows = np.zeros((rows,), np.int32)
     settings = RowSettings(

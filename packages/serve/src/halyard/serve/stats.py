@@ -21,6 +21,9 @@ class EngineStats:
         preemptions: sequences preempted for lack of pages (recomputed later).
         steps: engine steps run.
         compile_seconds: time spent compiling programs.
+        programs_compiled: programs compiled so far (each step shape's program and the program that stores
+            its keys and values; after a warm-up, `EngineConfig.warmup`, it stays unless a request asks for
+            prompt log-probs).
     """
 
     pages_total: int
@@ -35,6 +38,7 @@ class EngineStats:
     preemptions: int = 0
     steps: int = 0
     compile_seconds: float = 0.0
+    programs_compiled: int = 0
     _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
     _rate: float | None = None
 
@@ -50,12 +54,19 @@ class EngineStats:
         return total
 
     def record_step(
-        self, *, seconds: float, waiting: int, running: int, pages_in_use: int, compile_seconds: float
+        self,
+        *,
+        seconds: float,
+        waiting: int,
+        running: int,
+        pages_in_use: int,
+        compile_seconds: float,
+        programs_compiled: int,
     ) -> None:
-        """Note one step's duration and the gauges after it."""
+        """Note one step's duration and the gauges after it (the compile figures are the runner's totals)."""
         self.steps += 1
         self.waiting, self.running, self.pages_in_use = waiting, running, pages_in_use
-        self.compile_seconds = compile_seconds
+        self.compile_seconds, self.programs_compiled = compile_seconds, programs_compiled
         self._recent.append((time.monotonic(), self.tokens_generated))
 
     def tokens_per_second(self) -> float:

@@ -37,6 +37,7 @@ METRICS = {
     "preemptions": ("counter", "sequences preempted for lack of pages"),
     "steps": ("counter", "engine steps"),
     "compile_seconds": ("counter", "seconds spent compiling step programs"),
+    "programs_compiled": ("counter", "step programs compiled (stays after --warmup)"),
 }
 """The ``/metrics`` names (``halyard_serve_`` + key), their Prometheus type and meaning."""
 

@@ -80,6 +80,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
     )
     engine.add_argument(
+        "--warmup",
+        action="store_true",
+        help="compile every step program before serving, with a progress line per shape, so that no "
+        "request waits for a compile",
+    )
+    engine.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        default=None,
+        help="keep compiled programs in JAX's persistent compilation cache in DIR: a second start loads "
+        "them (default: none, unless JAX_COMPILATION_CACHE_DIR is set)",
+    )
+    engine.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -132,6 +145,8 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
             training_arithmetic=args.training_arithmetic,
             prefix_cache=not args.no_prefix_cache,
             seed=args.seed,
+            warmup=args.warmup,
+            compilation_cache=args.compilation_cache,
         )
     except ValueError as error:
         raise OptionError(as_options(str(error))) from None
@@ -180,6 +195,7 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
         OptionError: the engine options do not fit the model.
     """
     logging.basicConfig(format="%(levelname)s:     %(message)s")
+    logging.getLogger("halyard.serve.warmup").setLevel(logging.INFO)  # --warmup's progress lines
     config = engine_config_of(args)
     try:
         app = create_app(served, config, api_key=args.api_key, tensor=args.tensor, replicas=args.replicas)

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from halyard.shard import is_main_process
+from halyard.shard.compilation_cache import cache_counts, cache_directory
 from halyard.train.config.flatten import flatten_config
 from halyard.train.mixture.config import source_order
 from halyard.train.mixture.metrics import host_metrics
@@ -21,7 +22,6 @@ from halyard.train.perf.mfu import mfu
 from halyard.train.perf.peaks import device_peak_flops
 from halyard.train.run_config import TrainConfig
 from halyard.train.trackers.config import build_trackers
-from halyard.train.trainer.compilation_cache import cache_counts, cache_directory
 from halyard.train.trainer.insights import Locate, StepInsights
 from halyard.train.trainer.progress import StepProgress
 

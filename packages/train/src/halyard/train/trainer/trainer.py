@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from halyard.shard import global_batch_from_local, is_main_process, use_layout
+from halyard.shard.compilation_cache import cache_counts, use_compilation_cache
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.preemption import PreemptionFlag, install_preemption_handler
 from halyard.train.lora.adapters import with_base
@@ -31,7 +32,6 @@ from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
-from halyard.train.trainer.compilation_cache import cache_counts, use_compilation_cache
 from halyard.train.trainer.interruption import (
     RunInterrupted,
     before_steps,

@@ -1,10 +1,11 @@
-"""JAX's persistent compilation cache for training runs: compiled programs are kept on disk, so a run that
-starts again (a resume after preemption or kill -9, the next run of the same shapes) loads its programs
-instead of compiling them.
+"""JAX's persistent compilation cache: compiled programs are kept on disk, so a process that starts again
+(a training run resumed after preemption or kill -9, the next run of the same shapes, a server started
+again) loads its programs instead of compiling them.
 
-``trainer.compilation_cache`` names the folder (default ``~/.cache/halyard/jax``; null: no cache). A folder
-set already, by ``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``, is kept. Programs that compile in less
-than ``jax_persistent_cache_min_compile_time_secs`` (JAX's default: 1 s) are not stored.
+Training's ``trainer.compilation_cache`` (default ``~/.cache/halyard/jax``; null: no cache) and serving's
+``EngineConfig.compilation_cache`` (``--compilation-cache``) name the folder. A folder set already, by
+``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``, is kept. Programs that compile in less than
+``jax_persistent_cache_min_compile_time_secs`` (JAX's default: 1 s) are not stored.
 """
 
 from __future__ import annotations

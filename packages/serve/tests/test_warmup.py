@@ -1,0 +1,52 @@
+"""Compiled once: after `EngineConfig.warmup` a mixed workload (prompts of many lengths, one and two rows,
+greedy and sampled, n > 1) compiles nothing more, through the public `Engine` API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pytest
+from tiny_models import tiny_model
+
+from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.server import add_server_arguments, engine_config_of
+
+WARM = EngineConfig(
+    page_size=8, num_pages=12, max_context=16, max_running=2, chunk_size=8, max_prefill_rows=1, warmup=True
+)
+"""Row buckets 1 and 2, page buckets 1 and 2, one-row prefill: 6 step shapes, and 3 store programs (one per
+row count and token count)."""
+
+
+def test_after_warmup_a_mixed_workload_compiles_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="halyard.serve.warmup"):
+        engine = Engine(tiny_model("llama"), WARM)
+    progress = [r.getMessage() for r in caplog.records if "compiled step shape" in r.getMessage()]
+    assert progress[0].startswith("compiled step shape 1 of 6 ") and progress[-1].startswith(
+        "compiled step shape 6 of 6 "
+    )
+    warmed = engine.stats.programs_compiled
+    assert warmed == 6 + 3 and engine.stats.compile_seconds > 0
+    prompts = [[3], list(range(1, 8)), list(range(2, 12)), [5, 9, 2, 7, 1], list(range(20, 35))]
+    settings = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.8, top_k=5, seed=1),
+        SamplingParams(max_tokens=5, temperature=1.0, top_p=0.9, n=2, seed=2),
+        SamplingParams(max_tokens=3, temperature=0.0),
+        SamplingParams(max_tokens=1, temperature=0.7, min_p=0.1, seed=3),
+    ]
+    engine.generate(prompts, settings)  # several at once: two rows, then one
+    engine.generate([list(range(40, 53))], SamplingParams(max_tokens=3, temperature=0.0))  # one row, alone
+    assert engine.stats.programs_compiled == warmed, [s for s in engine.runner.compiled_shapes]
+    assert engine.stats.steps > 10
+
+
+def test_the_server_options_set_warmup_and_the_compilation_cache(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    plain = engine_config_of(parser.parse_args([]))
+    assert not plain.warmup and plain.compilation_cache is None
+    chosen = engine_config_of(parser.parse_args(["--warmup", "--compilation-cache", str(tmp_path)]))
+    assert chosen.warmup and chosen.compilation_cache == str(tmp_path)
