@@ -161,6 +161,8 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
         (list(range(1, 61)) + [1] * 36, SamplingParams(max_tokens=1), "prompt"),
         ([1, 2, 3], SamplingParams(max_tokens=94), "max_tokens"),
         ([1, 2, 3], SamplingParams(stop=("x",)), "stop"),
+        ([1, 2, 3], SamplingParams(n=129), "n"),  # above EngineConfig.max_n
+        ([1, 2, 3], SamplingParams(n=5, max_tokens=80), "n"),  # 5 x 11 pages, the pool has 48
     ],
 )
 def test_bad_requests_get_an_error_naming_the_parameter(
@@ -171,6 +173,45 @@ def test_bad_requests_get_an_error_naming_the_parameter(
         engine.add_request(prompt, params)
     assert error.value.parameter == parameter and str(error.value).startswith(parameter)
     assert not engine.has_work
+    if params.n == 5:
+        assert "need 55 KV pages at once, the pool has 48" in str(error.value)
+    if params.n == 129:
+        assert "limit of 128" in str(error.value)
+
+
+def _steps_until_finished(engine: Engine, request_id: str) -> int:
+    steps = 0
+    while engine.knows(request_id):
+        engine.step()
+        steps += 1
+    return steps
+
+
+def test_a_request_of_many_samples_does_not_keep_a_small_one_waiting() -> None:
+    """12 samples of 24 tokens fill the 4 rows three times over; a one-sample request that comes after
+    them runs at once (a big sample is preempted for it) and takes the steps it takes alone. Requests of
+    one caller count as one."""
+    model = tiny_model("llama")
+    small = SamplingParams(max_tokens=6, temperature=0.0)
+    alone = Engine(model, SMALL)
+    steps_alone = _steps_until_finished(alone, alone.add_request(PROMPTS[0], small))
+    engine = Engine(model, SMALL)
+    big = engine.add_request(PROMPTS[3][:5], SamplingParams(max_tokens=24, n=12, seed=1, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert len(engine.scheduler.running) == SMALL.max_running
+    preemptions = engine.stats.preemptions
+    beside = _steps_until_finished(engine, engine.add_request(PROMPTS[0], small))
+    assert beside <= steps_alone + 1 and engine.stats.preemptions > preemptions
+    while engine.knows(big):
+        engine.step()
+    assert engine.pages.in_use == 0
+    caller = Engine(model, SMALL)  # four prompts of one caller take the rows the first took: no preemption
+    for _ in range(4):
+        caller.add_request(PROMPTS[3][:5], SamplingParams(max_tokens=24, ignore_eos=True), caller="one")
+    caller.step()
+    late = caller.add_request(PROMPTS[0], small, caller="one")
+    assert _steps_until_finished(caller, late) > 20 and caller.stats.preemptions == 0
 
 
 def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:

@@ -6,6 +6,7 @@ parameter, the API key, and a client that leaves freeing its pages."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import io
@@ -32,6 +33,9 @@ REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 API_KEY = "test-key"
 PROMPT = "the word of the hot one"  # every word is in the tokenizer's vocabulary
+MAX_N = 16
+"""The module server's ``--max-n``: 16 samples of `PROMPT` (6 tokens) and 74 new tokens fill its 160 pages of
+8 tokens (``--num-pages 160``) and its 8 rows twice."""
 MESSAGES = [
     {"role": "system", "content": "be a word"},
     {"role": "user", "content": "how are you"},
@@ -45,7 +49,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(folder: Path) -> Iterator[ServerProcess]:
-    started = start_server(folder, folder.parent / "server.log", "--api-key", API_KEY)
+    options = ("--api-key", API_KEY, "--max-n", str(MAX_N), "--num-pages", "160")
+    started = start_server(folder, folder.parent / "server.log", *options)
     yield started
     assert started.stop() == 0, started.output()[-3000:]
 
@@ -77,7 +82,7 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: ServerProcess)
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     metrics = httpx.get(server.url + "/metrics").text
     assert (
-        "halyard_serve_pages_total 40.0" in metrics and "# TYPE halyard_serve_pages_in_use gauge" in metrics
+        "halyard_serve_pages_total 160.0" in metrics and "# TYPE halyard_serve_pages_in_use gauge" in metrics
     )
     stats = server.stats()
     for key in (
@@ -376,7 +381,7 @@ def _wait_for(server: ServerProcess, condition: Any, timeout: float = 60) -> dic
 
 def test_a_client_that_leaves_frees_its_pages(client: openai.OpenAI, server: ServerProcess) -> None:
     """A streaming client, and one waiting for the whole answer, that go away: their requests are cancelled.
-    (8 samples of 88 tokens need 96 pages of the 40: they run in waves, hundreds of steps.)"""
+    (8 samples of 88 tokens take 96 pages of the 160 and 88 steps.)"""
     before = server.stats()["requests_cancelled"]
     stream = client.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=88, n=8, stream=True, extra_body={"ignore_eos": True}
@@ -398,6 +403,68 @@ def test_a_client_that_leaves_frees_its_pages(client: openai.OpenAI, server: Ser
         )
     stats = _wait_for(server, lambda s: s["requests_cancelled"] > before + 1 and s["pages_in_use"] == 0)
     assert stats["requests_cancelled"] == before + 2 and stats["pages_in_use"] == 0, stats
+
+
+def test_n_is_capped_and_samples_that_could_never_fit_the_pool_are_refused(
+    client: openai.OpenAI, server: ServerProcess
+) -> None:
+    added = server.stats()["requests_added"]
+    for prompt, n, max_tokens, says in (
+        (PROMPT, MAX_N + 1, 4, f"n: {MAX_N + 1} samples exceed this server's limit of {MAX_N}"),
+        (PROMPT, 16, 88, "n: 16 samples of up to 94 tokens need 192 KV pages at once, the pool has 160"),
+        ([PROMPT, "how are you"], 9, 4, f"ask for 18 samples, more than this server's limit of {MAX_N}"),
+    ):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model=MODEL_NAME, prompt=prompt, n=n, max_tokens=max_tokens)
+        assert raised.value.param == "n" and says in raised.value.message, raised.value.message
+    assert server.stats()["requests_added"] == added  # refused before any of it ran
+
+
+def test_a_maximal_request_does_not_keep_small_ones_waiting(server: ServerProcess) -> None:
+    """The largest request the server takes (n = --max-n, as many tokens as the pool holds for them: 16
+    samples of 74 tokens, 150 steps of the 8 rows) and, once the engine has it, three small requests beside
+    it: each small one finishes in a small part of the time the big one still takes, and in a few times its
+    own time alone (all measured here and now, so a loaded machine slows them alike). First come, first
+    served, they would wait for the big one to finish."""
+    small = dict(model=MODEL_NAME, max_tokens=2, temperature=0)
+    prompts = ["how are you", "the one", "what is it"]
+
+    async def seconds(client: openai.AsyncOpenAI, **request: Any) -> float:
+        started = time.perf_counter()
+        await client.completions.create(**request)
+        return time.perf_counter() - started
+
+    async def big(client: openai.AsyncOpenAI, started: asyncio.Event) -> float:
+        stream = await client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPT,
+            n=MAX_N,
+            max_tokens=74,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for _ in stream:
+            started.set()  # its first sample has drawn a token: the others follow it into the rows
+        return time.perf_counter()
+
+    async def main() -> tuple[list[float], float, list[float]]:
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300
+        ) as client:
+            alone = [await seconds(client, prompt=prompt, **small) for prompt in prompts * 2]
+            for _ in range(2):  # the second round, its programs compiled, is the one counted
+                started = asyncio.Event()
+                whole = asyncio.ensure_future(big(client, started))
+                await started.wait()
+                sent = time.perf_counter()
+                beside = await asyncio.gather(*[seconds(client, prompt=p, **small) for p in prompts])
+                remaining = await whole - sent
+            return alone[len(prompts) :], remaining, list(beside)
+
+    alone, remaining, beside = asyncio.run(main())
+    print(f"alone {alone} s, beside {beside} s, the big one's remaining time {remaining} s")
+    assert max(beside) <= 0.5 * remaining, (beside, remaining)
+    assert max(beside) <= 20 * np.median(alone), (beside, alone)
 
 
 def _blocks(readme: Path) -> list[tuple[str, str]]:

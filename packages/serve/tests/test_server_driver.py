@@ -33,7 +33,9 @@ class ScriptedEngine:
     def _called(self) -> None:
         self.threads.add(threading.get_ident())
 
-    def add_request(self, prompt: list[int], params: SamplingParams, request_id: str) -> str:
+    def add_request(
+        self, prompt: list[int], params: SamplingParams, request_id: str, *, caller: object = None
+    ) -> str:
         self._called()
         if len(prompt) > 5:
             raise ParameterError("prompt", "prompt: longer than 5 tokens")

@@ -167,7 +167,10 @@ class CausalLM(eqx.Module):
         else:  # `batch_invariant`: the product in fixed blocks of rows, as `Linear`'s
             ordered = hidden.rearrange(..., "embed")
             weight = unembedding.rearrange("embed", "vocab")
-            product = gemm_dot_general(ordered.array, weight.array, (((ordered.ndim - 1,), (0,)), ((), ())))
+            # a tied unembedding is the embedding transposed: materialised here, or XLA folds the transpose
+            # into the product, one way in the engine's step and another in the training step
+            matrix = jax.lax.optimization_barrier(weight.array)
+            product = gemm_dot_general(ordered.array, matrix, (((ordered.ndim - 1,), (0,)), ((), ())))
             logits = NamedArray(product, (*ordered.axes[:-1], weight.axes[1]))
         logits = logits.astype(jnp.float32)
         cap = self.logit_softcap

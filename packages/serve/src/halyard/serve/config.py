@@ -42,6 +42,9 @@ class EngineConfig:
             ``batch_invariant`` bit for bit in a process where XLA fuses no multiply-adds
             (`halyard.named.nn.unfuse_multiply_add`); costs more (benchmarks/README.md).
         prefix_cache: share the pages of common prompt prefixes between requests.
+        max_n: the most samples one request may ask for (OpenAI's limit of ``n``, 128). A request's samples
+            must also fit the pool together (`halyard.serve.Engine.add_request` refuses one that could
+            never run at once).
         seed: draws the seeds of requests that give none.
         warmup: compile every step program the engine can ask for when it starts, logging a progress line
             per shape (`halyard.serve.warmup`), so that no step compiles later (``EngineStats.
@@ -62,6 +65,7 @@ class EngineConfig:
     deterministic_rows: int = 32
     training_arithmetic: bool = False
     prefix_cache: bool = True
+    max_n: int = 128
     seed: int = 0
     warmup: bool = False
     compilation_cache: str | None = None
@@ -69,7 +73,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in (
             "page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows",
-            "deterministic_rows",
+            "deterministic_rows", "max_n",
         ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -86,8 +90,10 @@ class EngineConfig:
         cls, *, sequences: int, context: int, page_size: int = 64, **changes: object
     ) -> EngineConfig:
         """A config whose pool holds ``sequences`` sequences of ``context`` tokens at once, running them all
-        together (``max_running = sequences``); ``changes`` set other fields."""
-        pages = sequences * -(-context // page_size)
+        together (``max_running = sequences``), or the ``max_n`` samples of one request when ``changes``
+        sets more; ``changes`` set other fields."""
+        held = max(sequences, int(changes.get("max_n", 0)))  # type: ignore[call-overload]
+        pages = held * -(-context // page_size)
         fields: dict = dict(page_size=page_size, num_pages=pages, max_context=context, max_running=sequences)
         fields.update(changes)
         return cls(**fields)

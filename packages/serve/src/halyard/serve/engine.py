@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Hashable
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -102,20 +103,30 @@ class Engine:
             self.stats.programs_compiled = self.runner.programs_compiled
 
     # -- requests ------------------------------------------------------------------------------------
-    def add_request(self, prompt: Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Seq[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        caller: Hashable = None,
+    ) -> str:
         """Queue a request; it joins the running batch at a coming step.
 
         Args:
             prompt: its token ids (at least one).
             params: its sampling settings.
             request_id: a unique id (default: a new one).
+            caller: whom admission shares rows fairly between: the requests of one caller (an HTTP request
+                of several prompts) count as one (default: this request alone).
 
         Returns:
             The request id.
 
         Raises:
             ParameterError: an empty prompt, a token outside the vocabulary, a prompt plus ``max_tokens``
-                longer than the context, stop strings without a tokenizer, a duplicate id.
+                longer than the context, ``n`` above ``config.max_n`` or samples that need more pages
+                together than the pool has, stop strings without a tokenizer, a duplicate id.
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -136,6 +147,7 @@ class Engine:
                 f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
                 f"context of {self.max_context} tokens; ask for at most {self.max_context - len(prompt)}",
             )
+        self._check_samples_fit(len(prompt), params)
         if params.stop and self.decode is None:
             raise ParameterError("stop", "stop: stop strings need the engine to have a tokenizer")
         request_id = f"req-{next(self._ids)}" if request_id is None else request_id
@@ -146,12 +158,37 @@ class Engine:
         first = next(self._arrivals)
         for _ in range(params.n - 1):
             next(self._arrivals)
-        request = RequestState(request_id, prompt, params, first, self.eos_token_ids, self.decode)
+        request = RequestState(
+            request_id, prompt, params, first, self.eos_token_ids, self.decode, caller=caller
+        )
         self._requests[request_id] = request
         for sample in request.samples:
             self.scheduler.add(sample.sequence)
         self.stats.requests_added += 1
         return request_id
+
+    def _check_samples_fit(self, prompt_length: int, params: SamplingParams) -> None:
+        """Raises `ParameterError` (``n``) for more samples than ``config.max_n``, or for samples that
+        could never run at once: their pages (the prompt's full pages shared once) exceed the pool."""
+        limit = self.config.max_n
+        if params.n > limit:
+            raise ParameterError(
+                "n", f"n: {params.n} samples exceed this server's limit of {limit}; ask for at most {limit}"
+            )
+        needed = self.pages_needed(prompt_length, params)
+        if needed > self.config.num_pages:
+            raise ParameterError(
+                "n",
+                f"n: {params.n} samples of up to {prompt_length + params.max_tokens} tokens need {needed} KV pages "
+                f"at once, the pool has {self.config.num_pages}; lower n or max_tokens",
+            )
+
+    def pages_needed(self, prompt_length: int, params: SamplingParams) -> int:
+        """The pages all ``params.n`` samples of a prompt of ``prompt_length`` tokens hold when they have
+        generated ``max_tokens`` each (the prompt's full pages, from the prefix cache, counted once)."""
+        per_sample = self.pages.pages_for(prompt_length + params.max_tokens)
+        shared = (prompt_length - 1) // self.config.page_size if self.config.prefix_cache else 0
+        return shared + params.n * (per_sample - shared)
 
     def cancel(self, request_id: str) -> None:
         """End a request now (its samples finish with ``abort``) and free its pages; unknown or already

@@ -12,7 +12,7 @@ whatever else shares its step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,12 +23,40 @@ CANDIDATES = 256
 """The most likely tokens ranked first (fewer when the vocabulary is smaller)."""
 
 
-def filtered_logits(logits: jax.Array, settings: Any) -> jax.Array:
+class FilterSettings(NamedTuple):
+    """Each row's filters (a `halyard.serve.sampler.RowSettings` has these fields too, and serves as well).
+
+    Attributes:
+        temperature: float32 ``[rows]``; 0 (greedy) divides by 1.
+        top_k: int32 ``[rows]``; 0 keeps every token.
+        top_p: float32 ``[rows]`` in (0, 1].
+        min_p: float32 ``[rows]`` in [0, 1].
+    """
+
+    temperature: Any
+    top_k: Any
+    top_p: Any
+    min_p: Any
+
+    @classmethod
+    def uniform(
+        cls, rows: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+    ) -> FilterSettings:
+        """The same filters for ``rows`` rows (a trainer's log-probabilities of one sampling setting)."""
+        return cls(
+            jnp.full((rows,), temperature, jnp.float32),
+            jnp.full((rows,), top_k, jnp.int32),
+            jnp.full((rows,), top_p, jnp.float32),
+            jnp.full((rows,), min_p, jnp.float32),
+        )
+
+
+def filtered_logits(logits: jax.Array, settings: FilterSettings | Any) -> jax.Array:
     """``logits / temperature`` with the tokens outside top-k, top-p and min-p set to ``-inf``.
 
     Args:
         logits: float32 ``[rows, vocab]``.
-        settings: the rows' `halyard.serve.sampler.RowSettings` (greedy rows are divided by 1).
+        settings: the rows' `FilterSettings` (or `halyard.serve.sampler.RowSettings`).
 
     Returns:
         ``[rows, vocab]`` in vocabulary order; at least the most likely token survives in every row.

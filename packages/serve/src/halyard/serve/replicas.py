@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+from collections.abc import Hashable
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -80,13 +81,20 @@ class Replicas:
     def max_context(self) -> int:
         return self.engines[0].max_context
 
-    def add_request(self, prompt: Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Seq[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        caller: Hashable = None,
+    ) -> str:
         """Queue a request on the least busy replica (see `Engine.add_request`)."""
         if request_id is not None and request_id in self._owner:
             raise ParameterError("request_id", f"request_id: {request_id!r} is already running")
         engine = min(self.engines, key=lambda e: len(e.sequences()))
         request_id = f"req-{next(self._ids)}" if request_id is None else request_id
-        engine.add_request(prompt, params, request_id)
+        engine.add_request(prompt, params, request_id, caller=caller)
         self._owner[request_id] = engine
         return request_id
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 
 from halyard.serve.outputs import TopLogprobs, Update
 from halyard.serve.params import SamplingParams
@@ -32,6 +33,7 @@ class RequestState:
         first_arrival: the arrival number of its first sample (the others follow it).
         eos_token_ids: the model's end-of-sequence ids (they end a sample unless ``ignore_eos``).
         decode: the tokenizer's decode, or None (then no text and no stop strings).
+        caller: whom admission shares rows fairly between (`halyard.serve.scheduler`); None: the request.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class RequestState:
         first_arrival: int,
         eos_token_ids: tuple[int, ...],
         decode: Decode | None,
+        caller: Hashable = None,
     ):
         self.request_id = request_id
         self.prompt = prompt
@@ -57,6 +60,7 @@ class RequestState:
                     prompt_length=len(prompt),
                     arrival=first_arrival + index,
                     use_prefix_cache=not (params.prompt_logprobs and index == 0),
+                    caller=caller,
                 ),
                 None if decode is None else SampleText(decode, params.stop),
             )

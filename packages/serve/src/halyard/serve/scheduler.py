@@ -6,17 +6,23 @@ last token the engine samples a new one. Prompt tokens are *prefilled*, at most 
 step (a long prompt goes in chunks, beside the decoding rows of the others); generated tokens are *decoded*,
 one a step, all decoding sequences together, one row each.
 
-Order is arrival order. Waiting sequences are admitted first come, first served while there are rows and
-pages (a sample of an ``n > 1`` request waits until its first sibling has written the prompt, then finds the
-prompt's full pages in the prefix cache). When a running sequence needs a page and none is left, the most
-recently arrived running sequence is *preempted*: its pages are released and it waits again, keeping its
-generated tokens; readmitted, it recomputes them (much of it from the prefix cache) and continues exactly
-where it stopped, never with a wrong or a shortened answer.
+Admission is fair between *callers* (a caller is whoever sent the request: one HTTP request's prompts and
+samples share one): the waiting sequence whose caller runs the fewest sequences goes first, arrival order
+breaking ties, while there are rows and pages (a sample of an ``n > 1`` request waits until its first sibling
+has written the prompt, then finds the prompt's full pages in the prefix cache). When it finds no row or
+too few pages and another caller runs at least two sequences more than its own, that caller's newest
+sequence is preempted to make room, so a request of many samples cannot keep a small one waiting for all
+of them. When a running sequence needs a page and none is left, the newest sequence of the caller running
+the most is preempted (among single-sample callers: the most recently arrived). A preempted sequence's
+pages are released and it waits again, keeping its generated tokens; readmitted, it recomputes them (much
+of it from the prefix cache) and continues exactly where it stopped, never with a wrong or a shortened
+answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Hashable
 
 from halyard.serve.pages import OutOfPages, PageTable
@@ -29,6 +35,8 @@ class Sequence:
     Attributes:
         key: a unique hashable id (the page table's owner key).
         group: the request it belongs to (samples of one request share it).
+        caller: whom admission is fair between (the requests of one HTTP request share it; default: the
+            group).
         tokens: prompt and generated tokens so far.
         prompt_length: how many of ``tokens`` are the prompt.
         arrival: order of arrival (smaller runs first; kept through preemption).
@@ -44,9 +52,14 @@ class Sequence:
     prompt_length: int
     arrival: int
     use_prefix_cache: bool = True
+    caller: Hashable = None
     computed: int = 0
     running: bool = False
     preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.caller is None:
+            self.caller = self.group
 
     @property
     def missing(self) -> int:
@@ -144,10 +157,11 @@ class Scheduler:
                 continue
             if self._reserve_or_preempt(sequence, stop, preempted):
                 (decode if decoding else prefill).append(Chunk(sequence, sequence.computed, stop))
-        decode = [chunk for chunk in decode if chunk.sequence.running]
         prefill = [chunk for chunk in prefill if chunk.sequence.running]
         if not preempted:
-            self._admit(prefill)
+            self._admit(prefill, preempted)
+        decode = [chunk for chunk in decode if chunk.sequence.running]
+        prefill = [chunk for chunk in prefill if chunk.sequence.running]
         return Plan(decode, prefill, preempted)
 
     def _next_stop(self, sequence: Sequence) -> tuple[bool, int]:
@@ -163,11 +177,18 @@ class Scheduler:
             return False, sequence.computed + min(self.chunk_size, limit - sequence.computed)
         return True, sequence.computed + 1
 
-    def _admit(self, prefill: list[Chunk]) -> None:
-        for sequence in list(self.waiting):
-            if len(self.running) == self.max_running or len(prefill) == self.max_prefill_rows:
+    def _admit(self, prefill: list[Chunk], preempted: list[Sequence]) -> None:
+        """Admit waiting sequences, fairest first (see the module docstring), into ``prefill``; fairness
+        preemptions go to ``preempted``."""
+        passed: set[int] = set()  # waiting for a sibling: skipped this step
+        while len(prefill) < self.max_prefill_rows:
+            running = Counter(s.caller for s in self.running)
+            candidates = [s for s in self.waiting if id(s) not in passed]
+            if not candidates:
                 return
+            sequence = min(candidates, key=lambda s: (running[s.caller], s.arrival))
             if self.waits_for(sequence):
+                passed.add(id(sequence))
                 continue
             shared: list[int] = []
             if sequence.use_prefix_cache:
@@ -176,10 +197,17 @@ class Scheduler:
             sequence.computed = len(shared) * self.pages.page_size
             decoding, stop = self._next_stop(sequence)
             needed = self.pages.pages_for(stop) - len(shared)
-            cached_unowned = sum(1 for page in shared if self.pages.references(page) == 0)
-            if decoding or needed > self.pages.available - cached_unowned:
+            if decoding:
                 sequence.computed = 0
-                return  # first come, first served: nobody overtakes the sequence at the head
+                return
+            while len(self.running) == self.max_running or needed > self._available_besides(shared):
+                victim = self._fairness_victim(sequence.caller, running)
+                if victim is None:
+                    sequence.computed = 0
+                    return  # nobody overtakes the fairest waiting sequence
+                self._preempt(victim)
+                preempted.append(victim)
+                running[victim.caller] -= 1  # its pages stay cached: ``shared`` still holds the prefix
             self.pages.add(sequence.key, shared)
             self.pages.reserve(sequence.key, stop)
             sequence.running = True
@@ -187,15 +215,30 @@ class Scheduler:
             self.running.append(sequence)
             prefill.append(Chunk(sequence, sequence.computed, stop))
 
+    def _available_besides(self, shared: list[int]) -> int:
+        """Pages a new sequence can take once it holds the cached pages ``shared`` (which stop counting as
+        available when nobody else owns them)."""
+        return self.pages.available - sum(1 for page in shared if self.pages.references(page) == 0)
+
+    def _fairness_victim(self, caller: Hashable, running: Counter) -> Sequence | None:
+        """The sequence to preempt so that ``caller`` gets a row or pages: the newest of the caller running
+        the most, when that caller runs at least two more sequences than ``caller`` (so that the move
+        evens them out); None when no caller does."""
+        if not self.running:
+            return None
+        victim = max(self.running, key=lambda s: (running[s.caller], s.arrival))
+        return victim if running[victim.caller] >= running[caller] + 2 else None
+
     def _reserve_or_preempt(self, sequence: Sequence, tokens: int, preempted: list[Sequence]) -> bool:
-        """Reserve pages for ``tokens`` tokens of ``sequence``, preempting the newest running sequences
-        while there are too few; False when ``sequence`` itself was preempted."""
+        """Reserve pages for ``tokens`` tokens of ``sequence``, preempting the newest sequences of the
+        callers running the most while there are too few; False when ``sequence`` itself was preempted."""
         while True:
             try:
                 self.pages.reserve(sequence.key, tokens)
                 return True
             except OutOfPages:
-                victim = max(self.running, key=lambda s: s.arrival)
+                running = Counter(s.caller for s in self.running)
+                victim = max(self.running, key=lambda s: (running[s.caller], s.arrival))
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is sequence:

@@ -35,6 +35,7 @@ API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
 
 ENGINE_OPTIONS = (
     "page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows", "deterministic_rows",
+    "max_n",
 )  # fmt: skip
 
 logger = logging.getLogger("halyard.serve.server")
@@ -54,6 +55,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "max_prefill_rows": "the most sequences prefilled in one step",
         "deterministic_rows": "with --deterministic: rows of one decoding program (a step runs as many as it "
         "needs; fewer cost less when few sequences run)",
+        "max_n": "the most samples (n) one request may ask for, over all its prompts; a request's samples must "
+        "also fit the pool together",
     }
     for name in ENGINE_OPTIONS:
         default = getattr(defaults, name)

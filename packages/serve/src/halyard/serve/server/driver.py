@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from halyard.serve.engine import Engine
@@ -69,9 +69,16 @@ class AsyncEngine:
         """Start the engine thread."""
         self._thread.start()
 
-    async def submit(self, prompt: Sequence[int], params: SamplingParams, updates: asyncio.Queue) -> str:
+    async def submit(
+        self, prompt: Sequence[int], params: SamplingParams, updates: asyncio.Queue, caller: Hashable = None
+    ) -> str:
         """Queue a request; its updates will arrive on ``updates`` (several requests may share one queue:
         each `Update` names its request).
+
+        Args:
+            prompt, params: as for `halyard.serve.Engine.add_request`.
+            updates: where its updates go.
+            caller: requests of one caller share a fair share of the engine's rows (default: its own).
 
         Returns:
             The request's id.
@@ -86,7 +93,7 @@ class AsyncEngine:
         with self._submitting:
             if self._closing or self.failure is not None:
                 raise EngineUnavailable(self._unavailable_reason())
-            self._commands.put(("add", request_id, list(prompt), params, loop, updates, accepted))
+            self._commands.put(("add", request_id, list(prompt), params, loop, updates, accepted, caller))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -170,9 +177,10 @@ class AsyncEngine:
         loop: asyncio.AbstractEventLoop,
         updates: asyncio.Queue,
         accepted: asyncio.Future,
+        caller: Hashable,
     ) -> None:
         try:
-            self.engine.add_request(prompt, params, request_id)
+            self.engine.add_request(prompt, params, request_id, caller=caller)
         except Exception as error:  # ParameterError: the caller answers 400
             _call_soon(loop, _settle, accepted, error)
             return

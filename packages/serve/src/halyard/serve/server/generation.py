@@ -57,12 +57,22 @@ class Generation:
         """Submit every prompt.
 
         Raises:
-            APIError: 400 when the engine refuses a prompt (naming the parameter; none of the prompts then
-                runs), 503 when the server is shutting down.
+            APIError: 400 when the prompts' samples together exceed the engine's ``max_n`` or the engine
+                refuses a prompt (naming the parameter; none of the prompts then runs), 503 when the server
+                is shutting down.
         """
+        limit = self.driver.engine.config.max_n
+        if len(self.prompts) > 1 and len(self.prompts) * self.params.n > limit:
+            raise APIError(
+                f"n: {len(self.prompts)} prompts of n={self.params.n} samples ask for "
+                f"{len(self.prompts) * self.params.n} samples, more than this server's limit of {limit} per "
+                "request; send fewer prompts or a lower n",
+                "n",
+            )
+        caller = object()  # the prompts of one HTTP request share one fair share of the rows
         try:
             for index, prompt in enumerate(self.prompts):
-                request_id = await self.driver.submit(prompt, self.params, self.queue)
+                request_id = await self.driver.submit(prompt, self.params, self.queue, caller)
                 self.prompt_of[request_id] = index
                 self._unfinished[request_id] = self.params.n
         except ParameterError as error:

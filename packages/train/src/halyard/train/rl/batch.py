@@ -54,8 +54,7 @@ def score_groups(groups: list[Group], rewards: RewardSet, config: RlConfig) -> S
             (lengths - start) / config.overlong_buffer, 0.0, 1.0
         )
     shaped = total.reshape(len(groups), size)
-    scale = "none" if config.loss == "dr_grpo" else "group"
-    result = group_advantages(jnp.asarray(shaped), scale=scale)  # type: ignore[arg-type]
+    result = group_advantages(jnp.asarray(shaped), scale=config.recipe.reward_scale)
     per_function = {name: values.reshape(len(groups), size) for name, values in scores.per_function.items()}
     return ScoredGroups(
         groups, shaped, per_function, np.asarray(result.advantages), np.asarray(result.all_equal)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo")
-IMPORTANCE_SAMPLING = ("none", "token", "sequence")
+from halyard.train.rl.spec import CLIP, IMPORTANCE_CAP, IMPORTANCE_SAMPLING_MODES, LOSSES, RECIPES, LossRecipe
 
 
 @dataclass(frozen=True)
@@ -22,16 +21,16 @@ class RlConfig:
     """The sampling temperature; the trainer's log-probabilities are of the same distribution (logits / temperature)."""
     top_p: float = 1.0
     """Nucleus sampling (1: off); the trainer's log-probabilities are of the same truncated distribution."""
-    clip_low: float = 0.2
+    clip_low: float = CLIP
     """The ratio is clipped below at 1 - clip_low (PPO's epsilon)."""
-    clip_high: float = 0.2
+    clip_high: float = CLIP
     """The ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
     kl_beta: float = 0.0
     """Weight of the k3 KL estimate against the frozen initial weights (0: no reference model is kept)."""
     importance_sampling: str = "none"
-    """Correct for the sampler's log-probabilities differing from the trainer's (another program, or stale weights with rl.async_steps): none, token (each token's ratio trainer/sampler, truncated at importance_cap) or sequence (one ratio per completion)."""
-    importance_cap: float = 2.0
-    """The truncation of the sampler importance weight (TIS)."""
+    """Correct for the sampler's log-probabilities differing from the trainer's (another program, or stale weights with rl.async_steps): none, token (each token's ratio trainer/sampler, truncated at importance_cap), sequence (one ratio per completion), token_mask or sequence_mask (a weight above importance_cap drops its token or completion from the loss instead)."""
+    importance_cap: float = IMPORTANCE_CAP
+    """The truncation of the sampler importance weight (TIS; TRL's vllm_importance_sampling_clip_max)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: groups whose rewards are all equal (no advantage) are dropped and more prompts are sampled to fill the batch (at most dynamic_sampling_tries rounds)."""
     dynamic_sampling_tries: int = 4
@@ -58,9 +57,9 @@ class RlConfig:
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"rl.loss={self.loss!r}: use one of {', '.join(LOSSES)}")
-        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+        if self.importance_sampling not in IMPORTANCE_SAMPLING_MODES:
             raise ValueError(
-                f"rl.importance_sampling={self.importance_sampling!r}: use one of {', '.join(IMPORTANCE_SAMPLING)}"
+                f"rl.importance_sampling={self.importance_sampling!r}: use one of {', '.join(IMPORTANCE_SAMPLING_MODES)}"
             )
         for key in (
             "group_size",
@@ -96,6 +95,12 @@ class RlConfig:
             raise ValueError(
                 f"rl.reward_weights has {len(self.reward_weights)} weights for {len(self.rewards)} rewards: give one each"
             )
+
+    @property
+    def recipe(self) -> LossRecipe:
+        """What ``loss`` means: the normaliser, the ratio's level and the rewards' scale
+        (`halyard.train.rl.spec.RECIPES`)."""
+        return RECIPES[self.loss]
 
     @property
     def weights(self) -> list[float]:

@@ -19,14 +19,13 @@ and top-p), or the weights correct for the wrong thing. No gradient flows throug
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Num
 
-ImportanceSampling = Literal["none", "token", "sequence", "token_mask", "sequence_mask"]
-IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("none", "token", "sequence", "token_mask", "sequence_mask")
+from halyard.train.rl.spec import IMPORTANCE_CAP, IMPORTANCE_SAMPLING_MODES, ImportanceSampling
 
 
 class SamplerCorrection(NamedTuple):
@@ -51,7 +50,7 @@ def sampler_correction(
     mask: Num[Array, "sequences tokens"],
     *,
     mode: ImportanceSampling,
-    cap: float | None = 3.0,
+    cap: float | None = IMPORTANCE_CAP,
     floor: float | None = None,
 ) -> SamplerCorrection:
     """The importance weights from the sampler's distribution to ``pi_old`` (see the module docstring).

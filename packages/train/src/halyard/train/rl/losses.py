@@ -28,18 +28,22 @@ and packages/train/tests/test_rl_losses.py holds the two equal on identical inpu
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Num
 
-from halyard.train.rl.importance import ImportanceSampling, sampler_correction
-
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
-RewardScale = Literal["group", "batch", "none"]
-RatioLevel = Literal["token", "sequence"]
+from halyard.train.rl.importance import sampler_correction
+from halyard.train.rl.spec import (
+    CLIP,
+    IMPORTANCE_CAP,
+    LOSS_TYPES,
+    ImportanceSampling,
+    LossType,
+    RatioLevel,
+    RewardScale,
+)
 
 
 class GroupAdvantages(NamedTuple):
@@ -140,12 +144,12 @@ def policy_loss(
     reference_logps: Float[Array, "sequences tokens"] | None = None,
     *,
     loss_type: LossType = "grpo",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float = CLIP,
+    clip_high: float = CLIP,
     kl_beta: float = 0.0,
     kl_importance_weighted: bool = True,
     importance_sampling: ImportanceSampling = "none",
-    importance_cap: float | None = 3.0,
+    importance_cap: float | None = IMPORTANCE_CAP,
     importance_floor: float | None = None,
     level: RatioLevel = "token",
     ratio_cap: float | None = None,

@@ -25,8 +25,7 @@ from jaxtyping import Array, Float, Int
 from halyard.models.model import default_positions
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
-from halyard.serve.filters import filtered_logits
-from halyard.serve.sampler import RowSettings
+from halyard.serve.filters import FilterSettings, filtered_logits
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import policy_loss
 
@@ -105,16 +104,7 @@ def _sampling_logits(logits: jax.Array, temperature: float, top_p: float) -> jax
     ``top_p < 1``, outside the nucleus at ``-inf`` (the engine's own filter)."""
     if top_p >= 1.0:
         return logits / temperature
-    count = logits.shape[0]
-    settings = RowSettings(
-        temperature=jnp.full((count,), temperature, jnp.float32),
-        top_k=jnp.zeros((count,), jnp.int32),
-        top_p=jnp.full((count,), top_p, jnp.float32),
-        min_p=jnp.zeros((count,), jnp.float32),
-        seed=jnp.zeros((count, 2), jnp.uint32),
-        sample=jnp.zeros((count,), jnp.int32),
-        position=jnp.zeros((count,), jnp.int32),
-    )
+    settings = FilterSettings.uniform(logits.shape[0], temperature=temperature, top_p=top_p)
     return filtered_logits(logits, settings)
 
 
@@ -130,8 +120,7 @@ def grpo_loss_fn(
     Args:
         config: the ``rl:`` section.
     """
-    level = "sequence" if config.loss == "gspo" else "token"
-    loss_type = "grpo" if config.loss == "gspo" else config.loss
+    recipe = config.recipe
 
     def loss_fn(model: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         del key  # the families have no dropout
@@ -150,13 +139,13 @@ def grpo_loss_fn(
             batch["advantages"],
             mask,
             batch.get("reference_logps"),
-            loss_type=loss_type,  # type: ignore[arg-type]
+            loss_type=recipe.normalizer,
             clip_low=config.clip_low,
             clip_high=config.clip_high,
             kl_beta=config.kl_beta,
             importance_sampling=config.importance_sampling,  # type: ignore[arg-type]
             importance_cap=config.importance_cap,
-            level=level,  # type: ignore[arg-type]
+            level=recipe.level,
             max_completion_length=config.max_new_tokens,
         )
         counted = jnp.maximum(jnp.sum(mask), 1.0)

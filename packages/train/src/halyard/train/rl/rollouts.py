@@ -88,12 +88,11 @@ class Rollouts:
         self.config = config
         self.prompts = prompts
         self.seed = seed
-        pages_per_sequence = -(-context // config.page_size)
-        engine_config = EngineConfig(
+        engine_config = EngineConfig.sized_for(
+            sequences=config.max_running,
+            context=context,
             page_size=config.page_size,
-            num_pages=config.max_running * pages_per_sequence,
-            max_context=context,
-            max_running=config.max_running,
+            max_n=config.group_size,  # a prompt's group is one request, its samples in the pool at once
             chunk_size=max(64, config.page_size),
             max_prefill_rows=4,
             deterministic=config.deterministic,
