@@ -20,7 +20,10 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in. Workers are sent
 # at most 16 tests at a time (xdist's first share is otherwise a quarter of a worker's tests, 140 in a row):
 # the files come longest first (conftest.py's FILE_SECONDS), and small shares spread them over the workers.
-PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300
+# A worker that crashes is reported at the end of the run with the test it ran, the signal, and its native
+# and Python stacks (tools/pytest_crash_report.py).
+PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300 \
+	-p tools.pytest_crash_report
 
 .PHONY: demo test lint typecheck pytest venv wheels clean
 
