@@ -20,9 +20,12 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in. Workers are sent
 # at most 16 tests at a time (xdist's first share is otherwise a quarter of a worker's tests, 140 in a row):
 # the files come longest first (conftest.py's FILE_SECONDS), and small shares spread them over the workers.
-PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300
+# A worker that crashes is reported at the end of the run with the test it ran, the signal, and its native
+# and Python stacks (tools/pytest_crash_report.py).
+PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300 \
+	-p tools.pytest_crash_report
 
-.PHONY: demo test lint typecheck pytest venv wheels clean
+.PHONY: demo test lint typecheck pytest venv wheels clean stress parity-isa
 
 venv: $(STAMP)
 
@@ -57,8 +60,18 @@ pytest: $(STAMP)
 test: lint
 	$(MAKE) --no-print-directory -j2 typecheck pytest
 
+# The multi-device and multi-process files 5 times with a CPU hog on every core beside them (ROUNDS=n to change).
+ROUNDS ?= 5
+stress: $(STAMP)
+	tools/stress_suite.sh --rounds $(ROUNDS)
+
+# The family and engine parity files with each instruction set XLA's CPU backend may pick kernels for: this
+# CPU's best, AVX2 (no AVX-512) and AVX (no FMA either).
+parity-isa: $(STAMP)
+	tools/stress_suite.sh --files parity --hogs 0 --rounds 1 --isa default,AVX2,AVX
+
 wheels: $(STAMP)
 	$(PY) tools/wheelhouse.py --out dist
 
 clean:
-	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache .stress

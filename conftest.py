@@ -18,6 +18,8 @@ os.environ.setdefault(
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + os.environ["HALYARD_TEST_XLA_COMPILE_FLAGS"]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Helpers every package's tests share (float_tolerance.py: tolerances derived from the arithmetic).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests", "support"))
 # XLA's CPU runtime gets 4 threads per simulated device (PJRT_NPROC), here before any test touches a device and
 # for every process the tests start: with its default of one thread per device, a program with independent
 # collectives (tensor parallelism's all-reduces beside an all-gather over the data axis) deadlocked a test

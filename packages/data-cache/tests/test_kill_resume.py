@@ -37,7 +37,6 @@ def test_kill_minus_nine_then_resume_is_byte_identical(tmp_path: Path, tokenizer
     process = subprocess.Popen(
         command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 60
 
     def cut_midway() -> bool:
         for path in (killed / "shards").glob("*/ledger.json"):
@@ -50,9 +49,9 @@ def test_kill_minus_nine_then_resume_is_byte_identical(tmp_path: Path, tokenizer
         return False
 
     # Kill while a shard is part-way (not at a fixed delay: on a quiet machine the build may be done by then).
+    # No time limit: a build that ends without the chunk seen fails here, one that hangs meets pytest-timeout.
     while not cut_midway():
         assert process.poll() is None, process.stderr.read().decode()  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "the build never committed a chunk"
         time.sleep(0.005)
     time.sleep(np.random.default_rng(1234).uniform(0.0, 0.02))
     os.killpg(process.pid, signal.SIGKILL)

@@ -214,7 +214,8 @@ def _reference() -> tuple[float, list[np.ndarray]]:
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_training_step_with_scan_and_remat(scan_layers: bool) -> None:
     config = TRAIN_CONFIG.replace(scan_layers=scan_layers, remat="save_dots")
-    assert_same_loss_and_grads(loss_and_grads(init_model(config, jax.random.key(0)), BATCH), _reference())
+    got = loss_and_grads(init_model(config, jax.random.key(0)), BATCH)
+    assert_same_loss_and_grads(got, _reference(), config, BATCH)
 
 
 @pytest.mark.parametrize(
@@ -222,4 +223,5 @@ def test_training_step_with_scan_and_remat(scan_layers: bool) -> None:
     [("fsdp", dict(fsdp=8, data=1)), ("tensor_parallel", dict(tensor=2, data=4))],
 )
 def test_sharded_training_step_equals_one_device(layout: str, mesh: dict[str, int]) -> None:
-    assert_same_loss_and_grads(sharded_loss_and_grads(TRAIN_CONFIG, layout, BATCH, **mesh), _reference())
+    got = sharded_loss_and_grads(TRAIN_CONFIG, layout, BATCH, **mesh)
+    assert_same_loss_and_grads(got, _reference(), TRAIN_CONFIG, BATCH)

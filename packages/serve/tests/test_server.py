@@ -22,7 +22,7 @@ import numpy as np
 import openai
 import pytest
 from server_fixtures import EOT, MODEL_NAME, ServerProcess, start_server, tiny_hf_folder
-from tiny_models import forward_logprobs, greedy_reference
+from tiny_models import forward_logprobs, greedy_reference, logprob_tolerance
 from tokenizers import Tokenizer
 
 from halyard.export import import_hf
@@ -112,7 +112,8 @@ def test_greedy_completion_equals_the_full_forward(
     (choice,) = answer.choices
     assert choice.text == tokenizer.decode(tokens) and choice.finish_reason == "length"
     assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
-    np.testing.assert_allclose(choice.logprobs.token_logprobs, logprobs, atol=2e-5)
+    atol = logprob_tolerance(model, [prompt_ids + tokens])
+    np.testing.assert_allclose(choice.logprobs.token_logprobs, logprobs, atol=atol, rtol=0)
     assert choice.logprobs.tokens == [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
     reference = forward_logprobs(model, prompt_ids + tokens)
     for position, alternatives in enumerate(choice.logprobs.top_logprobs or []):
@@ -224,7 +225,8 @@ def test_echo_scores_the_prompt(client: openai.OpenAI, tokenizer: Tokenizer, mod
     assert choice.logprobs.top_logprobs[0] is None
     reference = forward_logprobs(model, prompt_ids)
     expected = [reference[i - 1, prompt_ids[i]] for i in range(1, len(prompt_ids))]
-    np.testing.assert_allclose(choice.logprobs.token_logprobs[1:], expected, atol=2e-5)
+    atol = logprob_tolerance(model, [prompt_ids])
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[1:], expected, atol=atol, rtol=0)
     assert scored.usage is not None and scored.usage.completion_tokens == 0
     continued = client.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=4, echo=True, temperature=0

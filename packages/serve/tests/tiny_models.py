@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from float_tolerance import decoder_terms, summation_tolerance
 
 from halyard.models import CausalLM, init_model, model_config
 from halyard.named import named
@@ -55,3 +56,17 @@ def greedy_reference(model: CausalLM, prompt: list[int], steps: int) -> tuple[li
         tokens.append(token)
         logprobs.append(float(row[token]))
     return tokens[len(prompt) :], logprobs
+
+
+def logprob_tolerance(model: CausalLM, sequences: list[list[int]]) -> float:
+    """How far two computations of ``model``'s log-probs over ``sequences`` may differ by summation order
+    alone (the engine's pages and chunks against the full forward, one device against several):
+    `summation_tolerance` of the forward pass's reductions and the log-softmax's sum over the vocabulary.
+
+    The scale is the largest ``|log-prob|`` of any token at any position (these random models' logits are
+    centred on 0, so their spread, which that is at least, is at least their magnitude).
+    """
+    scale = max(float(np.abs(forward_logprobs(model, sequence)).max()) for sequence in sequences)
+    config = model.model_config
+    terms = decoder_terms(config, max(map(len, sequences))) + config.shape.vocab
+    return summation_tolerance(scale, terms)

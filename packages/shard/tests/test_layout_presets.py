@@ -104,7 +104,8 @@ def test_weights_are_created_in_place_with_those_slices(devices8: list, preset: 
             for size, e in zip(array.shape, spec)
         )
         assert array.addressable_shards[0].data.shape == expected_shard, path
-        np.testing.assert_allclose(np.asarray(array), np.asarray(reference[path].array), rtol=1e-6, atol=1e-6)
+        # bitwise: element-wise values (a sine of the flat index, times a scale), no sums to reorder
+        np.testing.assert_array_equal(np.asarray(array), np.asarray(reference[path].array))
 
 
 @pytest.mark.parametrize("preset", list(EXPECTED))

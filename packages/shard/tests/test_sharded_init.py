@@ -32,7 +32,9 @@ def test_config_is_a_constant_and_the_key_is_traced(devices8: list) -> None:
     expected = init(Config(16, 8), key, scale=2.0)
     assert params["w"].array.sharding.spec == P("fsdp", None)
     assert params["step"].sharding.spec == P()
-    np.testing.assert_allclose(np.asarray(params["w"].array), np.asarray(expected["w"].array), rtol=1e-6)
+    # bitwise: random bits that do not depend on the partitioning (jax's threefry_partitionable, the
+    # default), times a constant, element by element
+    np.testing.assert_array_equal(np.asarray(params["w"].array), np.asarray(expected["w"].array))
 
 
 def test_a_refused_layout_fails_before_compiling(devices8: list, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,7 +51,8 @@ def init_weights(key: jax.Array) -> dict:
 
 
 def main() -> None:
-    info = initialize(initialization_timeout_s=60, heartbeat_timeout_s=30)
+    # the other process may start late on a loaded machine: the wait for it is a hang guard only
+    info = initialize(initialization_timeout_s=300, heartbeat_timeout_s=30)
     mesh = MeshSpec(data=-1).build()
     layout = Layout.fsdp(min_shard=0)
     fsdp_mesh = MeshSpec(data=1, fsdp=-1).build()

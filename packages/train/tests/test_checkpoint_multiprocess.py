@@ -96,7 +96,8 @@ def test_two_processes_save_and_one_process_restores(tmp_path: Path) -> None:
     outputs = []
     try:
         for child in children:
-            outputs.append(child.communicate(timeout=180)[0])
+            # a hang guard only, as long as the other multi-process tests' (room for a loaded machine)
+            outputs.append(child.communicate(timeout=600)[0])
     finally:
         for child in children:
             child.kill()
