@@ -172,3 +172,47 @@ def pytest_collection_modifyitems(items: list) -> None:
             if "tpu" in item.keywords:
                 item.add_marker(skip)
     items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
+
+
+# Every program XLA's CPU backend compiles keeps LLVM's code sections mapped while it is cached, several
+# memory maps a program. A test worker that compiles thousands of programs reaches the kernel's limit on a
+# process's maps (vm.max_map_count, 65,530 by default): LLVM's next allocation fails ("LLVM compilation
+# error: Cannot allocate memory") and the worker dies of a segfault. A CI run saw it in the export parity
+# file, with 47,000 maps in another worker half an hour in. So after each test file, a worker past half the
+# limit drops JAX's in-memory caches (the persistent compilation cache on disk keeps the programs).
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return 0
+
+
+MAP_LIMIT = _map_limit()
+
+
+def mapped_regions() -> int:
+    """The memory maps this process holds (0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
+
+
+def release_compiled_programs(threshold: int) -> bool:
+    """Drop JAX's compiled programs when this process holds more than ``threshold`` memory maps; whether it did."""
+    if threshold <= 0 or "jax" not in sys.modules or mapped_regions() <= threshold:
+        return False
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    return True
+
+
+def pytest_runtest_teardown(item: object, nextitem: object) -> None:
+    if nextitem is None or getattr(nextitem, "path", None) != getattr(item, "path", None):
+        release_compiled_programs(MAP_LIMIT // 2)
