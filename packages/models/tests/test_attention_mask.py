@@ -105,9 +105,11 @@ def test_auto_rule() -> None:
     long = flatten_inputs(*_qkv(long_length, long_length), AttentionMask())
     assert jax.default_backend() == "cpu"
     assert choose_implementation(short) == choose_implementation(long) == "blocked"
+    # A TPU takes the Pallas splash kernel for self-attention at any length.
+    assert (
+        choose_implementation(short, backend="tpu") == choose_implementation(long, backend="tpu") == "splash"
+    )
     # An accelerator without cuDNN (here: no NVIDIA GPU is present) uses xla for short sequences only.
-    assert choose_implementation(short, backend="tpu") == "xla"
-    assert choose_implementation(long, backend="tpu") == "blocked"
     assert choose_implementation(short, backend="gpu") == "xla"
 
 

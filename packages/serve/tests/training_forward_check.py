@@ -10,6 +10,11 @@ as alone.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+
+# tiny_models reads the derived tolerances from the root tests/support (the root conftest adds it for pytest).
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
 
 from halyard.named.nn import unfuse_multiply_add
 

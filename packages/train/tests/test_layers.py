@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "objectives.config",
             "doremi.config",
             "rl.config",
+            "rl.spec",
         ),
     ),
     ("data", ("data_assembly", "mixture", "rl.prompts")),
