@@ -135,12 +135,14 @@ def test_sigterm_saves_and_exits_143_within_a_bounded_time(
     child.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     try:
-        status = child.wait(timeout=120)  # the bound: one step plus one synchronous save, generously
+        # the bound: one step plus one synchronous save, with room for a loaded 2-core machine (the checkpoint
+        # below, before REFERENCE_STEPS, shows the run stopped early rather than trained to its end)
+        status = child.wait(timeout=300)
     except Exception:
         kill_hard(child)
-        pytest.fail(f"no exit within 120 s of SIGTERM:\n{output(log)[-3000:]}")
+        pytest.fail(f"no exit within 300 s of SIGTERM:\n{output(log)[-3000:]}")
     assert status == 143, output(log)[-3000:]
-    assert time.monotonic() - signalled < 120
+    assert time.monotonic() - signalled < 300
     saved = check_checkpoint_matches_reference(config, run_dir, reference)
     assert saved is not None and 2 <= saved < REFERENCE_STEPS
     assert metrics.read_text().count("\n") == saved  # the checkpoint holds the last step it logged

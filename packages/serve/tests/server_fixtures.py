@@ -120,7 +120,7 @@ class ServerProcess:
         self._log_file.flush()
         return self.log.read_text()
 
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 120) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:

@@ -129,4 +129,4 @@ def test_a_failing_process_stops_the_others_at_once(tmp_path: Path) -> None:
         pytest.fail.Exception, match=r"(?s)process 0 \(exit -9\).*process 1 \(exit 1\).*gives up"
     ):
         _run_workers(tmp_path, worker)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # far below the 600 s sleep; room for a loaded machine

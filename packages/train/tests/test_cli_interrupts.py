@@ -97,9 +97,10 @@ def steps_logged(run_dir: Path) -> int:
 def test_ctrl_c_while_train_starts_stops_at_once_and_writes_nothing(tmp_path: Path) -> None:
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", tmp_path / "cache")
     train = TrainProcess(config)
-    # As soon as the command handles SIGTERM (it does from its first moment), at the latest after 1.5 s:
-    # jax is still being imported, seconds before anything is printed.
-    while not train.handles_sigterm() and time.monotonic() - train.started < 1.5:
+    # As soon as the command handles SIGTERM (it does from its first moment): jax is still being imported,
+    # seconds before anything is printed. The 60 s cap only ends a wait for a handler that never comes (the
+    # exit code then fails below); a loaded machine can take seconds to start Python.
+    while not train.handles_sigterm() and time.monotonic() - train.started < 60:
         time.sleep(0.02)
     train.signal_group(signal.SIGINT)
     code, stderr = train.finish()
