@@ -4,6 +4,7 @@ import string
 
 import numpy as np
 import pytest
+from float_tolerance import summation_tolerance
 from hypothesis import given
 from hypothesis import strategies as st
 from named_strategies import axis_pools, check_grads_jitted, numpy_aligned, seeds, subsets, values
@@ -31,7 +32,10 @@ def test_dot_is_multiply_then_sum(data, pool, seed):
     product = numpy_aligned(a, everything).astype(np.float64) * numpy_aligned(b, everything)
     product = np.broadcast_to(product, tuple(x.size for x in everything))
     positions = tuple(everything.index(c) for c in contracted)
-    np.testing.assert_allclose(out.array, product.sum(axis=positions), rtol=1e-4, atol=1e-5)
+    # the contracted terms (and the product's rounding) at the size of the addends, which cancel
+    terms = int(np.prod([c.size for c in contracted])) + 1
+    bound = summation_tolerance(np.abs(product).sum(axis=positions), terms)
+    np.testing.assert_allclose(out.array, product.sum(axis=positions), atol=bound, rtol=0)
 
 
 @given(data=st.data(), pool=axis_pools(min_axes=1, max_axes=4), seed=seeds)
@@ -41,7 +45,9 @@ def test_dot_with_out_axes_and_all_axes(data, pool, seed):
     full = hn.dot(a, b, axis=None)
     assert full.axes == ()
     aligned_b = np.transpose(np.asarray(b.array), [b.axis_names.index(n) for n in a.axis_names])
-    np.testing.assert_allclose(full.array, np.sum(np.asarray(a.array) * aligned_b), rtol=1e-4, atol=1e-5)
+    product = np.asarray(a.array, np.float64) * aligned_b
+    bound = summation_tolerance(np.abs(product).sum(), product.size + 1)
+    np.testing.assert_allclose(full.array, product.sum(), atol=bound, rtol=0)
     order = data.draw(st.permutations(a.axes))
     outer = hn.dot(a, b, axis=(), out_axes=[x.name for x in order])
     assert outer.axes == tuple(order)
@@ -68,7 +74,11 @@ def test_einsum_matches_numpy(data, pool, seed):
         + "".join(letters[x.name] for x in out_axes)
     )
     expected = np.einsum(numpy_spec, np.asarray(a.array, np.float64), np.asarray(b.array, np.float64))
-    np.testing.assert_allclose(out.array, expected, rtol=1e-4, atol=1e-5)
+    addends = np.einsum(
+        numpy_spec, np.abs(np.asarray(a.array, np.float64)), np.abs(np.asarray(b.array, np.float64))
+    )
+    terms = int(np.prod([x.size for x in everything if x not in out_axes])) + 1
+    np.testing.assert_allclose(out.array, expected, atol=summation_tolerance(addends, terms), rtol=0)
 
 
 def test_dot_of_three_operands_and_precision_arguments():
@@ -76,7 +86,8 @@ def test_dot_of_three_operands_and_precision_arguments():
     x, w, scale = values((Batch, Embed), 0), values((Mlp, Embed), 1), values((Mlp,), 2)
     out = hn.dot(x, w, scale, axis="embed", preferred_element_type=np.float32)
     expected = np.einsum("be,me,m->bm", x.array, w.array, scale.array)
-    np.testing.assert_allclose(out.array, expected, rtol=1e-4, atol=1e-6)
+    addends = np.einsum("be,me,m->bm", *(np.abs(np.asarray(v.array)) for v in (x, w, scale)))
+    np.testing.assert_allclose(out.array, expected, atol=summation_tolerance(addends, 3 + 2), rtol=0)
 
 
 def test_contraction_gradients():

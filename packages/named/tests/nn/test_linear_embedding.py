@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import FUNCTION_TERMS, summation_tolerance
 
 from halyard.named import Axis, NamedArray, named
 from halyard.named.nn import Embedding, Linear
@@ -19,7 +20,11 @@ def test_linear_single_axis_matches_numpy():
     y = layer(named(x, ("batch", "pos", "embed")))
     expected = x @ np.asarray(layer.weight.array) + np.asarray(layer.bias.array)
     assert y.axis_names == ("batch", "pos", "mlp")
-    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=1e-5, atol=1e-5)
+    # numpy's float32 in its order: 8 products and the bias, at the size of the addends (they cancel)
+    addends = np.abs(x) @ np.abs(np.asarray(layer.weight.array)) + np.abs(np.asarray(layer.bias.array))
+    np.testing.assert_allclose(
+        np.asarray(y.array), expected, atol=summation_tolerance(addends, 8 + 1), rtol=0
+    )
 
 
 def test_linear_multi_axis_in_and_out_any_input_order():
@@ -30,11 +35,17 @@ def test_linear_multi_axis_in_and_out_any_input_order():
     assert h.axis_names == ("pos", "batch", "heads", "head_size")
     w = np.asarray(to_heads.weight.array)
     expected = np.einsum("pbe,ehd->pbhd", x, w) + np.asarray(to_heads.bias.array)
-    np.testing.assert_allclose(np.asarray(h.array), expected, rtol=1e-5, atol=1e-5)
+    addends = np.einsum("pbe,ehd->pbhd", np.abs(x), np.abs(w)) + np.abs(np.asarray(to_heads.bias.array))
+    np.testing.assert_allclose(
+        np.asarray(h.array), expected, atol=summation_tolerance(addends, 8 + 1), rtol=0
+    )
     out = back(h.rearrange("heads", "batch", "head_size", "pos"))
     expected_out = np.einsum("pbhd,hde->bpe", expected, np.asarray(back.weight.array))
+    # the second product's 8 terms after the first's 9
+    addends_out = np.einsum("pbhd,hde->bpe", addends, np.abs(np.asarray(back.weight.array)))
+    bound = summation_tolerance(addends_out, 9 + 8)
     np.testing.assert_allclose(
-        np.asarray(out.unwrap("batch", "pos", "embed")), expected_out, rtol=1e-4, atol=1e-4
+        np.asarray(out.unwrap("batch", "pos", "embed")), expected_out, atol=bound, rtol=0
     )
     assert back.bias is None
 
@@ -76,8 +87,12 @@ def test_linear_grad_and_jit_match_reference():
         return jnp.sum(jnp.tanh(x.array @ w + b))
 
     gw, gb = jax.grad(reference, argnums=(0, 1))(layer.weight.array, layer.bias.array)
-    np.testing.assert_allclose(np.asarray(grads.weight.array), np.asarray(gw), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grads.bias.array), np.asarray(gb), rtol=1e-5, atol=1e-6)
+    # two programs: the 8 products, the bias and the tanh forward and backward, the 2 rows summed
+    terms = 2 * (8 + 1 + FUNCTION_TERMS) + 2
+    np.testing.assert_allclose(
+        np.asarray(grads.weight.array), gw, atol=summation_tolerance(gw, terms), rtol=0
+    )
+    np.testing.assert_allclose(np.asarray(grads.bias.array), gb, atol=summation_tolerance(gb, terms), rtol=0)
 
 
 def test_linear_errors_name_the_axes():
@@ -103,8 +118,11 @@ def test_embedding_lookup_and_unembed_match_numpy():
     np.testing.assert_allclose(np.asarray(vectors.array), table[ids])
     logits = emb.unembed(vectors.rearrange("embed", "pos", "batch"))
     assert logits.axis_names == ("pos", "batch", "vocab")
+    bound = summation_tolerance(
+        np.abs(table[ids]) @ np.abs(table.T), Embed.size
+    )  # numpy's 8 terms, its order
     np.testing.assert_allclose(
-        np.asarray(logits.unwrap("batch", "pos", "vocab")), table[ids] @ table.T, rtol=1e-5, atol=1e-6
+        np.asarray(logits.unwrap("batch", "pos", "vocab")), table[ids] @ table.T, atol=bound, rtol=0
     )
     assert (
         abs(

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import FUNCTION_TERMS, attention_terms, summation_tolerance
 
 from halyard.named import Axis, NamedArray, named
 from halyard.named.nn import (
@@ -76,8 +77,9 @@ def test_attention_matches_numpy_with_causal_mask():
     out = dot_product_attention(query, key, value, causal_mask(Pos, KeyPos))
     assert out.axis_names == ("batch", "pos", "heads", "head_size")
     expected = _numpy_attention(q, k, v, np.tril(np.ones((seq, seq), bool)), 1 / np.sqrt(head_size))
+    bound = summation_tolerance(expected, attention_terms(head_size, seq))  # numpy's float32 in its order
     np.testing.assert_allclose(
-        np.asarray(out.unwrap("batch", "heads", "pos", "head_size")), expected, atol=1e-5
+        np.asarray(out.unwrap("batch", "heads", "pos", "head_size")), expected, atol=bound, rtol=0
     )
 
 
@@ -92,7 +94,8 @@ def test_attention_gqa_by_axis_split_matches_repeated_heads():
     mask = causal_mask(Axis("pos", seq), Axis("key_pos", seq))
     out = dot_product_attention(query, key, value, mask, scale=0.3)
     expected = _numpy_attention(q, k[:, :, None], v[:, :, None], np.tril(np.ones((seq, seq), bool)), 0.3)
-    np.testing.assert_allclose(np.asarray(out.array), expected, atol=1e-5)
+    bound = summation_tolerance(expected, attention_terms(head_size, seq))
+    np.testing.assert_allclose(np.asarray(out.array), expected, atol=bound, rtol=0)
 
 
 def test_attention_with_segment_mask_batch_axis_and_bias():
@@ -114,7 +117,10 @@ def test_attention_with_segment_mask_batch_axis_and_bias():
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     assert out.axis_names == ("pos", "batch", "head_size")
-    np.testing.assert_allclose(np.asarray(out.unwrap("batch", "pos", "head_size")), weights @ v, atol=1e-5)
+    bound = summation_tolerance(weights @ v, attention_terms(4, seq) + 1)  # + the bias's sum
+    np.testing.assert_allclose(
+        np.asarray(out.unwrap("batch", "pos", "head_size")), weights @ v, atol=bound, rtol=0
+    )
 
 
 def test_fully_masked_rows_are_finite_with_finite_gradients():
@@ -150,8 +156,10 @@ def test_attention_gradient_matches_plain_jax():
 
     named_grads = jax.jit(jax.grad(named_loss, argnums=(0, 1, 2)))(q, k, v)
     plain_grads = jax.grad(plain_loss, argnums=(0, 1, 2))(q, k, v)
+    # two programs: the forward's and backward's sums (the queries' over each key) and the sin
+    terms = attention_terms(4, 5, queries_per_key=5) + 2 * FUNCTION_TERMS
     for a, b in zip(named_grads, plain_grads):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=summation_tolerance(b, terms), rtol=0)
 
 
 def test_attention_errors():
@@ -174,6 +182,9 @@ def test_attention_weights_layout_and_bias_with_extra_axis():
     scores = scores[None] + np.asarray(bias.array)[:, None]
     expected = np.exp(scores - scores.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
+    # a weight's relative error: its score's and the sum's, whose errors are a score's dot product (4 terms)
+    # at the scores' size, the exp and the sum over 3 keys
+    relative = summation_tolerance(np.abs(scores).max(), 2 * (4 + 1 + FUNCTION_TERMS + 3))
     np.testing.assert_allclose(
-        np.asarray(weights.unwrap("batch", "heads", "pos", "key_pos")), expected, rtol=1e-5
+        np.asarray(weights.unwrap("batch", "heads", "pos", "key_pos")), expected, rtol=relative
     )
