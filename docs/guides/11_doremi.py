@@ -63,7 +63,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 # ```
 
 # %%
-steps = 30 if SMOKE else 300
+steps = 12 if SMOKE else 300  # smoke: past the 10 warm-up steps
 folder = WORK / "doremi-demo"
 shutil.rmtree(folder, ignore_errors=True)
 command = ["halyard", "doremi", "--config", "doremi-demo", "--main", "--trainer.run_dir", str(folder)]

@@ -84,12 +84,18 @@ def load_config(path: Path, *overrides: str) -> TrainConfig:
 
 
 def run_cli(
-    args: list[str], *, devices: int = 8, timeout: float = 600, **popen: Any
+    args: list[str], *, devices: int = 8, timeout: float = 600, optimized: bool = False, **popen: Any
 ) -> subprocess.CompletedProcess:
-    """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices."""
+    """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices.
+
+    ``optimized``: XLA's backend optimisations on, as for users, instead of the tests' -O0
+    (HALYARD_TEST_XLA_COMPILE_FLAGS). For runs whose programs run long (many steps, large logits): -O0
+    compiles faster but its programs run up to twice as slow.
+    """
+    compile_flags = "" if optimized else os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
     env = dict(
         os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {os.environ.get('HALYARD_TEST_XLA_COMPILE_FLAGS', '')}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {compile_flags}",
         JAX_PLATFORMS="cpu",
     )
     code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
