@@ -135,22 +135,29 @@ def test_goodput_accounts_every_activity_on_a_fake_clock():
         clock.advance(1.5)
     goodput.add("step", 3.0, num_steps=3)
     clock.advance(3.0)
+    goodput.add("rollout", 6.0)  # GRPO's sampling
+    goodput.add("compilation", 9.0)  # the engine's programs
+    clock.advance(15.0)
     summary = goodput.summary()
     assert summary == {
-        "goodput/total_seconds": 39.5,
+        "goodput/total_seconds": 54.5,
         "goodput/time_to_first_step_seconds": 23.0,
         "goodput/first_step_seconds": 20.0,
         "goodput/step_seconds": 7.0,
         "goodput/checkpoint_seconds": 2.0,
         "goodput/evaluation_seconds": 4.0,
         "goodput/data_wait_seconds": 1.5,
+        "goodput/rollout_seconds": 6.0,
+        "goodput/compilation_seconds": 9.0,
         "goodput/other_seconds": 5.0,
-        "goodput/step_fraction": pytest.approx(7.0 / 39.5),
+        "goodput/step_fraction": pytest.approx(7.0 / 54.5),
         "goodput/num_steps": 8,
     }
     text = goodput.summary_text()
-    assert "17.7% of 39.5 s in training steps (8 steps)" in text
-    assert "waiting for data         1.5 s  (  3.8%)" in text
+    assert "12.8% of 54.5 s in training steps (8 steps)" in text
+    assert "waiting for data         1.5 s  (  2.8%)" in text
+    assert "sampling rollouts        6.0 s  ( 11.0%)" in text
+    assert "compiling engine         9.0 s  ( 16.5%)" in text
     assert "time to first step      23.0 s" in text
 
 

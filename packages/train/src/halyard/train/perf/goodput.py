@@ -1,5 +1,5 @@
 """Goodput: where a run's wall time went (first step and compilation, steps, checkpoints, eval, waiting
-for data, other).
+for data, sampling rollouts and compiling their programs, other).
 
     goodput = Goodput()                 # the clock starts here: create it when the run starts
     with goodput.step():                # block on the step's result inside, or time measures dispatch
@@ -7,6 +7,7 @@ for data, other).
     with goodput.checkpoint(): save(...)
     with goodput.evaluation(): evaluate(...)
     with goodput.data_wait(): batch = next(loader)   # blocked on a cache that is still being built
+    goodput.add("rollout", 5.0); goodput.add("compilation", 40.0)   # GRPO's sampling, the engine's compiles
     tracker.log_summary(goodput.summary())
 
 The first step is counted apart (`first_step_seconds`, mostly compilation) and ends `time_to_first_step`;
@@ -20,6 +21,9 @@ import time
 from collections.abc import Callable, Iterator
 
 STEP, CHECKPOINT, EVALUATION, DATA_WAIT = "step", "checkpoint", "evaluation", "data_wait"
+ROLLOUT, COMPILATION = "rollout", "compilation"
+"""GRPO's sampling of rollouts with the inference engine, and the engine compiling its step programs (outside
+the train step, whose first compilation the first step holds)."""
 
 
 class Goodput:
@@ -33,17 +37,25 @@ class Goodput:
         """
         self._clock = clock
         self._start = clock()
-        self._seconds = {STEP: 0.0, CHECKPOINT: 0.0, EVALUATION: 0.0, DATA_WAIT: 0.0}
+        self._seconds = {
+            STEP: 0.0,
+            CHECKPOINT: 0.0,
+            EVALUATION: 0.0,
+            DATA_WAIT: 0.0,
+            ROLLOUT: 0.0,
+            COMPILATION: 0.0,
+        }
         self.num_steps = 0
         self.first_step_seconds: float | None = None
         self.time_to_first_step: float | None = None
 
     def add(self, activity: str, seconds: float, num_steps: int = 1) -> None:
-        """Record `seconds` spent in `activity` (`step`, `checkpoint`, `evaluation`, `data_wait`), timed by
-        the caller.
+        """Record `seconds` spent in `activity` (`step`, `checkpoint`, `evaluation`, `data_wait`, `rollout`,
+        `compilation`), timed by the caller.
 
         Args:
-            activity: one of `step`, `checkpoint`, `evaluation`, `data_wait`.
+            activity: one of `step`, `checkpoint`, `evaluation`, `data_wait`, `rollout` (sampling GRPO's
+                rollouts), `compilation` (compiling programs outside the train step: the engine's).
             seconds: wall time spent.
             num_steps: for `step`, how many optimizer steps the time covers.
 
@@ -91,7 +103,8 @@ class Goodput:
 
         Keys: `total_seconds`, `time_to_first_step_seconds`, `first_step_seconds`, `step_seconds` (steps
         after the first), `checkpoint_seconds`, `evaluation_seconds`, `data_wait_seconds` (waiting for
-        data), `other_seconds` (logging, setup before the first step...), `step_fraction` (`step_seconds / total_seconds`),
+        data), `rollout_seconds` (sampling rollouts), `compilation_seconds` (the engine's programs),
+        `other_seconds` (logging, setup before the first step...), `step_fraction` (`step_seconds / total_seconds`),
         `num_steps`.
         """
         total = self._clock() - self._start
@@ -105,6 +118,8 @@ class Goodput:
             "goodput/checkpoint_seconds": self._seconds[CHECKPOINT],
             "goodput/evaluation_seconds": self._seconds[EVALUATION],
             "goodput/data_wait_seconds": self._seconds[DATA_WAIT],
+            "goodput/rollout_seconds": self._seconds[ROLLOUT],
+            "goodput/compilation_seconds": self._seconds[COMPILATION],
             "goodput/other_seconds": max(0.0, total - accounted),
             "goodput/step_fraction": self._seconds[STEP] / total if total > 0 else 0.0,
             "goodput/num_steps": self.num_steps,
@@ -128,6 +143,14 @@ class Goodput:
                 f"  checkpoints        {share('goodput/checkpoint_seconds')}",
                 f"  evaluation         {share('goodput/evaluation_seconds')}",
                 f"  waiting for data   {share('goodput/data_wait_seconds')}",
+                *(
+                    [
+                        f"  sampling rollouts  {share('goodput/rollout_seconds')}",
+                        f"  compiling engine   {share('goodput/compilation_seconds')}",
+                    ]
+                    if s["goodput/rollout_seconds"] or s["goodput/compilation_seconds"]
+                    else []
+                ),
                 f"  other              {share('goodput/other_seconds')}",
             ]
         )

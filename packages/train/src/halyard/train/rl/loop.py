@@ -62,7 +62,8 @@ class GrpoLoop:
             self._evaluate(0, state)  # where the run starts from
         for step in range(session.start_step, self.steps):
             rollout = step // self.rl.updates_per_batch
-            with log.data_wait_timer():
+            # sampling (and, at first, the engine compiling its programs) is no wait for data
+            with log.rollout_timer(lambda: session.rollouts.engine.stats.compile_seconds):
                 arrays, metrics = self._rollout_batch(rollout, state)
             batch = self._device_batch(arrays, state)
             log.before_step()

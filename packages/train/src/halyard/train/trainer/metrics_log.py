@@ -188,6 +188,22 @@ class MetricsLog:
                 self._excluded_seconds += self.clock() - started
 
     @contextlib.contextmanager
+    def rollout_timer(self, compile_seconds: Callable[[], float]) -> Iterator[None]:
+        """Time GRPO's rollouts, kept out of the step time: goodput's "compilation" for what the engine spent
+        compiling inside (``compile_seconds``: its running total, read before and after), "rollout" for the
+        rest (sampling, scoring)."""
+        started, compiled = self.clock(), compile_seconds()
+        try:
+            yield
+        finally:
+            elapsed = self.clock() - started
+            compiling = min(max(compile_seconds() - compiled, 0.0), elapsed)
+            self.goodput.add("compilation", compiling)
+            self.goodput.add("rollout", elapsed - compiling)
+            if self._window_start is not None:  # before the first step no step window is open yet
+                self._excluded_seconds += elapsed
+
+    @contextlib.contextmanager
     def checkpoint_timer(self) -> Iterator[None]:
         started = self.clock()
         try:
