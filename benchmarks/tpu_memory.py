@@ -48,6 +48,19 @@ SETTINGS: dict[str, list[str]] = {
         "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
         "--model.remat", "full", "--trainer.batch_size", "2",
     ],
+    "bf16_weights_f32_adam_full_b1": [
+        "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
+        "--model.remat", "full", "--trainer.batch_size", "1",
+    ],
+    "bf16_weights_f32_adam_offload_full_b8_acc4": [
+        "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
+        "--trainer.offload_optimizer_state", "true", "--model.remat", "full", "--trainer.batch_size", "8",
+        "--trainer.accumulation", "4",
+    ],
+    "bf16_weights_bf16_adam_save_dots_b8_acc8": [
+        "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "bfloat16",
+        "--model.remat", "save_dots", "--trainer.batch_size", "8", "--trainer.accumulation", "8",
+    ],
     "f32_weights_offload_full_b4": [
         "--trainer.offload_optimizer_state", "true", "--model.remat", "full", "--trainer.batch_size", "4",
     ],

@@ -141,6 +141,7 @@ def run_configuration(args: argparse.Namespace, remat: str, attention: str) -> d
         start_to_first_step_seconds=first_step_seconds,
         first_loss=records[0]["loss"],
         last_loss=records[args.steps - 1]["loss"],
+        losses=[record["loss"] for record in records[: args.steps]],
     )
     return row
 

@@ -11,6 +11,8 @@ from float_tolerance import summation_tolerance
 
 from halyard.models import LlamaConfig, ModelConfig
 from halyard.train.objectives.lm_loss import lm_loss_fn
+from halyard.train.optim.state_placement import with_state_dtype
+from halyard.train.plan.step_memory import CPU_PLAN_OPTIONS
 from halyard.train.step import TrainState, init_state, make_train_step, split_microbatches
 
 
@@ -68,12 +70,13 @@ def test_loss_is_token_mean_and_matches_numpy() -> None:
     np.testing.assert_allclose(metrics["abs_err"], expected, atol=tolerance, rtol=0)
 
 
-def test_nonfinite_update_is_skipped_and_counted() -> None:
+@pytest.mark.parametrize("check_update_first", [False, True])
+def test_nonfinite_update_is_skipped_and_counted(check_update_first: bool) -> None:
     optimizer = optax.adam(1e-2)
     state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
     bad = toy_batch()
     bad["x"] = bad["x"].at[0, 0, 0].set(jnp.nan)
-    step = jax.jit(make_train_step(toy_loss, optimizer))
+    step = jax.jit(make_train_step(toy_loss, optimizer, check_update_first=check_update_first))
     new_state, metrics = step(state, bad)
     assert int(metrics["nonfinite"]) == 1
     assert int(new_state.nonfinite_steps) == 1
@@ -82,6 +85,52 @@ def test_nonfinite_update_is_skipped_and_counted() -> None:
     good_state, good_metrics = step(new_state, toy_batch())
     assert int(good_metrics["nonfinite"]) == 0
     assert not np.array_equal(good_state.params["w"], state.params["w"])
+
+
+@pytest.mark.parametrize("check_update_first", [False, True])
+def test_a_finite_gradient_with_an_overflowing_update_keeps_the_old_state(check_update_first: bool) -> None:
+    optimizer = optax.adam(1e38)  # finite moments, an update whose norm overflows
+    state = init_state(toy_params(), optimizer, jax.random.PRNGKey(0))
+    step = jax.jit(make_train_step(toy_loss, optimizer, check_update_first=check_update_first))
+    new_state, metrics = step(state, toy_batch())
+    assert np.isfinite(float(metrics["grad_norm"])) and not np.isfinite(float(metrics["update_norm"]))
+    assert int(metrics["nonfinite"]) == 1
+    for new, old in zip(jax.tree_util.tree_leaves(new_state), jax.tree_util.tree_leaves(state), strict=True):
+        if new.shape:  # every parameter and moment as it was (the step counter advanced)
+            np.testing.assert_array_equal(new, old)
+
+
+def test_checking_the_update_first_gives_the_same_bits_without_a_second_optimizer_state() -> None:
+    """The same new state bit for bit as the skip by `where`; the compiled step's temporaries (CPU, as `halyard
+    plan` compiles) within one leaf's gradient of a step without any skip, where the `where` holds new moments
+    beside the old ones."""
+    params = {"w": jnp.full((2048, 512), 0.01, jnp.bfloat16), "b": jnp.zeros((512,), jnp.bfloat16)}
+    batch = {
+        "x": jnp.asarray(np.random.default_rng(0).normal(size=(4, 2048)), jnp.float32),
+        "y": jnp.zeros((4, 512), jnp.float32),
+    }
+
+    def loss(params, batch, key):
+        pred = batch["x"].astype(jnp.bfloat16) @ params["w"] + params["b"]
+        return ((pred - batch["y"]) ** 2).sum(), {"num_tokens": jnp.asarray(4.0)}
+
+    optimizer = with_state_dtype(optax.adamw(1e-3), jnp.float32)
+    state = init_state(params, optimizer, jax.random.PRNGKey(0))
+    temporaries, results = {}, {}
+    for name, options in {
+        "no_skip": {"skip_nonfinite": False},
+        "where": {},
+        "first": {"check_update_first": True},
+    }.items():
+        step = jax.jit(make_train_step(loss, optimizer, **options), donate_argnums=0)
+        compiled = step.lower(state, batch).compile(compiler_options=CPU_PLAN_OPTIONS)
+        temporaries[name] = compiled.memory_analysis().temp_size_in_bytes
+        results[name] = compiled(jax.tree_util.tree_map(jnp.copy, state), batch)
+    for a, b in zip(*(jax.tree_util.tree_leaves(results[name]) for name in ("where", "first")), strict=True):
+        np.testing.assert_array_equal(a, b)
+    gradient, moments = 2048 * 512 * 2, 2 * 2048 * 512 * 4
+    assert temporaries["first"] <= temporaries["no_skip"] + gradient + 4096, temporaries  # and a few scalars
+    assert temporaries["where"] >= temporaries["first"] + moments / 2, temporaries
 
 
 TINY_LLAMA = LlamaConfig(

@@ -92,6 +92,7 @@ def make_train_step(
     join: Callable[[Any, Any], Any] | None = None,
     invariant: CanonicalSlices | None = None,
     watch: WatchConfig | None = None,
+    check_update_first: bool = False,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """Build ``train_step(state, batch, frozen=None) -> (state, metrics)``; jit it with the state donated.
 
@@ -112,6 +113,14 @@ def make_train_step(
             ``state.params`` alone (and ``param_norm`` and ``update_norm`` are theirs).
         invariant: canonical slices and norms (`halyard.train.invariant`): the same bits on any replica/data/
             fsdp split; the step clips to ``invariant.max_grad_norm`` (the optimizer must not clip).
+        watch: the watched step's statistics (`halyard.train.watch`); None: the plain step.
+        check_update_first: with ``skip_nonfinite``, compute the update twice: first only for its norm (which
+            decides the skip), then, in a conditional branch that runs only for a finite step, to write the new
+            parameters and optimizer state over the donated old ones.
+            Without it the skip keeps every new leaf beside its old one until the update's norm is known (a
+            second copy of the optimizer state at the step's peak). The first pass costs one more read of the
+            gradients, state and parameters for an elementwise optimizer (AdamW, Lion); Muon's would repeat
+            its Newton-Schulz products and Sophia-H's its Hessian-vector product.
 
     Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
     model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
@@ -140,7 +149,14 @@ def make_train_step(
         if isinstance(optimizer, optax.GradientTransformationExtraArgs):
             extra["loss_fn"] = gradients.first_microbatch_loss(batch, optimizer_key, frozen)
         params, opt_state, update = _update(
-            optimizer, grads, state, loss_sum / num_tokens, extra, skip_nonfinite, invariant
+            optimizer,
+            grads,
+            state,
+            loss_sum / num_tokens,
+            extra,
+            skip_nonfinite,
+            invariant,
+            check_update_first,
         )
         metrics = {
             "loss": update.pop("loss"),
@@ -243,9 +259,11 @@ def _update(
     extra: dict[str, Any],
     skip_nonfinite: bool,
     invariant: CanonicalSlices | None = None,
+    check_update_first: bool = False,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """``(params, optimizer state, metrics)`` after the optimizer's update of ``state`` by ``grads``; with
-    ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state.
+    ``skip_nonfinite`` a non-finite loss, gradient or update keeps the old parameters and optimizer state;
+    ``check_update_first`` decides that from a first pass that computes the update's norm alone (see `make_train_step`).
     With ``invariant`` every norm is `canonical_norm`, ``grads`` are clipped to ``invariant.max_grad_norm`` and the
     update is `isolated` (it runs where the weights are, with the same bits on any sharding)."""
     norm = optax.tree.norm if invariant is None else lambda tree: canonical_norm(tree, invariant)
@@ -259,15 +277,30 @@ def _update(
 
     if invariant is not None:
         apply = isolated(apply)
-    params, opt_state, updates = apply(grads, state.opt_state, state.params)
-    update_norm = norm(updates)
-    # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
-    # optimizer), which would poison every later step: skip those too.
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
-    if skip_nonfinite:
-        keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-        params = keep(params, state.params)
-        opt_state = keep(opt_state, state.opt_state)
+    if skip_nonfinite and check_update_first:
+        # The first pass computes the update for its norm alone (XLA fuses it into the norm's reductions); the
+        # second runs only for a finite step, in a branch of its own, where each new leaf overwrites its old,
+        # donated buffer. A `where` after the update (below) holds every new leaf beside its old one instead.
+        update_norm = norm(apply(grads, state.opt_state, state.params)[2])
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+        params, opt_state = jax.lax.cond(
+            finite,
+            lambda grads, opt_state, params: apply(grads, opt_state, params)[:2],
+            lambda grads, opt_state, params: (params, opt_state),
+            grads,
+            state.opt_state,
+            state.params,
+        )
+    else:
+        params, opt_state, updates = apply(grads, state.opt_state, state.params)
+        update_norm = norm(updates)
+        # A finite loss can still give a non-finite update (an infinite learning rate, an overflow in the
+        # optimizer), which would poison every later step: skip those too.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+        if skip_nonfinite:
+            keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+            params = keep(params, state.params)
+            opt_state = keep(opt_state, state.opt_state)
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import optax
 
@@ -43,6 +43,11 @@ class OptimizerConfig:
     """Clip gradients to this global L2 norm; null disables clipping."""
     schedule: ScheduleConfig = field(default_factory=CosineScheduleConfig)
     """Learning-rate schedule (`type:` constant | cosine | linear | wsd)."""
+
+    elementwise: ClassVar[bool] = False
+    """Each element's update depends on that element's gradient and state alone (and global norms): computing
+    the update a second time costs a read of the state, no matrix product (the trainer then checks the update's
+    norm before writing the state, in place: `make_train_step`'s ``check_update_first``)."""
 
     def learning_rate_schedule(self, total_steps: int) -> optax.Schedule:
         """The learning rate as a function of the update count, for a run of `total_steps` steps."""
@@ -107,6 +112,8 @@ class OptimizerConfig:
 class AdamWConfig(OptimizerConfig):
     """AdamW."""
 
+    elementwise: ClassVar[bool] = True
+
     beta1: float = 0.9
     """Decay of the first moment (momentum)."""
     beta2: float = 0.95
@@ -122,6 +129,8 @@ class AdamWConfig(OptimizerConfig):
 @dataclass(frozen=True)
 class LionConfig(OptimizerConfig):
     """Lion: sign of interpolated momentum (use a 3-10x smaller learning rate and larger decay than AdamW)."""
+
+    elementwise: ClassVar[bool] = True
 
     beta1: float = 0.9
     """Interpolation between momentum and gradient for the update's sign."""

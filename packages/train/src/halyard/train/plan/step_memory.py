@@ -121,7 +121,8 @@ def step_memory(
         abstract_model = jax.eval_shape(setup.model_config.init, jax.random.PRNGKey(0))
         frozen = _with_shardings(abstract_model, setup.layout.shardings(abstract_model, setup.mesh))
     with use_layout(setup.layout, setup.mesh), compiling_for(target_backend):
-        compiled = setup.train_step().lower(state, batch, frozen).compile()
+        lowered = setup.train_step().lower(state, batch, frozen)
+        compiled = lowered.compile(compiler_options=_cpu_options(devices))
     analysis = compiled.memory_analysis()
     model: Any = setup.model_config
     params = _bytes_per_device(state.params)
@@ -154,6 +155,16 @@ def step_memory(
         optimizer_on_host=on_host,
         target_backend=target_backend,
     )
+
+
+CPU_PLAN_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+"""XLA options of a plan compiled on CPU devices: no YNNPACK fusions. Those run a reduction over an elementwise
+expression as a library call whose constant operands (Adam's decay rates) XLA broadcasts to the whole leaf
+first: float32 buffers of every parameter's shape that no accelerator's program holds."""
+
+
+def _cpu_options(devices: Sequence[jax.Device]) -> dict[str, str] | None:
+    return CPU_PLAN_OPTIONS if devices and devices[0].platform == "cpu" else None
 
 
 def _engine_pages(config: TrainConfig, setup: RunSetup) -> int:

@@ -198,6 +198,7 @@ class RunSetup:
             join=join if config.lora.enabled else None,
             invariant=invariant,
             watch=self._watch() if watched else None,
+            check_update_first=config.optimizer.elementwise,
         )
         if config.trainer.objective == "doremi":  # the reference's forward and the weights' step around it
             step = make_doremi_step(step, config.trainer.z_loss_weight)
