@@ -2,29 +2,47 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from halyard.models import CausalLM
-from halyard.named import NamedArray, named
+from halyard.models.attention.ragged_paged import ragged_batch
+from halyard.named import named
 
 
-@jax.jit
-def _step(model: CausalLM, tokens: jax.Array, positions: jax.Array, pages, table: jax.Array):
-    capacity = table.shape[1] * pages.page_size
-    pages = pages.for_rows(table, jnp.where(positions >= 0, positions, capacity))
-    hidden, written = model.paged_step(
-        named(tokens, ("batch", "pos")), positions=named(positions, ("batch", "pos")), pages=pages
-    )
-    return model.logits(hidden).unwrap("batch", "pos", "vocab"), pages.written(*written).without_rows()
+@functools.partial(jax.jit, donate_argnums=(2,))
+def _step(model: CausalLM, tokens: jax.Array, pages, batch):
+    hidden, pages = model.paged_step(named(tokens, ("pos",)), pages=pages.for_step(batch))
+    return model.logits(hidden).unwrap("pos", "vocab"), pages.without_step()
+
+
+def _run(model: CausalLM, pages, chunks: list[list[int]], starts: list[int], tables, page_size: int):
+    """One flat step of ``chunks`` (sequence ``i``'s tokens from position ``starts[i]``) and one padding
+    token; returns ``(each chunk's logits, the pool)``."""
+    q_lens = [len(chunk) for chunk in chunks]
+    total = sum(q_lens) + 1
+    pages_needed = max(len(table) for table in tables)
+    batch = ragged_batch(
+        q_lens, [s + q for s, q in zip(starts, q_lens)], tables,
+        page_size=page_size, tokens=total, seqs=len(chunks) + 1, pages=pages_needed,
+    )  # fmt: skip
+    flat = np.zeros((total,), np.int32)
+    flat[: total - 1] = np.concatenate(chunks)
+    logits, pages = _step(model, flat, pages, batch)
+    logits, pieces, start = np.asarray(logits), [], 0
+    for q_len in q_lens:
+        pieces.append(logits[start : start + q_len])
+        start += q_len
+    return pieces, pages
 
 
 def paged_logits(
-    model: CausalLM, tokens: NamedArray, stops: list[int], *, page_size: int = 4, seed: int = 0
+    model: CausalLM, tokens, stops: list[int], *, page_size: int = 4, seed: int = 0
 ) -> np.ndarray:
-    """Logits of ``tokens (batch, pos)`` fed in chunks ending at ``stops``, each row's pages drawn at random
-    from a shared pool, every chunk with one padding token after it (position -1: never stored).
+    """Logits of ``tokens (batch, pos)`` fed in chunks ending at ``stops`` (every row's chunk in one flat
+    step, then a padding token), each row's pages drawn at random from a shared pool.
 
     Returns:
         ``[batch, pos, vocab]`` float32.
@@ -32,21 +50,14 @@ def paged_logits(
     batch, length = tokens.axis_size("batch"), tokens.axis_size("pos")
     per_row = -(-length // page_size)
     order = np.random.default_rng(seed).permutation(batch * per_row + 3)
-    table = jnp.asarray(order[: batch * per_row].reshape(batch, per_row), jnp.int32)
+    tables = order[: batch * per_row].reshape(batch, per_row).tolist()
     pages = model.init_pages(batch * per_row + 3, page_size)
     plain = np.asarray(tokens.unwrap("batch", "pos"))
     pieces, start = [], 0
     for stop in stops:
-        chunk = np.concatenate([plain[:, start:stop], np.zeros((batch, 1), np.int32)], axis=1)
-        positions = np.concatenate(
-            [
-                np.broadcast_to(np.arange(start, stop, dtype=np.int32), (batch, stop - start)),
-                np.full((batch, 1), -1, np.int32),
-            ],
-            axis=1,
-        )
-        logits, pages = _step(model, jnp.asarray(chunk), jnp.asarray(positions), pages, table)
-        pieces.append(np.asarray(logits)[:, : stop - start])
+        chunks = [plain[row, start:stop].tolist() for row in range(batch)]
+        logits, pages = _run(model, pages, chunks, [start] * batch, tables, page_size)
+        pieces.append(np.stack(logits))
         start = stop
     return np.concatenate(pieces, axis=1)
 
@@ -61,14 +72,13 @@ def paged_greedy(
     """
     total = len(prompt) + new_tokens
     per_row = -(-total // page_size)
-    table = jnp.asarray([list(range(per_row))[::-1]], jnp.int32)  # pages in reverse pool order
+    table = list(range(per_row))[::-1]  # pages in reverse pool order
     pages = model.init_pages(per_row, page_size)
     tokens, chosen_from = list(prompt), []
     chunk, start = list(prompt), 0
     for _ in range(new_tokens):
-        positions = np.arange(start, start + len(chunk), dtype=np.int32)[None]
-        logits, pages = _step(model, jnp.asarray([chunk], jnp.int32), jnp.asarray(positions), pages, table)
-        last = np.asarray(logits)[0, -1]
+        (logits,), pages = _run(model, pages, [chunk], [start], [table], page_size)
+        last = logits[-1]
         chosen_from.append(last)
         start += len(chunk)
         chunk = [int(np.argmax(last))]

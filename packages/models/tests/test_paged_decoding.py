@@ -29,14 +29,10 @@ def test_paged_decoding_matches_the_full_forward(family: str) -> None:
 def test_padding_tokens_are_never_stored() -> None:
     model = init_model(tiny("llama"), jax.random.key(1))
     pages = model.init_pages(4, 4)
-    pages = pages.for_rows(jnp.asarray([[2, 3]], jnp.int32), jnp.asarray([[0, 1, 99]], jnp.int32))
-    new = jnp.ones((2, 1, 3, 2, 8)) * jnp.arange(1, 4)[None, None, :, None, None]
-    from halyard.named import named
-
-    keys = named(new, ("layers", "batch", "key_pos", "kv_heads", "head_size"))
-    stored = pages.written(keys, keys)
-    written = np.asarray(
-        stored.key_pages.rearrange("layers", "page", "page_slot", "kv_heads", "head_size").array
-    )
-    assert written[:, 2, :2].min() > 0 and not written[:, 2, 2:].any()  # positions 0 and 1 in page 2
-    assert not written[:, [0, 1, 3]].any()  # the padding token (position 99) went nowhere
+    new = jnp.ones((3, 2, 8)) * jnp.arange(1, 4)[:, None, None]
+    # positions 0 and 1 go to page 2's first two slots; the third token is padding (slot -1)
+    slots = jnp.asarray([8, 9, -1], jnp.int32)
+    pool = pages.kernel.write(pages.pool, jnp.int32(1), new, new, slots)
+    written = np.asarray(pool.keys.rearrange("layers", "page", "page_slot", "kv_heads", "head_size").array)
+    assert written[1, 2, :2].min() > 0 and not written[1, 2, 2:].any()
+    assert not written[1, [0, 1, 3]].any() and not written[0].any()  # the padding token went nowhere

@@ -132,25 +132,24 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise() -> None:
     alone = output.samples[0]
     assert alone.token_ids == ALONE.token_ids
     np.testing.assert_allclose(alone.logprobs, ALONE.logprobs, rtol=1e-4, atol=1e-4)
-    assert {shape.rows for shape in fast.runner.compiled_shapes} == {1}
+    assert min(shape.tokens for shape in fast.runner.compiled_shapes) == 1  # alone: one token a step
     among = _run(fast, _others(20, seed=20), 7)
     np.testing.assert_allclose(among.logprobs[:5], alone.logprobs[:5], rtol=1e-4, atol=1e-4)
     assert not np.array_equal(np.float32(among.logprobs[:5]), np.float32(alone.logprobs[:5]))
-    # deterministic: prefill one row a program, decoding programs of at most deterministic_rows rows
-    shapes = ENGINES[64].runner.compiled_shapes
-    assert {s.rows for s in shapes if s.tokens > 1} == {1} and max(
-        s.rows for s in shapes if s.tokens == 1
-    ) == 32
+    # deterministic: programs of at most deterministic_rows sequences, the full-size one among them
+    runner = ENGINES[64].runner
+    shapes = runner.compiled_shapes
+    assert max(s.seqs for s in shapes) == 32 and max(s.tokens for s in shapes) == runner.max_tokens
 
 
 def test_fewer_decoding_rows_only_where_the_row_check_agrees() -> None:
-    """Deterministic mode runs a program of fewer than ``deterministic_rows`` decoding rows only once a probe
-    showed that it computes every row as the full program does; a size that disagrees is never used. (The
-    bitwise tests above run such programs: the target alone decodes one row.)"""
+    """Deterministic mode runs a program of fewer than the most tokens only once a probe showed that it
+    computes every sequence as the full program does; a size that disagrees is never used. (The bitwise
+    tests above run such programs: the target alone decodes one token a step.)"""
     runner = ENGINES[64].runner
     pages = max(shape.seq_pages for shape in runner.row_checks)  # the target's pages as it ends
-    checks = {shape.rows: agrees for shape, agrees in runner.row_checks.items() if shape.seq_pages == pages}
-    assert checks and all(rows < 32 for rows in checks)
-    chosen = runner.shape_for(1, 32, 1, pages, False).rows
-    assert chosen == min([rows for rows, agrees in checks.items() if agrees] + [32])
-    assert all(not checks[rows] for rows in checks if rows < chosen)
+    checks = {shape.tokens: agrees for shape, agrees in runner.row_checks.items() if shape.seq_pages == pages}
+    assert checks and all(tokens < runner.max_tokens for tokens in checks)
+    chosen = runner.shape_for(1, pages).tokens
+    assert chosen == min([tokens for tokens, agrees in checks.items() if agrees] + [runner.max_tokens])
+    assert all(not checks[tokens] for tokens in checks if tokens < chosen)

@@ -1,42 +1,59 @@
 """`halyard.serve.row_check`: the probe and the bitwise comparison deterministic mode trusts before it runs a
-program of fewer rows (the engine's use of it: test_deterministic.py)."""
+program of fewer tokens (the engine's use of it: test_deterministic.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from halyard.named import named
 from halyard.serve.program import ProgramShape
-from halyard.serve.row_check import first_rows, probe_inputs, results_agree
+from halyard.serve.row_check import probe_inputs, results_agree
+
+FULL = ProgramShape(tokens=32, seqs=8, seq_pages=2, prompt_logprobs=True)
+SMALL = ProgramShape(tokens=8, seqs=8, seq_pages=2, prompt_logprobs=True)
 
 
-def _results(keys: np.ndarray, logprob: np.ndarray) -> tuple:
-    written = (named(keys, ("layers", "batch", "key_pos")),)
-    return written, (logprob, None)
+def _results(pages: np.ndarray, token: np.ndarray, next_logprob: np.ndarray) -> tuple:
+    return [pages], (token, token, token, None, None, next_logprob, None, None)
 
 
-def test_one_bit_anywhere_in_the_compared_rows_is_a_disagreement() -> None:
+def test_one_bit_anywhere_in_the_compared_sequences_is_a_disagreement() -> None:
+    small_inputs, _, _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    seqs = int(small_inputs.batch.num_seqs)
+    tokens = int(small_inputs.batch.cu_q_lens[seqs])
     rng = np.random.default_rng(0)
-    keys, logprob = rng.normal(size=(2, 8, 3)).astype(np.float32), rng.normal(size=8).astype(np.float32)
-    full = _results(keys, logprob)
-    assert results_agree(_results(keys[:, :4], logprob[:4]), full, 4)
-    changed = keys[:, :4].copy()
-    changed[1, 3, 2] = np.nextafter(changed[1, 3, 2], np.float32(np.inf))  # one ulp in a stored value
-    assert not results_agree(_results(changed, logprob[:4]), full, 4)
-    assert not results_agree(_results(keys[:, :4], np.nextafter(logprob[:4], np.float32(0))), full, 4)
-    keys[:, 4:] += 1.0  # rows past the smaller program's are not compared
-    assert results_agree(_results(keys[:, :4], logprob[:4]), _results(keys, logprob), 4)
+    pages, token = rng.normal(size=(2, 3, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    prompt = rng.normal(size=32).astype(np.float32)
+    full = _results(pages, token, prompt)
+    assert results_agree(_results(pages, token[:8], prompt[:8]), full, small_inputs)
+    changed = pages.copy()
+    changed[1, 2, 3] = np.nextafter(changed[1, 2, 3], np.float32(np.inf))  # one ulp in a stored value
+    assert not results_agree(_results(changed, token, prompt[:8]), full, small_inputs)
+    later = token.copy()
+    later[seqs - 1] = np.nextafter(later[seqs - 1], np.float32(0))
+    assert not results_agree(_results(pages, later, prompt[:8]), full, small_inputs)
+    late_prompt = prompt[:8].copy()
+    late_prompt[tokens - 1] += 1.0
+    assert not results_agree(_results(pages, token, late_prompt), full, small_inputs)
+    beyond = token.copy()
+    beyond[seqs:] += 1.0  # sequences past the smaller program's are not compared
+    assert results_agree(_results(pages, beyond, prompt[:8]), full, small_inputs)
 
 
-def test_the_probe_mixes_padding_greedy_and_every_filter_within_the_pages() -> None:
-    shape = ProgramShape(rows=8, tokens=4, seq_pages=2, prompt_logprobs=True)
-    probe = probe_inputs(shape, page_size=16, num_pages=10, vocab=50)
-    assert (probe.positions[1] == -1).all() and probe.positions.max() < 2 * 16
-    assert (probe.tokens < 50).all() and (probe.page_table < 10).all() and probe.next_tokens is not None
-    settings = probe.settings
+def test_the_probe_mixes_padding_chunks_greedy_and_every_filter_within_the_pages() -> None:
+    small, full, pages = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    seqs = int(small.batch.num_seqs)
+    assert 1 <= seqs < SMALL.seqs and small.batch.cu_q_lens[seqs] < SMALL.tokens  # padding left over
+    assert int(full.batch.num_seqs) > seqs  # the full program holds more sequences ...
+    stored = full.batch.slots[: full.batch.cu_q_lens[int(full.batch.num_seqs)]]
+    assert (stored[small.batch.cu_q_lens[seqs] :] == -1).all()  # ... which store nothing
+    assert np.array_equal(
+        full.tokens[: small.batch.cu_q_lens[seqs]], small.tokens[: small.batch.cu_q_lens[seqs]]
+    )
+    q_lens = np.diff(full.batch.cu_q_lens[: int(full.batch.num_seqs) + 1])
+    assert (q_lens == 1).any() and (q_lens > 1).any()  # decoding tokens and prefill chunks
+    assert full.batch.positions.max() < 2 * 16 and (full.tokens < 50).all() and (pages < 10).all()
+    settings = full.settings
     assert (settings.temperature == 0).any() and (settings.top_k > 0).any()
     assert (settings.top_p < 1).any() and (settings.min_p > 0).any()
-    again = probe_inputs(shape, page_size=16, num_pages=10, vocab=50)
-    assert np.array_equal(again.tokens, probe.tokens)  # every process builds the same probe
-    small = first_rows(probe, 2)
-    assert small.tokens.shape == (2, 4) and small.settings.seed.shape == (2, 2)
+    again, _, _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    assert np.array_equal(again.tokens, small.tokens)  # every process builds the same probe

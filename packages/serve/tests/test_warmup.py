@@ -16,19 +16,19 @@ from halyard.serve.server import add_server_arguments, engine_config_of
 WARM = EngineConfig(
     page_size=8, num_pages=12, max_context=16, max_running=2, chunk_size=8, max_prefill_rows=1, warmup=True
 )
-"""Row buckets 1 and 2, page buckets 1 and 2, one-row prefill: 6 step shapes, and 3 store programs (one per
-row count and token count)."""
+"""At most 2 + 8 tokens a step: token buckets 1, 2, 4, 8 and 10, page buckets 1 and 2: 10 step shapes, one
+program each."""
 
 
 def test_after_warmup_a_mixed_workload_compiles_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="halyard.serve.warmup"):
         engine = Engine(tiny_model("llama"), WARM)
     progress = [r.getMessage() for r in caplog.records if "compiled step shape" in r.getMessage()]
-    assert progress[0].startswith("compiled step shape 1 of 6 ") and progress[-1].startswith(
-        "compiled step shape 6 of 6 "
+    assert progress[0].startswith("compiled step shape 1 of 10 ") and progress[-1].startswith(
+        "compiled step shape 10 of 10 "
     )
     warmed = engine.stats.programs_compiled
-    assert warmed == 6 + 3 and engine.stats.compile_seconds > 0
+    assert warmed == 10 and engine.stats.compile_seconds > 0
     prompts = [[3], list(range(1, 8)), list(range(2, 12)), [5, 9, 2, 7, 1], list(range(20, 35))]
     settings = [
         SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),

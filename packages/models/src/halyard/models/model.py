@@ -25,7 +25,7 @@ from halyard.models.context_order import balanced_batch
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.loss import next_token_loss
 from halyard.models.reports import report_logits_max
-from halyard.named import Axis, NamedArray
+from halyard.named import NamedArray
 from halyard.named.nn import gemm_dot_general, invariant_rows
 
 
@@ -36,8 +36,8 @@ class DecoderOutput(NamedTuple):
         hidden: final hidden states ``(batch..., pos, embed)`` (after the last norm).
         aux_loss: scalar added to the training loss (0.0 for dense families).
         metrics: scalars to report (e.g. ``load_balancing_loss``).
-        cache: with a `PagedKV`, this call's new ``(keys, values)`` of every layer ``(layers, batch, key_pos,
-            kv_heads, head_size)`` (to store with `PagedKV.written`); None without one.
+        cache: with a `PagedKV`, the pool with this call's keys and values of every layer stored; None
+            without one.
         layer_stats: what each layer reported, stacked on ``layers`` (MoE router statistics, muP
             coordinates), or None.
     """
@@ -45,7 +45,7 @@ class DecoderOutput(NamedTuple):
     hidden: NamedArray
     aux_loss: jax.Array
     metrics: dict[str, jax.Array]
-    cache: tuple[NamedArray, NamedArray] | None
+    cache: PagedKV | None
     layer_stats: Any = None
 
 
@@ -230,38 +230,33 @@ class CausalLM(eqx.Module):
         aux = output.aux_loss * metrics["num_tokens"] if reduction == "sum" else output.aux_loss
         return _plain(cross_entropy) + aux, metrics
 
-    def paged_step(
-        self, tokens: NamedArray, *, positions: NamedArray, pages: PagedKV
-    ) -> tuple[NamedArray, tuple[NamedArray, NamedArray]]:
-        """Run ``tokens`` against their sequences' pages (an inference engine's step).
+    def paged_step(self, tokens: NamedArray, *, pages: PagedKV) -> tuple[NamedArray, PagedKV]:
+        """Run one inference engine step: a flat batch of tokens of many sequences against their pages.
 
-        Each row is one sequence: its tokens attend to every earlier position of that sequence (read from
-        ``pages``) and to each other, causally, with the same kernel and the same key positions as a
-        forward pass over the whole sequence.
+        Each token attends to every earlier position of its sequence (read from ``pages``, the step's own
+        keys included), with the same key blocks and the same per-block arithmetic as a forward pass over
+        the whole sequence (`halyard.models.attention.paged`).
 
         Args:
-            tokens: int ``(batch, pos)``; a row's tokens are consecutive positions of its sequence.
-            positions: int ``(batch, pos)`` the position of each token; ``-1`` for padding (it attends to
-                nothing and is never stored).
-            pages: the pool, with this call's page table and write positions (`PagedKV.for_rows`).
+            tokens: int ``(pos,)``: the step's tokens, sequence after sequence, padding last
+                (`halyard.models.attention.ragged_paged`).
+            pages: the pool with the step's layout (`PagedKV.for_step`).
 
         Returns:
-            ``(final hidden states (batch, pos, embed), (keys, values))``: the call's new keys and values of
-            every layer, which ``pages.written(keys, values)`` stores (in a program of its own, where the pool
-            is donated: written in the same program as it is read, the whole pool would be copied).
+            ``(final hidden states (pos, embed), the pool with the step's keys and values stored)``: in a
+            program to which the pool is donated, stored in place.
         """
+        if pages.batch is None:
+            raise ValueError("paged_step: the pool has no step layout; call pages.for_step(batch) first")
         model = self.in_compute_dtype()
-        KeyPos = Axis("key_pos", pages.page_table.axis_size("seq_page") * pages.page_size)
-        mask = AttentionMask(
-            causal=True,
-            query_positions=positions,
-            key_positions=NamedArray(jnp.arange(KeyPos.size, dtype=jnp.int32), (KeyPos,)),
-        )
+        positions = NamedArray(jnp.maximum(pages.batch.positions, 0), tokens.axes)  # padding: rotary at 0
+        mask = AttentionMask(causal=True)
         output = model.decoder(tokens, mask=self.complete_mask(mask), positions=positions, cache=pages)
         if output.cache is None:
-            raise RuntimeError(f"{type(self).__name__}.decoder returned no keys although pages were given")
+            raise RuntimeError(f"{type(self).__name__}.decoder returned no pool although pages were given")
         return output.hidden, output.cache
 
-    def init_pages(self, num_pages: int, page_size: int) -> PagedKV:
-        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype)."""
+    def init_pages(self, num_pages: int, page_size: int, implementation: str = "auto") -> PagedKV:
+        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype), for
+        the paged kernel ``implementation``."""
         raise NotImplementedError(f"{type(self).__name__} has no paged KV cache")

@@ -1,9 +1,10 @@
-"""From the scheduler's chunks to one program's padded inputs (numpy)."""
+"""From the scheduler's chunks to one step program's flat, padded inputs (numpy)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from halyard.models.attention.ragged_paged import ragged_batch
 from halyard.serve.program import ProgramShape, StepInputs
 from halyard.serve.requests import RequestState
 from halyard.serve.sampler import RowSettings
@@ -16,36 +17,42 @@ def seed_halves(seed: int) -> tuple[int, int]:
 
 
 def step_inputs(
-    chunks: list[Chunk], shape: ProgramShape, page_tables: list[list[int]], requests: list[RequestState]
+    chunks: list[Chunk],
+    shape: ProgramShape,
+    page_tables: list[list[int]],
+    requests: list[RequestState],
+    page_size: int,
 ) -> StepInputs:
-    """The inputs of one program: each chunk one row, padded to ``shape``.
+    """The inputs of one program: the chunks one after another in a flat batch, padded to ``shape``.
 
     Args:
-        chunks: the rows' chunks (at most ``shape.rows``, each at most ``shape.tokens`` tokens).
+        chunks: the sequences' chunks (at most ``shape.seqs``, at most ``shape.tokens`` tokens together).
         shape: the program's shape.
-        page_tables: each row's pages in order (at most ``shape.seq_pages``).
-        requests: each row's request.
+        page_tables: each sequence's pages in order (at most ``shape.seq_pages``).
+        requests: each sequence's request.
+        page_size: tokens per page.
     """
-    rows, length = shape.rows, shape.tokens
-    tokens = np.zeros((rows, length), np.int32)
-    positions = np.full((rows, length), -1, np.int32)
-    table = np.zeros((rows, shape.seq_pages), np.int32)
-    last = np.zeros((rows,), np.int32)
-    temperature = np.zeros((rows,), np.float32)
-    top_k = np.zeros((rows,), np.int32)
-    top_p = np.ones((rows,), np.float32)
-    min_p = np.zeros((rows,), np.float32)
-    seed = np.zeros((rows, 2), np.uint32)
-    sample = np.zeros((rows,), np.int32)
-    position = np.zeros((rows,), np.int32)
-    next_tokens = np.full((rows, length), -1, np.int32) if shape.prompt_logprobs else None
-    for row, (chunk, pages, request) in enumerate(zip(chunks, page_tables, requests, strict=True)):
-        fed = chunk.stop - chunk.start
+    seqs, length = shape.seqs, shape.tokens
+    q_lens = [chunk.stop - chunk.start for chunk in chunks]
+    batch = ragged_batch(
+        q_lens, [chunk.stop for chunk in chunks], page_tables,
+        page_size=page_size, tokens=length, seqs=seqs, pages=shape.seq_pages,
+    )  # fmt: skip
+    tokens = np.zeros((length,), np.int32)
+    last = np.zeros((seqs,), np.int32)
+    temperature = np.zeros((seqs,), np.float32)
+    top_k = np.zeros((seqs,), np.int32)
+    top_p = np.ones((seqs,), np.float32)
+    min_p = np.zeros((seqs,), np.float32)
+    seed = np.zeros((seqs, 2), np.uint32)
+    sample = np.zeros((seqs,), np.int32)
+    position = np.zeros((seqs,), np.int32)
+    next_tokens = np.full((length,), -1, np.int32) if shape.prompt_logprobs else None
+    for row, (chunk, request) in enumerate(zip(chunks, requests, strict=True)):
+        start = int(batch.cu_q_lens[row])
         sequence = chunk.sequence
-        tokens[row, :fed] = sequence.tokens[chunk.start : chunk.stop]
-        positions[row, :fed] = np.arange(chunk.start, chunk.stop)
-        table[row, : len(pages)] = pages
-        last[row] = fed - 1
+        tokens[start : start + q_lens[row]] = sequence.tokens[chunk.start : chunk.stop]
+        last[row] = start + q_lens[row] - 1
         params = request.params
         temperature[row] = params.temperature
         top_k[row] = params.top_k
@@ -57,6 +64,6 @@ def step_inputs(
         position[row] = chunk.stop  # the position of the token to draw
         if next_tokens is not None:
             following = sequence.tokens[chunk.start + 1 : min(chunk.stop + 1, sequence.prompt_length)]
-            next_tokens[row, : len(following)] = following
+            next_tokens[start : start + len(following)] = following
     settings = RowSettings(temperature, top_k, top_p, min_p, seed, sample, position)
-    return StepInputs(tokens, positions, table, last, settings, next_tokens)
+    return StepInputs(tokens, batch, last, settings, next_tokens)

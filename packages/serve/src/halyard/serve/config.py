@@ -25,16 +25,15 @@ class EngineConfig:
         max_running: the most sequences that run at once (the decoding program's rows).
         chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
         max_prefill_rows: the most sequences prefilled in one step.
-        min_rows: programs are compiled for row counts that are powers of two from this one up to
-            ``max_running`` (decoding) or ``max_prefill_rows`` (prefill).
+        min_rows: programs are compiled for token counts that are powers of two from this one up to the
+            most one step holds (`step_budget`).
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
             it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
             comes from the cache. XLA's CPU kernels may round a row differently at different row counts, so
-            decoding rows run in programs of ``deterministic_rows`` rows (as many as the running sequences
-            need), or of fewer rows only where a probe showed that such a program gives every row the same
-            bits (`halyard.serve.row_check`), and each prefilling sequence runs in a program of its own
+            a step runs in programs of the most tokens (`step_budget`), or of fewer tokens only where a
+            probe showed that such a program gives every sequence the same bits (`halyard.serve.row_check`)
             (docs: serving, deterministic mode).
-        deterministic_rows: the most rows of one decoding program in deterministic mode (at most
+        deterministic_rows: the most sequences of one step program in deterministic mode (at most
             ``max_running``).
         training_arithmetic: with ``deterministic``, the programs also compute with the training step's
             batch-invariant arithmetic (`halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo``
@@ -122,9 +121,9 @@ class EngineConfig:
             )
         return context
 
-    def program_rows(self) -> tuple[int, int]:
-        """The most rows of one decoding program and of one prefill program: in deterministic mode every
-        program has at most these rows (a step runs as many programs as its rows need)."""
-        if self.deterministic:
-            return min(self.deterministic_rows, self.max_running), 1
-        return self.max_running, self.max_prefill_rows
+    def step_budget(self) -> tuple[int, int]:
+        """``(sequences, tokens)``: the most of one step program. A step holds every running sequence's
+        chunk (decoding tokens and at most ``max_prefill_rows`` prefill chunks); in deterministic mode at
+        most ``deterministic_rows`` sequences go into one program (a step runs as many as it needs)."""
+        seqs = min(self.deterministic_rows, self.max_running) if self.deterministic else self.max_running
+        return seqs, seqs + self.max_prefill_rows * self.chunk_size

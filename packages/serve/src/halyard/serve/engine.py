@@ -2,10 +2,11 @@
 and leave when they finish, long prompts are prefilled in chunks beside the decoding rows, and pages are
 shared between samples and common prefixes and freed the moment a sequence ends.
 
-One step: the `Scheduler` picks the work, `batching` lays it out, the `ModelRunner` runs at most two
-compiled programs (the decoding rows, one token each; the prefill chunks), and each request folds in what
-its rows drew (`RequestState`), ending samples on a stop token or string, at ``max_tokens``, or when
-cancelled.
+One step: the `Scheduler` picks the work, `batching` lays it out as one flat batch (decoding sequences
+and prefill chunks side by side), the `ModelRunner` runs it as one compiled program (in deterministic mode,
+one per ``deterministic_rows`` sequences, all dispatched before any result is fetched), and each request
+folds in what its sequences drew (`RequestState`), ending samples on a stop token or string, at
+``max_tokens``, or when cancelled.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from halyard.serve.pages import PageTable
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.program import StepOutputs
 from halyard.serve.requests import RequestState
-from halyard.serve.runner import ModelRunner
+from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, Sequence
 from halyard.serve.stats import EngineStats
 from halyard.serve.text import Decode
@@ -72,13 +73,16 @@ class Engine:
         self.eos_token_ids = tuple(int(t) for t in eos)
         self.pages = PageTable(config.num_pages, config.page_size)
         use_compilation_cache(config.compilation_cache)  # before the runner compiles anything
+        max_seqs, max_tokens = config.step_budget()
         self.runner = ModelRunner(
             model,
             num_pages=config.num_pages,
             page_size=config.page_size,
             max_seq_pages=self.pages.pages_for(self.max_context),
-            min_rows=config.min_rows,
-            fixed_rows=config.deterministic,
+            max_tokens=max_tokens,
+            max_seqs=max_seqs,
+            min_tokens=config.min_rows,
+            fixed_tokens=config.deterministic,
             invariant=config.training_arithmetic,
             mesh=mesh,
             layout=layout,
@@ -98,7 +102,7 @@ class Engine:
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
         if config.warmup:
-            warm_up(self.runner, config)
+            warm_up(self.runner)
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.programs_compiled = self.runner.programs_compiled
 
@@ -243,13 +247,16 @@ class Engine:
         if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
             raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
         touched: dict[Any, RequestState] = {}
-        decode_rows, prefill_rows = self.config.program_rows()
-        for chunks, tokens, rows in (
-            (plan.decode, 1, decode_rows),
-            (plan.prefill, self.config.chunk_size, prefill_rows),
-        ):
-            for start in range(0, len(chunks), rows):
-                self._run(chunks[start : start + rows], tokens, rows, touched)
+        max_seqs, max_tokens = self.config.step_budget()
+        dispatched = [
+            self._dispatch(group) for group in _groups(plan.decode + plan.prefill, max_seqs, max_tokens)
+        ]
+        for chunks, requests, outputs in dispatched:  # every program runs before the first result is awaited
+            host, start = fetched(outputs), 0
+            for row, (chunk, request) in enumerate(zip(chunks, requests)):
+                touched[request.request_id] = request
+                self._absorb(row, start, chunk, request, host)
+                start += chunk.stop - chunk.start
         for request in touched.values():
             updates += request.take_updates()
             if request.finished:
@@ -265,7 +272,8 @@ class Engine:
         )
         return updates
 
-    def _run(self, chunks: list[Chunk], tokens: int, max_rows: int, touched: dict[Any, RequestState]) -> None:
+    def _dispatch(self, chunks: list[Chunk]) -> tuple[list[Chunk], list[RequestState], StepOutputs]:
+        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device)."""
         requests = [self._requests[chunk.sequence.group] for chunk in chunks]
         tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
         wants_prompt = any(
@@ -274,15 +282,20 @@ class Engine:
             and c.start < c.sequence.prompt_length
             for c, r in zip(chunks, requests)
         )
+        alternatives = any(r.params.top_logprobs > 0 and c.samples for c, r in zip(chunks, requests))
         shape = self.runner.shape_for(
-            len(chunks), max_rows, tokens, max(len(t) for t in tables), wants_prompt
+            sum(c.stop - c.start for c in chunks),
+            max(len(t) for t in tables),
+            prompt_logprobs=wants_prompt,
+            alternatives=alternatives,
         )
-        outputs = self.runner.run(shape, step_inputs(chunks, shape, tables, requests))
-        for row, (chunk, request) in enumerate(zip(chunks, requests)):
-            touched[request.request_id] = request
-            self._absorb(row, chunk, request, outputs)
+        inputs = step_inputs(chunks, shape, tables, requests, self.config.page_size)
+        return chunks, requests, self.runner.run(shape, inputs)
 
-    def _absorb(self, row: int, chunk: Chunk, request: RequestState, outputs: StepOutputs) -> None:
+    def _absorb(
+        self, row: int, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
+    ) -> None:
+        """Fold in what sequence ``row`` of a program drew (its tokens start at flat index ``start``)."""
         sequence = chunk.sequence
         sequence.computed = chunk.stop
         fed = chunk.stop - chunk.start
@@ -290,10 +303,13 @@ class Engine:
         if self.config.prefix_cache:
             self.pages.register(sequence.key, sequence.tokens[: sequence.computed])
         if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
-            self._absorb_prompt_logprobs(row, chunk, request, outputs)
+            self._absorb_prompt_logprobs(start, chunk, request, outputs)
         if not chunk.samples:
             return
-        top = [(int(t), float(v)) for t, v in zip(outputs.top_tokens[row], outputs.top_logprobs[row])]
+        top: list[tuple[int, float]] = []
+        if request.params.top_logprobs and outputs.top_tokens is not None:
+            pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
+            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
         request.add_token(
             sequence,
             int(outputs.token[row]),
@@ -306,19 +322,20 @@ class Engine:
             self.scheduler.remove(sequence)
 
     def _absorb_prompt_logprobs(
-        self, row: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
+        self, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
     ) -> None:
+        """Fold in the prompt log-probs of ``chunk``'s tokens (from flat index ``start`` of the program)."""
         assert outputs.next_logprob is not None and outputs.next_top_tokens is not None
         assert outputs.next_top_logprobs is not None
         prompt_length = chunk.sequence.prompt_length
         if len(request.prompt_logprobs) != chunk.start + 1 or chunk.start >= prompt_length - 1:
             return  # already collected (a recomputation) or no prompt position follows
         count = min(chunk.stop, prompt_length - 1) - chunk.start
-        logprobs = [float(v) for v in outputs.next_logprob[row, :count]]
+        logprobs = [float(v) for v in outputs.next_logprob[start : start + count]]
         top = [
             [
                 (int(t), float(v))
-                for t, v in zip(outputs.next_top_tokens[row, i], outputs.next_top_logprobs[row, i])
+                for t, v in zip(outputs.next_top_tokens[start + i], outputs.next_top_logprobs[start + i])
             ][: request.params.top_logprobs]
             for i in range(count)
         ]
@@ -353,3 +370,17 @@ class Engine:
     def sequences(self) -> list[Sequence]:
         """Every unfinished sequence (waiting or running)."""
         return [sample.sequence for request in self._requests.values() for sample in request.samples]
+
+
+def _groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[list[Chunk]]:
+    """``chunks`` in order, cut into groups of at most ``max_seqs`` chunks and ``max_tokens`` tokens."""
+    groups: list[list[Chunk]] = []
+    tokens = 0
+    for chunk in chunks:
+        length = chunk.stop - chunk.start
+        if not groups or len(groups[-1]) == max_seqs or tokens + length > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(chunk)
+        tokens += length
+    return groups

@@ -1,12 +1,16 @@
-"""A step program's static shape, its inputs and its outputs (host side), as the `ModelRunner` runs them."""
+"""A step program's static shape, its inputs and its outputs, as the `ModelRunner` runs them.
+
+A step is one flat batch of ``tokens`` tokens of at most ``seqs`` sequences, each reading at most
+``seq_pages`` pages (`halyard.models.attention.ragged_paged`: padding tokens last, slot -1)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from halyard.models.attention.ragged_paged import RaggedBatch
 from halyard.serve.sampler import RowSettings
 
 
@@ -14,36 +18,34 @@ class StepInputs(NamedTuple):
     """One program's inputs (numpy, host side).
 
     Attributes:
-        tokens: int32 ``[rows, tokens]``.
-        positions: int32 ``[rows, tokens]``: each token's position, -1 for padding.
-        page_table: int32 ``[rows, seq_pages]``.
-        last: int32 ``[rows]``: the index (in ``tokens``) of the token whose logits are sampled from.
-        settings: the rows' `RowSettings` as numpy arrays.
-        next_tokens: int32 ``[rows, tokens]``: the token following each fed token (for prompt log-probs),
-            -1 where unknown; None when no row asks for prompt log-probs.
+        tokens: int32 ``[tokens]``: the flat batch.
+        batch: its layout (`RaggedBatch`: positions, slots, page table, ``cu_q_lens``, ``kv_lens``).
+        last: int32 ``[seqs]``: the flat index of the token each sequence draws its next token after.
+        settings: the sequences' `RowSettings` (``[seqs]`` each).
+        next_tokens: int32 ``[tokens]``: the token following each fed token (for prompt log-probs), -1 where
+            unknown; None when no sequence asks for prompt log-probs.
     """
 
     tokens: np.ndarray
-    positions: np.ndarray
-    page_table: np.ndarray
+    batch: RaggedBatch
     last: np.ndarray
     settings: RowSettings
     next_tokens: np.ndarray | None
 
 
 class StepOutputs(NamedTuple):
-    """One program's results (numpy): the drawn token per row with its log-probabilities and top
-    alternatives (`halyard.serve.sampler.Drawn`), and the prompt log-probs (``[rows, tokens]`` and
-    ``[rows, tokens, 20]`` top alternatives) when asked for."""
+    """One program's results, on the device until fetched (`fetched`): the drawn token per sequence and
+    its log-probabilities (`halyard.serve.sampler.Drawn`), the top alternatives when asked for
+    (``[seqs, 20]``), and the prompt log-probs when asked for (``[tokens]`` and ``[tokens, 20]``)."""
 
-    token: np.ndarray
-    logprob: np.ndarray
-    sampled_logprob: np.ndarray
-    top_tokens: np.ndarray
-    top_logprobs: np.ndarray
-    next_logprob: np.ndarray | None
-    next_top_tokens: np.ndarray | None
-    next_top_logprobs: np.ndarray | None
+    token: Any
+    logprob: Any
+    sampled_logprob: Any
+    top_tokens: Any
+    top_logprobs: Any
+    next_logprob: Any
+    next_top_tokens: Any
+    next_top_logprobs: Any
 
 
 def round_up_power_of_two(value: int, smallest: int = 1) -> int:
@@ -56,9 +58,18 @@ def round_up_power_of_two(value: int, smallest: int = 1) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramShape:
-    """The static shape of one compiled program."""
+    """The static shape of one compiled step program.
 
-    rows: int
+    Attributes:
+        tokens: the flat batch's tokens (a bucket).
+        seqs: its sequence slots.
+        seq_pages: the pages one sequence can read (a bucket).
+        prompt_logprobs: whether it computes every token's successor log-probability.
+        alternatives: whether it computes each drawn token's top alternatives.
+    """
+
     tokens: int
+    seqs: int
     seq_pages: int
     prompt_logprobs: bool
+    alternatives: bool = False

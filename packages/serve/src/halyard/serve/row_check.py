@@ -1,16 +1,16 @@
-"""Whether a program of fewer rows gives every row the same bits as the full-size program (deterministic mode).
+"""Whether a program of fewer tokens gives every sequence the same bits as the full-size program
+(deterministic mode).
 
-XLA's CPU kernels pick their blocking and summation order from an operation's shape, so a row's numbers can
-depend on how many rows share its program. Deterministic mode runs its decoding rows in programs of a fixed
-size; a program of fewer rows is only used once it has been shown to compute its rows exactly as the
-full-size one does: both run the same random probe (random tokens at random positions over random pages of
-the pool, a mix of greedy, top-k, top-p and min-p rows), and every output of every probe row and every key
-and value it would store must agree bit for bit. XLA fixes a kernel's summation order when it compiles,
+XLA's CPU kernels pick their blocking and summation order from an operation's shape, so a token's numbers
+can depend on how many tokens share its program. Deterministic mode runs its steps in programs of a fixed
+size; a program of fewer tokens is only used once it has been shown to compute its sequences exactly as
+the full-size one does: both run the same random probe (decoding tokens and prefill chunks of random
+sequences over random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences; the full
+program holds more sequences after them, which store nothing), and every output of every probe sequence
+and every page it stores must agree bit for bit. XLA fixes a kernel's summation order when it compiles,
 by shape, not by value, and another order shows in the last bits of random rows, so one probe per shape
 settles it; the answer is kept. The probe reads the pool's pages as they are (zeros in a fresh engine, the
 keys of earlier requests later), and a size that disagrees for one page count is not tried for another.
-On this project's CPUs, for the `llama` benchmark shape, 8 and 16 rows agree with 32 and 1, 2 and 4 do not
-(a reduction over an array of fewer than about 4,096 elements runs in another order).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from halyard.models.attention.ragged_paged import PADDING_SLOT, ragged_batch
+from halyard.named import NamedArray
 from halyard.serve.program import ProgramShape, StepInputs
 from halyard.serve.sampler import RowSettings
 
@@ -28,81 +30,111 @@ PROBE_SEED = 20261205
 """The probe's fixed seed: every process of a multi-process engine builds the same probe."""
 
 
-def probe_inputs(shape: ProgramShape, page_size: int, num_pages: int, vocab: int) -> StepInputs:
-    """Random inputs of ``shape`` (see the module docstring); row 1 is padding, as a partly full program has.
+def probe_inputs(
+    full: ProgramShape, small: ProgramShape, page_size: int, num_pages: int, vocab: int
+) -> tuple[StepInputs, StepInputs, np.ndarray]:
+    """Random inputs of ``small`` and of ``full`` (see the module docstring): ``small``'s sequences come
+    first in ``full``'s, each sequence in ``small`` leaves at least one token and one slot of padding.
 
-    Args:
-        shape: the full-size program's shape (a smaller program takes the first rows).
-        page_size, num_pages: the pool's.
-        vocab: the model's vocabulary size.
+    Returns:
+        ``(small's inputs, full's inputs, the pages small's sequences read and write)``.
     """
     rng = np.random.default_rng(PROBE_SEED)
-    rows, length = shape.rows, shape.tokens
-    capacity = shape.seq_pages * page_size
-    starts = rng.integers(0, capacity - length + 1, rows)
-    positions = (starts[:, None] + np.arange(length)[None, :]).astype(np.int32)
-    if rows > 1:
-        positions[1] = -1
-    cycle = np.arange(rows) % 4  # greedy; sampled; sampled with top-k and top-p; sampled with min-p
+    capacity = full.seq_pages * page_size
+    first = _lengths(rng, max(1, small.tokens - 1), max(1, small.seqs - 1), capacity)
+    in_small = len(first)
+    q_lens = first + _lengths(rng, full.tokens - sum(first), full.seqs - in_small, capacity)
+    kv_lens = [int(rng.integers(q, capacity + 1)) for q in q_lens]
+    tables = [rng.integers(0, num_pages, -(-kv // page_size)).tolist() for kv in kv_lens]
+    tokens = [rng.integers(0, vocab, q).astype(np.int32) for q in q_lens]
+    cycle = np.arange(len(q_lens)) % 4  # greedy; sampled; sampled with top-k and top-p; sampled with min-p
     settings = RowSettings(
         temperature=np.where(cycle == 0, 0.0, 0.9).astype(np.float32),
         top_k=np.where(cycle == 2, 20, 0).astype(np.int32),
         top_p=np.where(cycle == 2, 0.9, 1.0).astype(np.float32),
         min_p=np.where(cycle == 3, 0.05, 0.0).astype(np.float32),
-        seed=rng.integers(0, 2**32, (rows, 2), dtype=np.uint32),
-        sample=np.zeros(rows, np.int32),
-        position=(starts + length).astype(np.int32),
+        seed=rng.integers(0, 2**32, (len(q_lens), 2), dtype=np.uint32),
+        sample=np.zeros(len(q_lens), np.int32),
+        position=np.asarray(kv_lens, np.int32),
     )
-    return StepInputs(
-        tokens=rng.integers(0, vocab, (rows, length), dtype=np.int32),
-        positions=positions,
-        page_table=rng.integers(0, num_pages, (rows, shape.seq_pages), dtype=np.int32),
-        last=np.full(rows, length - 1, np.int32),
-        settings=settings,
-        next_tokens=rng.integers(0, vocab, (rows, length), dtype=np.int32) if shape.prompt_logprobs else None,
-    )
+    following = rng.integers(-1, vocab, full.tokens).astype(np.int32)
+
+    def inputs(shape: ProgramShape, count: int) -> StepInputs:
+        batch = ragged_batch(
+            q_lens[:count], kv_lens[:count], tables[:count],
+            page_size=page_size, tokens=shape.tokens, seqs=shape.seqs, pages=shape.seq_pages,
+        )  # fmt: skip
+        slots = batch.slots.copy()
+        slots[batch.cu_q_lens[in_small] :] = PADDING_SLOT  # only small's sequences store
+        flat = np.zeros((shape.tokens,), np.int32)
+        flat[: batch.cu_q_lens[count]] = np.concatenate(tokens[:count])
+        padded = []
+        for field, fill in zip(settings, (0, 0, 1, 0, 0, 0, 0)):
+            column = np.full((shape.seqs, *field.shape[1:]), fill, field.dtype)
+            column[:count] = field[:count]
+            padded.append(column)
+        last = np.zeros((shape.seqs,), np.int32)
+        last[:count] = batch.cu_q_lens[1 : count + 1] - 1
+        next_tokens = following[: shape.tokens] if shape.prompt_logprobs else None
+        return StepInputs(flat, batch._replace(slots=slots), last, RowSettings(*padded), next_tokens)
+
+    read = sorted({page for table in tables[:in_small] for page in table})
+    return inputs(small, in_small), inputs(full, len(q_lens)), np.asarray(read, np.int32)
 
 
-def first_rows(inputs: StepInputs, rows: int) -> StepInputs:
-    """The first ``rows`` rows of ``inputs``."""
-    return StepInputs(
-        tokens=inputs.tokens[:rows],
-        positions=inputs.positions[:rows],
-        page_table=inputs.page_table[:rows],
-        last=inputs.last[:rows],
-        settings=RowSettings(*(field[:rows] for field in inputs.settings)),
-        next_tokens=None if inputs.next_tokens is None else inputs.next_tokens[:rows],
-    )
+def _lengths(rng: np.random.Generator, tokens: int, seqs: int, capacity: int) -> list[int]:
+    """Random new-token counts of at most ``seqs`` sequences, ``tokens`` together: most 1 (decoding),
+    the others prefill chunks of up to ``capacity``."""
+    lengths: list[int] = []
+    used = 0
+    while len(lengths) < seqs and used < tokens:
+        chunk = capacity >= 2 and rng.random() >= 0.6
+        length = min(int(rng.integers(2, capacity + 1)) if chunk else 1, tokens - used)
+        lengths.append(length)
+        used += length
+    return lengths
 
 
-def results_agree(small: tuple, full: tuple, rows: int) -> bool:
-    """Whether a program's results for the first ``rows`` probe rows equal the full-size program's bit for bit.
+def written_pages(pool: object, pages: jax.Array) -> list[jax.Array]:
+    """Each of the pool's arrays at ``pages`` (along its ``page`` axis), for comparing two programs'
+    stores."""
+    leaves = jax.tree.leaves(pool, is_leaf=lambda x: isinstance(x, NamedArray))
+    return [_take_pages(leaf.array, pages, leaf.axis_names.index("page")) for leaf in leaves]
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _take_pages(array: jax.Array, pages: jax.Array, axis: int) -> jax.Array:
+    return jnp.take(array, pages, axis=axis)
+
+
+def results_agree(small: tuple, full: tuple, small_inputs: StepInputs) -> bool:
+    """Whether a program's results for the probe's sequences equal the full-size program's bit for bit.
 
     Args:
-        small, full: each program's ``(written, outputs)``: the keys and values it would store (named arrays
-            with a ``batch`` axis, perhaps sharded over several processes: compared on the devices) and its
-            outputs (rows first, None where not computed; the same in every process).
-        rows: the smaller program's rows.
+        small, full: each program's ``(written pages, outputs)`` (`written_pages`; outputs sequences
+            first, or tokens first for prompt log-probs; None where not computed).
+        small_inputs: the smaller program's inputs (how many sequences and tokens are compared).
     """
-    (small_written, small_outputs), (full_written, full_outputs) = small, full
-    for a, b in zip(small_written, full_written, strict=True):
-        axis = a.axis_names.index("batch")
-        if not bool(np.asarray(_same_bits(a.array, b.array, rows, axis))):
+    (small_pages, small_outputs), (full_pages, full_outputs) = small, full
+    for a, b in zip(small_pages, full_pages, strict=True):
+        if not bool(np.asarray(_same_bits(a, b))):
             return False
-    for a, b in zip(small_outputs, full_outputs, strict=True):
+    seqs = int(small_inputs.batch.num_seqs)
+    tokens = int(small_inputs.batch.cu_q_lens[seqs])
+    for index, (a, b) in enumerate(zip(small_outputs, full_outputs, strict=True)):
         if a is None:
             continue
-        here, there = np.asarray(a), np.ascontiguousarray(np.asarray(b)[:rows])
+        count = seqs if index < 5 else tokens  # the drawn tokens' fields, then the prompt log-probs'
+        here, there = np.asarray(a)[:count], np.ascontiguousarray(np.asarray(b)[:count])
         if here.shape != there.shape or here.tobytes() != there.tobytes():
             return False
     return True
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _same_bits(small: jax.Array, full: jax.Array, rows: int, axis: int) -> jax.Array:
-    """Whether ``small`` equals the first ``rows`` entries of ``full`` along ``axis``, bit for bit."""
+@jax.jit
+def _same_bits(small: jax.Array, full: jax.Array) -> jax.Array:
+    """Whether two arrays are equal bit for bit."""
     unsigned = jnp.dtype(f"uint{small.dtype.itemsize * 8}")
-    head = jax.lax.slice_in_dim(full, 0, rows, axis=axis)
     return jnp.array_equal(
-        jax.lax.bitcast_convert_type(small, unsigned), jax.lax.bitcast_convert_type(head, unsigned)
+        jax.lax.bitcast_convert_type(small, unsigned), jax.lax.bitcast_convert_type(full, unsigned)
     )

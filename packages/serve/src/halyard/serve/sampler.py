@@ -46,13 +46,14 @@ class RowSettings(NamedTuple):  # numpy arrays on the host, jax arrays inside th
 
 
 class Drawn(NamedTuple):
-    """What `draw` returns per row: the token, its two log-probabilities and the top alternatives."""
+    """What `draw` returns per row: the token, its two log-probabilities and the top alternatives (None
+    when none were asked for)."""
 
     token: jax.Array
     logprob: jax.Array
     sampled_logprob: jax.Array
-    top_tokens: jax.Array
-    top_logprobs: jax.Array
+    top_tokens: jax.Array | None
+    top_logprobs: jax.Array | None
 
 
 def row_keys(settings: RowSettings) -> jax.Array:
@@ -84,7 +85,8 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
     Args:
         logits: float32 ``[rows, vocab]``.
         settings: per-row settings.
-        num_top: alternatives returned per row (the most likely tokens under the model's distribution).
+        num_top: alternatives returned per row (the most likely tokens under the model's distribution);
+            0 for none.
     """
     logprobs = row_log_softmax(logits)
     greedy = first_argmax(logits)
@@ -110,5 +112,7 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
 
     token, sampled_logprob = jax.lax.cond(jnp.any(settings.temperature > 0), sample, all_greedy)
     token = token.astype(jnp.int32)
+    if not num_top:
+        return Drawn(token, logprobs[rows, token], sampled_logprob, None, None)
     top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
     return Drawn(token, logprobs[rows, token], sampled_logprob, top_tokens.astype(jnp.int32), top_logprobs)

@@ -108,7 +108,7 @@ Running = tuple[jax.Array, jax.Array, jax.Array]
 """Online-softmax state of one query block: running max, denominator ``[B, h, g, q]``, sum ``[..., d]``."""
 
 
-def _initial(query_block: jax.Array) -> Running:
+def initial_state(query_block: jax.Array) -> Running:
     """The empty state of a query block ``[B, h, g, q, d]``."""
     stats_shape = query_block.shape[:-1]
     return (
@@ -118,7 +118,7 @@ def _initial(query_block: jax.Array) -> Running:
     )
 
 
-def _attend(
+def attend_block(
     static: Static,
     state: Running,
     query: jax.Array,
@@ -127,7 +127,7 @@ def _attend(
     mask: jax.Array,
     keys_by_size: bool = False,
 ) -> Running:
-    """Fold one key block into a query block's online softmax (``keys_by_size``: see `_logits`)."""
+    """Fold one key block into a query block's online softmax (``keys_by_size``: see `_logits`). Public: the paged kernel (`halyard.models.attention.paged`) folds pages with it."""
     running_max, denominator, accumulator = state
     logits = jnp.where(mask, _logits(static, query, key, keys_by_size), -jnp.inf)
     new_max = jnp.maximum(running_max, logits.max(axis=-1))
@@ -141,7 +141,7 @@ def _attend(
     return new_max, denominator, accumulator * correction[..., None] + contribution
 
 
-def _finish(state: Running) -> tuple[jax.Array, jax.Array]:
+def finish_state(state: Running) -> tuple[jax.Array, jax.Array]:
     """``(output [B, h, g, q, d], log-sum-exp [B, h, g, q])``; rows that saw nothing give 0 and +inf."""
     running_max, denominator, accumulator = state
     seen = denominator > 0
@@ -169,11 +169,13 @@ def forward_pairs(
     if static.pairs is not None:
         outputs, sums = [], []
         for query_index in range(query.shape[0]):
-            state = _initial(query[query_index])
+            state = initial_state(query[query_index])
             for key_index in (k for q, k in static.pairs if q == query_index):
                 mask = _mask(static, tokens, query_index, key_index)
-                state = _attend(static, state, query[query_index], key[key_index], value[key_index], mask)
-            output, log_sum_exp = _finish(state)
+                state = attend_block(
+                    static, state, query[query_index], key[key_index], value[key_index], mask
+                )
+            output, log_sum_exp = finish_state(state)
             outputs.append(output)
             sums.append(log_sum_exp)
         return jnp.stack(outputs), jnp.stack(sums)
@@ -183,12 +185,12 @@ def forward_pairs(
             mask = _mask(static, tokens, query_index, key_index)
 
             def update(state: Running) -> Running:
-                return _attend(static, state, query_block, key[key_index], value[key_index], mask)
+                return attend_block(static, state, query_block, key[key_index], value[key_index], mask)
 
             return jax.lax.cond(jnp.any(mask), update, lambda state: state, state), None
 
-        state, _ = jax.lax.scan(one_key_block, _initial(query_block), jnp.arange(key.shape[0]))
-        return _finish(state)
+        state, _ = jax.lax.scan(one_key_block, initial_state(query_block), jnp.arange(key.shape[0]))
+        return finish_state(state)
 
     def body(_: None, xs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple[jax.Array, jax.Array]]:
         return None, one_query_block(*xs)

@@ -23,6 +23,11 @@ context-parallel (`halyard.models.attention.context_parallel`: ``ring``, ``all_g
 the blocked kernel on each device's share; ``context_parallel=None`` (a KV cache) or
 ``implementation="reference"`` never splits.
 
+An inference engine's step attends over its page pool instead (`paged_kernel`: ``blocked``, the training
+kernel's arithmetic page by page, on any backend; ``pallas`` on TPU; ``auto``: ``pallas`` on a TPU where
+its module is present, else ``blocked``), behind the interface of
+`halyard.models.attention.ragged_paged.RaggedPagedKernel`.
+
 Switching implementation never changes parameters: every implementation computes the same function
 (tested against ``reference`` in values and gradients).
 """
@@ -43,6 +48,8 @@ from halyard.models.attention.context_parallel import (
 from halyard.models.attention.cudnn import cudnn_attention, cudnn_unsupported_reason
 from halyard.models.attention.layout import FlatAttention, flatten_inputs, unflatten_output
 from halyard.models.attention.mask import AttentionMask
+from halyard.models.attention.paged import BlockedPagedKernel
+from halyard.models.attention.ragged_paged import RaggedPagedKernel
 from halyard.models.attention.reference import reference_attention
 from halyard.models.attention.softcap import checked_softcap
 from halyard.models.attention.splash import (
@@ -55,6 +62,8 @@ from halyard.named import NamedArray
 from halyard.named.nn import target_backend
 
 IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "splash", "auto")
+PAGED_IMPLEMENTATIONS = ("blocked", "pallas", "auto")
+"""The kernels `paged_kernel` offers an inference engine's step."""
 SOFTCAP_IMPLEMENTATIONS = ("reference", "blocked", "splash", "auto")
 """The implementations that accept a ``logit_softcap``."""
 CPU_BLOCK_SIZE = 64
@@ -198,3 +207,31 @@ def choose_implementation(
         return "blocked"
     num_queries, num_keys = flat.query.shape[1], flat.key.shape[1]
     return "xla" if num_queries * num_keys <= AUTO_XLA_MAX_SCORES else "blocked"
+
+
+def paged_kernel(implementation: str = "auto", *, backend: str | None = None) -> RaggedPagedKernel:
+    """The ragged paged attention kernel of an inference engine's step (see the module docstring).
+
+    Args:
+        implementation: ``blocked`` | ``pallas`` | ``auto``.
+        backend: JAX's platform name; default `target_backend`.
+
+    Raises:
+        ValueError: an unknown implementation, or ``pallas`` where its module is missing.
+    """
+    if implementation not in PAGED_IMPLEMENTATIONS:
+        raise ValueError(
+            f"paged_kernel: unknown implementation {implementation!r}; choose one of {PAGED_IMPLEMENTATIONS}"
+        )
+    backend = target_backend() if backend is None else backend
+    if implementation == "blocked" or (implementation == "auto" and backend != "tpu"):
+        return BlockedPagedKernel()
+    try:
+        from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
+    except ImportError as error:
+        if implementation == "auto":
+            return BlockedPagedKernel()
+        raise ValueError(
+            f"paged_kernel: the pallas kernel is not available here ({error}); use 'blocked'"
+        ) from error
+    return PallasPagedKernel()

@@ -1,113 +1,205 @@
-"""Attention over an inference engine's pages, read where they lie: the blocked kernel's arithmetic with each
-key block fetched from the pool as the scan reaches it.
+"""``blocked``: the ragged paged kernel of any backend (`halyard.models.attention.ragged_paged`), the training
+kernel's block arithmetic with each key block read from the pool as the scan reaches it.
 
 The training kernel (`halyard.models.attention.blocked`) walks a query block over key blocks of a contiguous
-key array. Here a row's keys are its pages (``page_table[row]``: page ``j`` holds positions ``j * page_size
-...``), so key block ``j`` is page ``j`` of every row, gathered from the pool inside the scan, with this
-call's new keys laid over the positions they take (they are stored in the pool after the call). No run of
-keys longer than a page is ever copied: a decoding step reads each page once. A page is one key block of
-the training kernel (``page_size`` equals its block), the blocks are visited in the same order with the
-same per-block arithmetic (`block_pairs._attend`), and blocks the mask hides are skipped, so a query gets
-the numbers it gets from the training kernel over the whole sequence.
+key array. Here a sequence's keys are its pages, so key block ``j`` is page ``j`` of the sequence's table,
+gathered from the pool inside the scan: no run of keys longer than a page is ever copied. A page is one
+key block of the training kernel (``page_size`` equals its block), the blocks are visited in the same order
+with the same per-block arithmetic (`block_pairs.attend_block`), and blocks the mask hides are skipped, so a
+query gets the numbers it gets from the training kernel over the whole sequence.
 
-Shapes: ``B`` rows, ``Q`` query blocks of ``q`` queries, ``h`` kv heads, ``g`` query heads per kv head,
-``d`` head size, ``J`` pages a row reads, ``S`` page size.
+The flat batch is cut two ways, each a batch of rows over their sequences' pages:
+
+- *blocks*: ``query_block`` new tokens of one sequence at aligned positions (``m * query_block ...``, all
+  in this step: the bulk of a prefill chunk) share a row, so each of its pages is gathered once for
+  them all;
+- *single tokens*: every other token (decoding tokens, the ends of chunks) is a row of one query.
+
+Rows run in groups (``group_rows`` single tokens, ``group_blocks`` blocks); a group whose rows see nothing of
+a page (padding, or a short sequence) skips it, so unused rows cost nothing. Where a token falls does not
+change its numbers beyond what XLA's shape-dependent reductions do (inside `halyard.named.nn.batch_invariant`
+none: the row sums are in fixed order).
+
+Pool layout: keys ``[layers, page, kv_heads, head_size, page_slot]`` (a page's keys of one head are the
+operand of the logits' product as it is read), values ``[layers, page, kv_heads, page_slot, head_size]``.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from halyard.models.attention.block_pairs import Static, _attend, _finish, _initial
+from halyard.models.attention.block_pairs import Static, attend_block, finish_state, initial_state
 from halyard.models.attention.layout import visible
+from halyard.models.attention.ragged_paged import slot_pages, token_sequences
+from halyard.named import Axis, NamedArray
+
+PAGE = "page"
+PAGE_SLOT = "page_slot"
+KEY_AXES = ("layers", PAGE, "kv_heads", "head_size", PAGE_SLOT)
+VALUE_AXES = ("layers", PAGE, "kv_heads", PAGE_SLOT, "head_size")
 
 
-def paged_attention(
-    query: Float[Array, "B pos heads d"],
-    query_positions: Int[Array, "B pos"],
-    key_pool: Float[Array, "layers pages h d S"],
-    value_pool: Float[Array, "layers pages h S d"],
-    layer: Int[Array, ""],
-    page_table: Int[Array, "B J"],
-    new_keys: Float[Array, "B pos h d"],
-    new_values: Float[Array, "B pos h d"],
-    write_positions: Int[Array, "B pos"],
-    *,
-    scale: float,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    block_size: int = 64,
-) -> Float[Array, "B pos heads d"]:
-    """Causal attention of each row's queries over its pages and its new keys (see the module docstring).
+class BlockedPool(NamedTuple):
+    """The ``blocked`` kernel's pool: every layer's keys (`KEY_AXES`) and values (`VALUE_AXES`)."""
 
-    Args:
-        query: the call's queries.
-        query_positions: each query's position; -1 for padding (it sees nothing: output 0).
-        key_pool, value_pool: the pool of pages of every layer (read in place: one gather a page); a page's
-            keys are ``d x S`` per head, as the logits' product takes them, its values ``S x d``.
-        layer: this layer's index in the pools.
-        page_table: each row's pages in position order.
-        new_keys, new_values: the call's keys and values, one per query.
-        write_positions: the position each new key and value is stored at (-1: not stored), as
-            `halyard.models.layers.paged_kv.PagedKV.written` stores them: the kernel lays them over those slots.
-        scale: the logit multiplier.
-        sliding_window: a query at ``p`` sees keys ``> p - window`` (None: all before it).
-        logit_softcap: ``cap * tanh(logits / cap)`` before the mask, or None.
-        block_size: queries per query block (the training kernel's block).
+    keys: NamedArray
+    values: NamedArray
 
-    Returns:
-        ``[B, pos, heads, d]`` in the query's dtype.
+
+@dataclasses.dataclass(frozen=True)
+class BlockedPagedKernel:
+    """The ``blocked`` ragged paged kernel (see the module docstring).
+
+    Attributes:
+        query_block: new tokens of one sequence per block row.
+        group_rows: single-token rows per group.
+        group_blocks: block rows per group.
     """
-    rows, length, heads, size = query.shape
-    pages_per_row, page_size = page_table.shape[1], value_pool.shape[3]
-    kv_heads = value_pool.shape[2]
-    group = heads // kv_heads
-    static = Static(
-        causal=True,
-        sliding_window=sliding_window,
-        scale=float(scale),
-        pairs=None,
-        logit_softcap=logit_softcap,
+
+    query_block: int = 16
+    group_rows: int = 32
+    group_blocks: int = 4
+
+    def init_pool(
+        self, layers: int, pages: int, page_size: int, kv_heads: int, head_size: int, dtype: Any
+    ) -> BlockedPool:
+        """An empty pool (`halyard.models.attention.ragged_paged.RaggedPagedKernel.init_pool`)."""
+        sizes = {
+            "layers": layers,
+            PAGE: pages,
+            PAGE_SLOT: page_size,
+            "kv_heads": kv_heads,
+            "head_size": head_size,
+        }
+
+        def zeros(names: tuple[str, ...]) -> NamedArray:
+            axes = tuple(Axis(name, sizes[name]) for name in names)
+            return NamedArray(jnp.zeros(tuple(a.size for a in axes), dtype), axes)
+
+        return BlockedPool(zeros(KEY_AXES), zeros(VALUE_AXES))
+
+    def write(
+        self,
+        pool: BlockedPool,
+        layer: Int[Array, ""],
+        keys: Float[Array, "T h d"],
+        values: Float[Array, "T h d"],
+        slots: Int[Array, " T"],
+    ) -> BlockedPool:
+        """``pool`` with the step's keys and values of ``layer`` stored at ``slots`` (-1: nowhere)."""
+        key_pool, value_pool = pool.keys.array, pool.values.array
+        page, offset = slot_pages(slots, key_pool.shape[-1], key_pool.shape[1])
+        # the indexed entries come first ([T, h, d]) when the indices are not adjacent
+        key_pool = key_pool.at[layer, page, :, :, offset].set(keys.astype(key_pool.dtype), mode="drop")
+        value_pool = value_pool.at[layer, page, :, offset, :].set(
+            values.astype(value_pool.dtype), mode="drop"
+        )
+        return BlockedPool(NamedArray(key_pool, pool.keys.axes), NamedArray(value_pool, pool.values.axes))
+
+    def attend(
+        self,
+        query: Float[Array, "T Hq d"],
+        pool: BlockedPool,
+        layer: Int[Array, ""],
+        page_table: Int[Array, "S J"],
+        cu_q_lens: Int[Array, " S1"],
+        kv_lens: Int[Array, " S"],
+        num_seqs: Int[Array, ""],
+        *,
+        scale: float,
+        sliding_window: int | None,
+        logit_softcap: float | None,
+    ) -> Float[Array, "T Hq d"]:
+        """`halyard.models.attention.ragged_paged.RaggedPagedKernel.attend` (see the module docstring)."""
+        num_tokens = query.shape[0]
+        block = self.query_block
+        sequence, positions = token_sequences(cu_q_lens, kv_lens, num_seqs, num_tokens)
+        step_start = kv_lens[sequence] - (cu_q_lens[sequence + 1] - cu_q_lens[sequence])
+        # a token is in a block row when its whole aligned block of positions is new in this step
+        block_first = positions - positions % block
+        in_block = (positions >= 0) & (block_first >= step_start) & (block_first + block <= kv_lens[sequence])
+        rows = _Rows(query, positions, page_table[sequence], pool, layer)
+        static = Static(
+            causal=True,
+            sliding_window=sliding_window,
+            scale=float(scale),
+            pairs=None,
+            logit_softcap=logit_softcap,
+        )
+        output = jnp.zeros(query.shape, jnp.float32)
+        # single tokens, compacted to the front: [T] token indices (num_tokens for none)
+        single = (positions >= 0) & ~in_block
+        singles = _compacted(single, num_tokens)
+        output = rows.attend(static, singles[:, None], self.group_rows, output)
+        # blocks: the first token of each, compacted; a block's tokens follow it in the flat batch
+        firsts = _compacted(in_block & (positions % block == 0), num_tokens)[: num_tokens // block]
+        members = jnp.where(firsts[:, None] < num_tokens, firsts[:, None] + jnp.arange(block), num_tokens)
+        output = rows.attend(static, members, self.group_blocks, output)
+        return output.astype(query.dtype)
+
+
+def _compacted(chosen: jax.Array, fill: int) -> jax.Array:
+    """The indices where ``chosen`` holds, in order, then ``fill`` (same length as ``chosen``)."""
+    rank = jnp.cumsum(chosen) - 1
+    target = jnp.where(chosen, rank, chosen.shape[0])
+    return (
+        jnp.full(chosen.shape, fill, jnp.int32)
+        .at[target]
+        .set(jnp.arange(chosen.shape[0], dtype=jnp.int32), mode="drop")
     )
-    block = min(block_size, length)
-    padded = -(-length // block) * block
-    pad = [(0, 0), (0, padded - length)]
-    queries = jnp.pad(query, pad + [(0, 0), (0, 0)]).reshape(
-        rows, padded // block, block, kv_heads, group, size
-    )
-    queries = queries.transpose(1, 0, 3, 4, 2, 5)  # [Q, B, h, g, q, d]
-    positions = jnp.pad(query_positions, pad, constant_values=-1).reshape(rows, padded // block, block)
-    positions = positions.transpose(1, 0, 2)  # [Q, B, q]
-    row_index = jnp.arange(rows)[:, None]
-    new_k, new_v = new_keys.astype(key_pool.dtype), new_values.astype(value_pool.dtype)
 
-    def one_query_block(query_block: jax.Array, query_positions_block: jax.Array) -> jax.Array:
-        def one_page(state: tuple, page: jax.Array) -> tuple[tuple, None]:
-            key_positions = page * page_size + jnp.arange(page_size, dtype=jnp.int32)
-            mask = visible(
-                query_positions_block, jnp.broadcast_to(key_positions, (rows, page_size)), None, None, None,
-                causal=True, sliding_window=sliding_window,
-            )[:, None, None]  # fmt: skip
 
-            def update(state: tuple) -> tuple:
-                slots = write_positions - page * page_size  # where the call's tokens land in this page
-                slots = jnp.where(
-                    (slots >= 0) & (slots < page_size) & (write_positions >= 0), slots, page_size
-                )
-                # [B, h, d, S] and [B, h, S, d]; the new tokens' entries indexed first: [B, pos, h, d]
-                keys = key_pool[layer, page_table[:, page]].at[row_index, :, :, slots].set(new_k, mode="drop")
-                values = (
-                    value_pool[layer, page_table[:, page]].at[row_index, :, slots].set(new_v, mode="drop")
-                )
-                return _attend(static, state, query_block, keys, values, mask, keys_by_size=True)
+class _Rows(NamedTuple):
+    """What every row group reads: the flat queries and positions, each token's pages, the pool."""
 
-            return jax.lax.cond(jnp.any(mask), update, lambda state: state, state), None
+    query: jax.Array  # [T, Hq, d]
+    positions: jax.Array  # [T]
+    tables: jax.Array  # [T, J]
+    pool: BlockedPool
+    layer: jax.Array
 
-        state, _ = jax.lax.scan(one_page, _initial(query_block), jnp.arange(pages_per_row))
-        return _finish(state)[0]
+    def attend(self, static: Static, members: jax.Array, group: int, output: jax.Array) -> jax.Array:
+        """``output`` with the rows ``members [R, q]`` (flat token indices, ``T`` for none; a row's tokens
+        are of one sequence) attended, ``group`` rows at a time."""
+        num_tokens, heads, size = self.query.shape
+        key_pool, value_pool = self.pool.keys.array, self.pool.values.array
+        kv_heads, page_size = value_pool.shape[2], value_pool.shape[3]
+        count, length = members.shape
+        padded = -(-count // group) * group
+        members = jnp.pad(members, ((0, padded - count), (0, 0)), constant_values=num_tokens)
+        members = members.reshape(padded // group, group, length)
+        safe = jnp.minimum(members, num_tokens - 1)
+        positions = jnp.where(members < num_tokens, self.positions[safe], -1)  # [G, group, q]
+        queries = self.query[safe].reshape(*safe.shape, kv_heads, heads // kv_heads, size)
+        queries = queries.transpose(0, 1, 3, 4, 2, 5)  # [G, group, h, g, q, d]
+        tables = self.tables[safe[:, :, 0]]  # [G, group, J]
 
-    outputs = jax.lax.map(lambda xs: one_query_block(*xs), (queries, positions))  # [Q, B, h, g, q, d]
-    flat = outputs.transpose(1, 0, 4, 2, 3, 5).reshape(rows, padded, heads, size)
-    return flat[:, :length].astype(query.dtype)
+        def one_group(xs: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+            group_queries, group_positions, group_tables = xs
+
+            def one_page(state: tuple, page: jax.Array) -> tuple[tuple, None]:
+                key_positions = page * page_size + jnp.arange(page_size, dtype=jnp.int32)
+                mask = visible(
+                    group_positions, jnp.broadcast_to(key_positions, (group, page_size)), None, None, None,
+                    causal=True, sliding_window=static.sliding_window,
+                )[:, None, None]  # fmt: skip
+
+                def update(state: tuple) -> tuple:
+                    pages = group_tables[:, page]
+                    keys, values = key_pool[self.layer, pages], value_pool[self.layer, pages]
+                    return attend_block(static, state, group_queries, keys, values, mask, keys_by_size=True)
+
+                return jax.lax.cond(jnp.any(mask), update, lambda state: state, state), None
+
+            pages = jnp.arange(group_tables.shape[1])
+            state, _ = jax.lax.scan(one_page, initial_state(group_queries), pages)
+            return finish_state(state)[0]  # [group, h, g, q, d]
+
+        results = jax.lax.map(one_group, (queries, positions, tables))
+        results = results.transpose(0, 1, 4, 2, 3, 5).reshape(padded * length, heads, size)
+        return output.at[members.reshape(-1)].set(results, mode="drop")

@@ -21,7 +21,7 @@ from halyard.models.decoder.layout import BlockLayout, LayerKind
 from halyard.models.decoder.spec import DecoderSpec
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.moe import MoeMLP
-from halyard.models.layers.paged_kv import PagedLayers
+from halyard.models.layers.paged_kv import PagedLayer
 from halyard.models.layers.self_attention import SelfAttention
 from halyard.models.reports import report_rms
 from halyard.named import Axis, NamedArray
@@ -106,17 +106,19 @@ class DecoderBlock(eqx.Module):
 
     def __call__(
         self,
-        x: NamedArray,
+        x: Any,
         mask: AttentionMask,
         positions: NamedArray,
-        *cache: PagedLayers,
+        *cache: PagedLayer,
         kind: LayerKind,
         token_mask: NamedArray | None = None,
-    ) -> tuple[NamedArray, tuple[Any, Any]]:
-        """``x (batch..., pos, embed) -> (same, (updated (key, value) cache or None, extras))``.
+    ) -> tuple[Any, tuple[None, Any]]:
+        """``x (batch..., pos, embed) -> (same, (None, extras))``; in an engine's step ``(x, pool) -> (same,
+        (None, extras))``, the pool with this layer's keys and values stored.
 
         Args:
-            x: the residual stream.
+            x: the residual stream, or ``(residual stream, pool)`` with a ``cache`` (the pool travels in
+                the layer scan's carry, so the step writes it in place).
             mask: the attention mask; this layer's window is added unless the mask has one.
             positions: token positions ``(batch..., pos)`` (rotary).
             cache: an engine's pages as this layer sees them (`PagedKV.for_layer_scan`), or nothing.
@@ -128,9 +130,12 @@ class DecoderBlock(eqx.Module):
         """
         if kind.window is not None and mask.sliding_window is None:
             mask = dataclasses.replace(mask, sliding_window=kind.window)
+        pool = None
+        if cache:
+            x, pool = x
         attention_in = x if self.attention_norm is None else self.attention_norm(x)
-        attended, new_cache = self.attention(
-            attention_in, mask, positions, kind.rope, cache[0] if cache else None
+        attended, pool = self.attention(
+            attention_in, mask, positions, kind.rope, (cache[0], pool) if cache else None
         )
         if self.post_attention_norm is not None:
             attended = self.post_attention_norm(attended)
@@ -151,4 +156,4 @@ class DecoderBlock(eqx.Module):
                 "mlp": jnp.mean(jnp.abs(mlp_out.array)),
                 "residual": jnp.mean(jnp.abs(out.array)),
             }
-        return out, (new_cache, extras)
+        return (out, pool) if cache else out, (None, extras)

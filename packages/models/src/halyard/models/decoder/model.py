@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from halyard.models.attention import AttentionMask
+from halyard.models.attention.dispatch import paged_kernel
 from halyard.models.decoder.block import DecoderBlock, Norm, make_norm
 from halyard.models.decoder.pipeline import PipelineSchedule, pipeline_stages, run_pipelined
 from halyard.models.decoder.spec import DecoderSpec
@@ -90,10 +91,12 @@ class Decoder(CausalLM):
     def logit_softcap(self) -> float | None:
         return self.config.final_logit_softcap
 
-    def init_pages(self, num_pages: int, page_size: int) -> PagedKV:
-        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype)."""
+    def init_pages(self, num_pages: int, page_size: int, implementation: str = "auto") -> PagedKV:
+        """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype), laid
+        out for the paged kernel ``implementation`` (`halyard.models.attention.dispatch.paged_kernel`)."""
         shape = self.config.shape
         return PagedKV.zeros(
+            kernel=paged_kernel(implementation),
             num_layers=shape.layers,
             num_pages=num_pages,
             page_size=page_size,
@@ -136,6 +139,7 @@ class Decoder(CausalLM):
         if self.position_embedding is not None:
             x = x + self.position_embedding(positions)
         cache_args: tuple = () if cache is None else (cache.for_layer_scan(),)
+        carry: Any = constrain(x) if cache is None else (constrain(x), cache.pool)
         if cache is None and (stages := pipeline_stages()) > 1:
             config = self.config
             schedule = PipelineSchedule(stages, config.pipeline_repeats, config.pipeline_microbatches)
@@ -150,8 +154,8 @@ class Decoder(CausalLM):
             )
             new_cache: Any = None
         else:
-            x, (new_cache, layer_stats) = self.layers.scan(
-                constrain(x),
+            carry, (_, layer_stats) = self.layers.scan(
+                carry,
                 mask,
                 positions,
                 *cache_args,
@@ -159,16 +163,14 @@ class Decoder(CausalLM):
                 unroll=not self.config.scan_layers,
                 token_mask=token_mask,
             )
+            x, new_cache = (carry, None) if cache is None else (carry[0], cache.with_pool(carry[1]))
         aux, metrics = jnp.zeros((), jnp.float32), {}
         if self.config.layout().mlp == "moe":
             balance, z_loss = load_balancing_loss(layer_stats), router_z_loss(layer_stats)
             coefficients = self.config.router_loss_weights()
             aux = coefficients[0] * balance + coefficients[1] * z_loss
             metrics = {"load_balancing_loss": balance, "router_z_loss": z_loss}
-        # The new keys and values go back to the caller, who stores them (`PagedKV.written`) in a program of
-        # its own: a pool written here would be copied whole (it is also read inside the layer scan).
-        updated = None if cache is None else (new_cache[0], new_cache[1])
-        return DecoderOutput(self.final_norm(x), aux, metrics, updated, layer_stats)
+        return DecoderOutput(self.final_norm(x), aux, metrics, new_cache, layer_stats)
 
     def coordinates(self, tokens: NamedArray, *, mask: AttentionMask | None = None) -> dict[str, jax.Array]:
         """Mean |activation| for a coordinate check (families whose layout reports coordinates: muP).

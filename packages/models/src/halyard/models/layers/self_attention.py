@@ -1,9 +1,8 @@
 """`SelfAttention`: projections to queries, keys and values, rotary positions, attention, output projection.
 
 Shared by every family. Grouped-query attention follows the Hugging Face convention (query head ``h``
-reads key/value head ``h // (num_heads // num_kv_heads)``). With an inference engine's `PagedKV` the queries
-attend over each row's pages with this call's keys laid over their positions; the mask then carries the
-positions (``query_positions``/``key_positions``).
+reads key/value head ``h // (num_heads // num_kv_heads)``). In an inference engine's step (`PagedKV`) the
+new keys and values are stored in the pool and the queries attend over their sequences' pages there.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from halyard.models.attention import AttentionMask, attention
 from halyard.models.attention.splash import SplashBlockSizes
-from halyard.models.layers.paged_kv import PagedLayers
+from halyard.models.layers.paged_kv import PagedLayer
 from halyard.models.reports import report_attention_logit_max
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
@@ -150,8 +149,8 @@ class SelfAttention(eqx.Module):
         mask: AttentionMask,
         positions: NamedArray,
         rope: RotaryConfig | None,
-        cache: PagedLayers | None = None,
-    ) -> tuple[NamedArray, tuple[NamedArray, NamedArray] | None]:
+        cache: tuple[PagedLayer, Any] | None = None,
+    ) -> tuple[NamedArray, Any]:
         """Attend from every position of ``x`` to the visible keys.
 
         Args:
@@ -159,11 +158,12 @@ class SelfAttention(eqx.Module):
             mask: which keys each query sees (causal, window, segments; slots when decoding).
             positions: rotary position of each token ``(batch..., pos)``.
             rope: this layer's rotary configuration, or None (learned positions, added by the model).
-            cache: an engine's pages as this layer sees them (`PagedKV.for_layer_scan`), or None.
+            cache: in an engine's step, ``(this layer's view of it (`PagedKV.for_layer_scan`), the pool)``;
+                None otherwise.
 
         Returns:
-            ``(output (batch..., pos, embed), new keys and values)``: with a `PagedKV`, this call's
-            ``(key, value)`` (for `PagedKV.written`); None without one.
+            ``(output (batch..., pos, embed), the pool with this layer's keys and values stored)``; None
+            for the pool without a ``cache``.
         """
         query = constrain(self.q_proj(x))
         key = constrain(self.k_proj(x))
@@ -175,21 +175,18 @@ class SelfAttention(eqx.Module):
             key = apply_rotary(key, positions, rope, max_position=self.max_position)
         key = key.rename({"pos": "key_pos"})
         value = value.rename({"pos": "key_pos"})
-        if cache is not None:  # an engine's step: its pages read in place by the paged kernel
-            if mask.query_positions is None:
-                raise ValueError(
-                    "attention over pages needs the mask's query_positions (CausalLM.paged_step)"
-                )
-            attended = cache.attend(
+        if cache is not None:  # an engine's step: keys stored in the pool, pages read there by the kernel
+            layer, pool = cache
+            attended, pool = layer.attend(
+                pool,
                 query,
                 key,
                 value,
-                mask.query_positions,
                 scale=self.scale if self.scale is not None else query.axis_size(HEAD_SIZE) ** -0.5,
                 sliding_window=mask.sliding_window,
                 logit_softcap=self.softcap,
             )
-            return self.o_proj(constrain(attended)), (key, value)
+            return self.o_proj(constrain(attended)), pool
         softcap: dict[str, float] = {} if self.softcap is None else {"logit_softcap": self.softcap}
         report_attention_logit_max(query, key, mask, self.scale)  # when a step collects (trainer.watch.model)
         # What remat "save_attention" keeps (ATTENTION_SAVED_NAMES): the kernel's inputs and its output.
