@@ -1,0 +1,190 @@
+"""The Pallas ragged paged attention kernel (`halyard.models.attention.ragged_paged_pallas`) against a dense
+numpy reference, in Pallas's TPU interpreter on CPU and compiled on a TPU (marker ``tpu``).
+
+One ragged step (ragged_case.py) covers a prefill chunk and decode rows in one batch, grouped-query
+attention (4 query heads on 2 kv heads), two sequences sharing a prefix page, padding tokens (slot -1,
+output 0) and a padding sequence slot, a head size below the kernel's 128 lanes, and a layer index other
+than 0; float32 with a sliding window and a soft cap, bfloat16 without. Each interpreted call costs ~10 s
+(the interpreter's program compiles), so the cases are few and share their inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from float_tolerance import summation_tolerance
+from ragged_case import (
+    HEAD_SIZE,
+    KV_HEADS,
+    LAYERS,
+    PAGE_SIZE,
+    PAGES,
+    SCALE,
+    STEP_LAYER,
+    RaggedStep,
+    dense_reference,
+    ragged_step,
+    reference_terms,
+)
+
+from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel, pallas_unsupported_reason
+
+SETTINGS = {  # dtype name: (sliding_window, logit_softcap)
+    "float32": (6, 2.0),
+    "bfloat16": (None, None),
+}
+
+
+def run_kernel(kernel, step: RaggedStep, dtype, *, sliding_window, logit_softcap) -> np.ndarray:
+    """The step through a kernel's interface: every layer's earlier keys written, then the step's tokens
+    into `STEP_LAYER` (padding slots -1), then one ``attend`` of that layer, all in one program."""
+    pool = kernel.init_pool(LAYERS, PAGES, PAGE_SIZE, KV_HEADS, HEAD_SIZE, dtype)
+    keys, values = step.step_keys(STEP_LAYER)
+
+    def program(pool, query, keys, values):
+        for layer in range(LAYERS):
+            history = jnp.asarray(step.history_slots)
+            pool = kernel.write(
+                pool,
+                jnp.int32(layer),
+                jnp.asarray(step.slot_keys[layer][step.history_slots]),
+                jnp.asarray(step.slot_values[layer][step.history_slots]),
+                history,
+            )
+        layer = jnp.int32(STEP_LAYER)
+        pool = kernel.write(pool, layer, keys, values, jnp.asarray(step.slots))
+        return kernel.attend(
+            query,
+            pool,
+            layer,
+            jnp.asarray(step.page_table),
+            jnp.asarray(step.cu_q_lens),
+            jnp.asarray(step.kv_lens),
+            jnp.asarray(step.num_seqs),
+            scale=SCALE,
+            sliding_window=sliding_window,
+            logit_softcap=logit_softcap,
+        )
+
+    output = jax.jit(program)(pool, jnp.asarray(step.query), jnp.asarray(keys), jnp.asarray(values))
+    assert output.shape == step.query.shape and output.dtype == step.query.dtype
+    return np.asarray(output.astype(jnp.float32))
+
+
+def tolerance(reference: np.ndarray, dtype_name: str) -> float:
+    """Float32 arithmetic in another order (`reference_terms`); at bfloat16, also one rounding of the output
+    and one of the softmax's weights before the values' product (a TPU matmul's bfloat16 pass)."""
+    bound = summation_tolerance(reference, reference_terms(), np.float32)
+    if dtype_name == "bfloat16":
+        bound += 2 * summation_tolerance(reference, 1, jnp.bfloat16)
+    return bound
+
+
+@pytest.fixture(scope="module", params=sorted(SETTINGS))
+def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.ndarray]:
+    """``(dtype name, step, the kernel's output)`` in the TPU interpreter."""
+    dtype = jnp.dtype(request.param)
+    step = ragged_step(dtype)
+    window, cap = SETTINGS[request.param]
+    output = run_kernel(
+        PallasPagedKernel(interpret=True), step, dtype, sliding_window=window, logit_softcap=cap
+    )
+    return request.param, step, output
+
+
+def test_interpreted_kernel_matches_the_dense_reference(interpreted) -> None:
+    dtype_name, step, output = interpreted
+    window, cap = SETTINGS[dtype_name]
+    reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
+    np.testing.assert_allclose(output, reference, atol=tolerance(reference, dtype_name), rtol=0)
+    real = int(step.cu_q_lens[int(step.num_seqs)])
+    assert not output[real:].any(), "padding tokens' outputs must be 0"
+
+
+def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
+    """The engine's CPU kernel (``blocked``) on the same step through the same interface."""
+    paged = pytest.importorskip("halyard.models.attention.paged")
+    if not hasattr(paged, "BlockedPagedKernel"):
+        pytest.skip("the ragged interface's CPU kernel (paged.BlockedPagedKernel) is not on this branch yet")
+    dtype_name, step, output = interpreted
+    window, cap = SETTINGS[dtype_name]
+    cpu = run_kernel(
+        paged.BlockedPagedKernel(), step, jnp.dtype(dtype_name), sliding_window=window, logit_softcap=cap
+    )
+    real = int(step.cu_q_lens[int(step.num_seqs)])
+    reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
+    bound = 2 * tolerance(reference, dtype_name)  # each within its bound of the exact values
+    np.testing.assert_allclose(output[:real], cpu[:real], atol=bound, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "query_heads, kv_heads, dtype, words",
+    [
+        (4, 2, jnp.float16, "float32 or bfloat16"),
+        (6, 4, jnp.float32, "multiple of kv heads"),
+        (3, 3, jnp.float32, "1, 2, 4 or a multiple of 4"),
+        (12, 6, jnp.bfloat16, "1, 2, 4, 8 or a multiple of 8"),
+    ],
+)
+def test_shapes_the_kernel_cannot_run_get_one_line_errors(query_heads, kv_heads, dtype, words) -> None:
+    reason = pallas_unsupported_reason(query_heads, kv_heads, dtype)
+    assert reason is not None and words in reason and "\n" not in reason
+    if "multiple of kv heads" not in words:
+        with pytest.raises(ValueError, match="init_pool"):
+            PallasPagedKernel().init_pool(1, 2, 8, kv_heads, 64, dtype)
+    assert pallas_unsupported_reason(8, 8, jnp.bfloat16) is None
+    assert pallas_unsupported_reason(32, 8, jnp.float32) is None
+
+
+def test_block_sizes_must_be_positive_ints() -> None:
+    with pytest.raises(ValueError, match="num_queries_per_block"):
+        PallasPagedKernel(num_queries_per_block=0)
+
+
+CHIP_CHECK = """
+import json, sys
+sys.path[:0] = sys.argv[1:]
+import jax, jax.numpy as jnp, numpy as np
+from test_ragged_paged_pallas import run_kernel, tolerance
+from ragged_case import STEP_LAYER, dense_reference, ragged_step
+from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
+results = {"backend": jax.default_backend()}
+for dtype_name, window, cap in [("float32", 6, 2.0), ("bfloat16", 6, 2.0), ("bfloat16", None, None)]:
+    step = ragged_step(jnp.dtype(dtype_name))
+    output = run_kernel(PallasPagedKernel(interpret=False), step, jnp.dtype(dtype_name),
+                        sliding_window=window, logit_softcap=cap)
+    reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
+    results[f"{dtype_name} window={window} cap={cap}"] = (
+        float(np.max(np.abs(output - reference))), tolerance(reference, "bfloat16"))
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.tpu
+def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
+    """The kernel compiled for the TPU (not interpreted), in a process of its own that holds the chip, at
+    the bfloat16 tolerance (a TPU's float32 matmuls may take bfloat16 passes)."""
+    here = Path(__file__).parent
+    support = here.parents[2] / "tests" / "support"
+    platforms = os.environ.get("HALYARD_TEST_TPU_PLATFORMS", "tpu")
+    env = dict(os.environ, JAX_PLATFORMS=platforms, XLA_FLAGS="")
+    result = subprocess.run(
+        [sys.executable, "-c", CHIP_CHECK, str(here), str(support)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results.pop("backend") == platforms.split(",")[0]
+    for case, (error, bound) in results.items():
+        assert error <= bound, f"{case}: largest difference {error:.3g} over the bound {bound:.3g}"
