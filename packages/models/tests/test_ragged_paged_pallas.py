@@ -159,7 +159,7 @@ from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 results = {"backend": jax.default_backend()}
 for dtype_name, window, cap in [("float32", 6, 2.0), ("bfloat16", 6, 2.0), ("bfloat16", None, None)]:
     step = ragged_step(jnp.dtype(dtype_name))
-    output = run_kernel(PallasPagedKernel(interpret=False), step, jnp.dtype(dtype_name),
+    output = run_kernel(PallasPagedKernel(), step, jnp.dtype(dtype_name),
                         sliding_window=window, logit_softcap=cap)
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
     results[f"{dtype_name} window={window} cap={cap}"] = (
@@ -171,7 +171,8 @@ print(json.dumps(results))
 @pytest.mark.tpu
 def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
     """The kernel compiled for the TPU (not interpreted), in a process of its own that holds the chip, at
-    the bfloat16 tolerance (a TPU's float32 matmuls may take bfloat16 passes)."""
+    the bfloat16 tolerance (a TPU's float32 matmuls may take bfloat16 passes). ``HALYARD_TEST_TPU=1
+    HALYARD_TEST_TPU_PLATFORMS=cpu`` rehearses it on a CPU, interpreted."""
     here = Path(__file__).parent
     support = here.parents[2] / "tests" / "support"
     platforms = os.environ.get("HALYARD_TEST_TPU_PLATFORMS", "tpu")
