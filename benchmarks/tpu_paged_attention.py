@@ -101,13 +101,16 @@ def measure(kernel: Any, args: argparse.Namespace, page_size: int, context: int)
     return figures
 
 
-def kernels(smoke: bool) -> dict[str, Any]:
+def kernels(args: argparse.Namespace) -> dict[str, Any]:
     """The kernels to measure: the Pallas one, and the CPU one where the ragged interface has it."""
     from halyard.models.attention import paged
     from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 
-    chosen: dict[str, Any] = {"pallas": PallasPagedKernel()}
-    if hasattr(paged, "BlockedPagedKernel") and not smoke:
+    vmem = None if args.vmem_limit_mib is None else args.vmem_limit_mib * 2**20
+    chosen: dict[str, Any] = {
+        "pallas": PallasPagedKernel(args.kv_pages_per_block, args.queries_per_block, vmem)
+    }
+    if hasattr(paged, "BlockedPagedKernel") and not args.smoke:
         chosen["blocked"] = paged.BlockedPagedKernel()
     return chosen
 
@@ -122,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--kv-pages-per-block", type=int, help="the Pallas kernel's; default: JAX's table")
+    parser.add_argument("--queries-per-block", type=int, help="the Pallas kernel's; default: JAX's table")
+    parser.add_argument("--vmem-limit-mib", type=int, help="the Pallas kernel's VMEM limit; default: XLA's")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls after the compiling one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, the kernel interpreted")
     parser.add_argument("--output", type=Path, help="the JSON file; default $OUT/ or benchmarks/results/")
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     rows: list[dict[str, Any]] = []
-    for name, kernel in kernels(args.smoke).items():
+    for name, kernel in kernels(args).items():
         for page_size in args.page_size:
             for context in args.context:
                 row: dict[str, Any] = {"kernel": name, "page_size": page_size, "context": context}
@@ -147,9 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(jax.devices()[0].device_kind),
         "python": platform.python_version(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "shape": {
-            k: getattr(args, k) for k in ("rows", "layers", "query_heads", "kv_heads", "head_size", "dtype")
-        },
+        "settings": {
+            key: getattr(args, key)
+            for key in (
+                "rows",
+                "layers",
+                "query_heads",
+                "kv_heads",
+                "head_size",
+                "dtype",
+                "kv_pages_per_block",
+                "queries_per_block",
+                "vmem_limit_mib",
+            )
+        },  # fmt: skip
         "rows": rows,
     }
     output = args.output or Path(os.environ.get("OUT") or RESULTS) / "tpu_paged_attention.json"

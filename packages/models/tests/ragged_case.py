@@ -51,8 +51,8 @@ class RaggedStep:
         return np.where(padding, 1e3, keys), np.where(padding, -1e3, values)
 
 
-def ragged_step(dtype: Any, seed: int = 0) -> RaggedStep:
-    """The step of the module docstring, its floats rounded to ``dtype``."""
+def ragged_step(dtype: Any, query_heads: int = QUERY_HEADS, seed: int = 0) -> RaggedStep:
+    """The step of the module docstring, its floats rounded to ``dtype``, with ``query_heads`` on `KV_HEADS`."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape: int) -> np.ndarray:
@@ -75,7 +75,7 @@ def ragged_step(dtype: Any, seed: int = 0) -> RaggedStep:
         cu_q_lens[index + 1 :] = start
     slot_count = PAGES * PAGE_SIZE
     return RaggedStep(
-        query=normal(TOKENS, QUERY_HEADS, HEAD_SIZE),
+        query=normal(TOKENS, query_heads, HEAD_SIZE),
         slot_keys=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
         slot_values=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
         history_slots=np.unique(np.asarray(history, np.int32)),
@@ -94,7 +94,8 @@ def dense_reference(
     position by position through its pages; padding tokens 0."""
     keys = step.slot_keys[layer].astype(np.float64)
     values = step.slot_values[layer].astype(np.float64)
-    group = QUERY_HEADS // KV_HEADS
+    query_heads = step.query.shape[1]
+    group = query_heads // KV_HEADS
     output = np.zeros(step.query.shape, np.float64)
     for sequence in range(int(step.num_seqs)):
         first, last = step.cu_q_lens[sequence], step.cu_q_lens[sequence + 1]
@@ -106,7 +107,7 @@ def dense_reference(
             seen = positions <= position
             if sliding_window is not None:
                 seen &= positions > position - sliding_window
-            for head in range(QUERY_HEADS):
+            for head in range(query_heads):
                 query = step.query[token, head].astype(np.float64)
                 logits = SCALE * keys[slots, head // group] @ query
                 if logit_softcap is not None:

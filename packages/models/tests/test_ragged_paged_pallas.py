@@ -2,7 +2,7 @@
 numpy reference, in Pallas's TPU interpreter on CPU and compiled on a TPU (marker ``tpu``).
 
 One ragged step (ragged_case.py) covers a prefill chunk and decode rows in one batch, grouped-query
-attention (4 query heads on 2 kv heads), two sequences sharing a prefix page, padding tokens (slot -1,
+attention (4 and 6 query heads on 2 kv heads: 3 a kv head is padded to 4), two sequences sharing a prefix page, padding tokens (slot -1,
 output 0) and a padding sequence slot, a head size below the kernel's 128 lanes, and a layer index other
 than 0; float32 with a sliding window and a soft cap, bfloat16 without. Each interpreted call costs ~10 s
 (the interpreter's program compiles), so the cases are few and share their inputs.
@@ -35,11 +35,15 @@ from ragged_case import (
     reference_terms,
 )
 
-from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel, pallas_unsupported_reason
+from halyard.models.attention.ragged_paged_pallas import (
+    PallasPagedKernel,
+    padded_query_group,
+    pallas_unsupported_reason,
+)
 
-SETTINGS = {  # dtype name: (sliding_window, logit_softcap)
-    "float32": (6, 2.0),
-    "bfloat16": (None, None),
+SETTINGS = {  # dtype name: (query heads on KV_HEADS, sliding_window, logit_softcap)
+    "float32": (6, 6, 2.0),  # 3 query heads a kv head: padded to 4 for the kernel
+    "bfloat16": (4, None, None),
 }
 
 
@@ -92,8 +96,8 @@ def tolerance(reference: np.ndarray, dtype_name: str) -> float:
 def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.ndarray]:
     """``(dtype name, step, the kernel's output)`` in the TPU interpreter."""
     dtype = jnp.dtype(request.param)
-    step = ragged_step(dtype)
-    window, cap = SETTINGS[request.param]
+    query_heads, window, cap = SETTINGS[request.param]
+    step = ragged_step(dtype, query_heads)
     output = run_kernel(
         PallasPagedKernel(interpret=True), step, dtype, sliding_window=window, logit_softcap=cap
     )
@@ -102,7 +106,7 @@ def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.nda
 
 def test_interpreted_kernel_matches_the_dense_reference(interpreted) -> None:
     dtype_name, step, output = interpreted
-    window, cap = SETTINGS[dtype_name]
+    _, window, cap = SETTINGS[dtype_name]
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
     np.testing.assert_allclose(output, reference, atol=tolerance(reference, dtype_name), rtol=0)
     real = int(step.cu_q_lens[int(step.num_seqs)])
@@ -115,7 +119,7 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     if not hasattr(paged, "BlockedPagedKernel"):
         pytest.skip("the ragged interface's CPU kernel (paged.BlockedPagedKernel) is not on this branch yet")
     dtype_name, step, output = interpreted
-    window, cap = SETTINGS[dtype_name]
+    _, window, cap = SETTINGS[dtype_name]
     cpu = run_kernel(
         paged.BlockedPagedKernel(), step, jnp.dtype(dtype_name), sliding_window=window, logit_softcap=cap
     )
@@ -157,12 +161,13 @@ from test_ragged_paged_pallas import run_kernel, tolerance
 from ragged_case import STEP_LAYER, dense_reference, ragged_step
 from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 results = {"backend": jax.default_backend()}
-for dtype_name, window, cap in [("float32", 6, 2.0), ("bfloat16", 6, 2.0), ("bfloat16", None, None)]:
-    step = ragged_step(jnp.dtype(dtype_name))
+cases = [("float32", 6, 6, 2.0), ("bfloat16", 6, 6, 2.0), ("bfloat16", 4, None, None), ("bfloat16", 14, None, None)]
+for dtype_name, query_heads, window, cap in cases:
+    step = ragged_step(jnp.dtype(dtype_name), query_heads)
     output = run_kernel(PallasPagedKernel(), step, jnp.dtype(dtype_name),
                         sliding_window=window, logit_softcap=cap)
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
-    results[f"{dtype_name} window={window} cap={cap}"] = (
+    results[f"{dtype_name} {query_heads} query heads window={window} cap={cap}"] = (
         float(np.max(np.abs(output - reference))), tolerance(reference, "bfloat16"))
 print(json.dumps(results))
 """
@@ -189,3 +194,8 @@ def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
     assert results.pop("backend") == platforms.split(",")[0]
     for case, (error, bound) in results.items():
         assert error <= bound, f"{case}: largest difference {error:.3g} over the bound {bound:.3g}"
+
+
+def test_query_groups_are_padded_to_groups_the_kernel_compiles() -> None:
+    groups = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16)
+    assert [padded_query_group(group) for group in groups] == [1, 2, 4, 4, 8, 8, 8, 16, 16, 16]

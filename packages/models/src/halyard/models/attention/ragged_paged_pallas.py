@@ -17,6 +17,9 @@ in 128 lanes, twice the memory). A layer's pages are read in place: the pool is 
 ``[layers * page, ...]`` (a bitcast) and the page table offset by ``layer * page``, so a traced layer index
 copies nothing.
 
+A kv head's query heads are padded with zero queries to a group the kernel compiles
+(`padded_query_group`: 7, Qwen2.5-0.5B's 14 on 2, becomes 8).
+
 Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16; query heads a multiple of
 kv heads; ``2 * kv_heads`` rows that the TPU tiles whole: 1, 2 or 4 kv heads or a multiple of 4 (float32),
 1, 2, 4 or 8 or a multiple of 8 (bfloat16).
@@ -167,9 +170,15 @@ class PallasPagedKernel:
         if reason is not None:
             raise ValueError(f"PallasPagedKernel.attend: {reason}")
         interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
-        kv_pages_per_block, queries_per_block = self._blocks(query, pool, page_table.shape[1], interpret)
+        kv_heads, group = combined // 2, query_heads // (combined // 2)
+        padded_group = padded_query_group(group)
+        # [T, h, group, d] -> each kv head's group of query heads padded with zero queries, d to the lanes
+        grouped = query.reshape(tokens, kv_heads, group, head_size)
+        grouped = jnp.pad(grouped, ((0, 0), (0, 0), (0, padded_group - group), (0, lanes - head_size)))
+        queries = grouped.reshape(tokens, kv_heads * padded_group, lanes)
+        kv_pages_per_block, queries_per_block = self._blocks(queries, pool, page_table.shape[1], interpret)
         padded = _round_up(tokens, queries_per_block)
-        queries = jnp.pad(query, ((0, padded - tokens), (0, 0), (0, lanes - head_size)))
+        queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
         # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
         # clip it into this layer's pages (the kernel's DMAs read what the table names)
         page_indices = layer * pages + jnp.clip(page_table, 0, pages - 1)
@@ -198,7 +207,9 @@ class PallasPagedKernel:
             output = ragged_paged_attention(*arguments, **call)
         # the kernel leaves padding tokens' rows as its buffers held them (NaN in the interpreter)
         real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
-        return jnp.where(real[:, None, None], output[:tokens, :, :head_size], 0).astype(query.dtype)
+        output = output[:tokens].reshape(tokens, kv_heads, padded_group, lanes)[:, :, :group, :head_size]
+        output = output.reshape(tokens, query_heads, head_size)
+        return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
 
     def _blocks(
         self, query: jax.Array, pool: NamedArray, pages_per_seq: int, interpret: bool
@@ -223,6 +234,17 @@ class PallasPagedKernel:
             kv_pages = tuned[0] if kv_pages is None else kv_pages
             queries = tuned[1] if queries is None else queries
         return min(kv_pages, pages_per_seq), min(queries, _round_up(query.shape[0], 8))
+
+
+def padded_query_group(group: int) -> int:
+    """The query heads per kv head the kernel is given for ``group``: a power of two up to 8, else a multiple
+    of 8. JAX's kernel folds a kv head's query heads into the rows of one matmul operand, which the TPU tiles
+    by 8 rows; JAX tests the groups 1, 2, 4 and 8, and its tests note that 12 query heads on 2 kv heads (6)
+    fail to compile. The padding queries are zeros and their outputs are dropped: a decode step reads each
+    key once whatever the group, so it costs arithmetic, not memory traffic."""
+    if group <= 8:
+        return 1 << (group - 1).bit_length()
+    return _round_up(group, 8)
 
 
 def _round_up(value: int, multiple: int) -> int:
