@@ -32,6 +32,11 @@ from typing import Any
 HBM_BYTES_PER_SECOND = 819e9
 """TPU v5e's HBM bandwidth (the vendor's figure, ../shared/TPU.md)."""
 RESULTS = Path(__file__).parent / "results"
+SETTINGS = (
+    "rows", "layers", "query_heads", "kv_heads", "head_size", "dtype", "kv_pages_per_block", "queries_per_block",
+    "vmem_limit_mib",
+)  # fmt: skip
+"""The arguments the JSON records."""
 
 
 def measure(kernel: Any, args: argparse.Namespace, page_size: int, context: int) -> dict[str, Any]:
@@ -153,20 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(jax.devices()[0].device_kind),
         "python": platform.python_version(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {
-            key: getattr(args, key)
-            for key in (
-                "rows",
-                "layers",
-                "query_heads",
-                "kv_heads",
-                "head_size",
-                "dtype",
-                "kv_pages_per_block",
-                "queries_per_block",
-                "vmem_limit_mib",
-            )
-        },  # fmt: skip
+        "settings": {key: getattr(args, key) for key in SETTINGS},
         "rows": rows,
     }
     output = args.output or Path(os.environ.get("OUT") or RESULTS) / "tpu_paged_attention.json"
