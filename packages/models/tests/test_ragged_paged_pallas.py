@@ -37,6 +37,7 @@ from ragged_case import (
 
 from halyard.models.attention.ragged_paged_pallas import (
     PallasPagedKernel,
+    kv_pages_in_vmem,
     padded_query_group,
     pallas_unsupported_reason,
 )
@@ -199,3 +200,10 @@ def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
 def test_query_groups_are_padded_to_groups_the_kernel_compiles() -> None:
     groups = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16)
     assert [padded_query_group(group) for group in groups] == [1, 2, 4, 4, 8, 8, 8, 16, 16, 16]
+
+
+def test_a_block_of_pages_fits_the_vmem_budget_as_the_tpu_tiles_it() -> None:
+    # 2 kv heads in bfloat16: 4 combined rows take a 16-row tile; a page of 16 is 16 x 16 x 128 x 2 bytes
+    assert kv_pages_in_vmem(16, 4, 128, jnp.bfloat16, 8 * 2**20) == 8 * 2**20 // (2 * 16 * 16 * 128 * 2)
+    assert kv_pages_in_vmem(64, 16, 128, jnp.float32, 8 * 2**20) == 8 * 2**20 // (2 * 64 * 16 * 128 * 4)
+    assert kv_pages_in_vmem(256, 16, 256, jnp.float32, 1) == 1

@@ -43,6 +43,9 @@ LANES = 128
 """The kernel's head size is a multiple of the TPU's 128 lanes; smaller heads are zero-padded."""
 POOL_AXES = ("layers", "page", "page_slot", "kv_combined", "head_lanes")
 """The pool's axes (see the module docstring)."""
+KV_BUFFER_BYTES = 8 * 2**20
+"""VMEM for a block's double buffer of pages when the block sizes come from JAX's table (see
+`kv_pages_in_vmem`); with ``vmem_limit_bytes`` given, half of it."""
 INTERPRET_BLOCKS = (4, 16)
 """``(num_kv_pages_per_block, num_queries_per_block)`` off TPU, where the tuned table has no entry."""
 
@@ -77,7 +80,8 @@ class PallasPagedKernel:
 
     Attributes:
         num_kv_pages_per_block: pages one DMA block brings (clipped to a sequence's page-table width);
-            None: JAX's tuned table on TPU (`get_tuned_block_sizes`), `INTERPRET_BLOCKS` elsewhere.
+            None: JAX's tuned table on TPU (`get_tuned_block_sizes`, at most what fits `KV_BUFFER_BYTES`),
+            `INTERPRET_BLOCKS` elsewhere.
         num_queries_per_block: tokens per query block; None: as above.
         vmem_limit_bytes: the kernel's VMEM limit; None: the compiler's default.
         interpret: run in Pallas's TPU interpreter; None: everywhere but on a TPU.
@@ -231,9 +235,28 @@ class PallasPagedKernel:
                     query.dtype, pool.dtype, heads, combined_heads // 2, lanes, page_size,
                     query.shape[0], pages_per_seq,
                 )  # fmt: skip
+                budget = KV_BUFFER_BYTES if self.vmem_limit_bytes is None else self.vmem_limit_bytes // 2
+                fitting = kv_pages_in_vmem(page_size, combined, lanes, pool.dtype, budget)
+                tuned = (min(tuned[0], fitting), tuned[1])
             kv_pages = tuned[0] if kv_pages is None else kv_pages
             queries = tuned[1] if queries is None else queries
         return min(kv_pages, pages_per_seq), min(queries, _round_up(query.shape[0], 8))
+
+
+def kv_pages_in_vmem(page_size: int, combined: int, lanes: int, dtype: Any, budget_bytes: int) -> int:
+    """The most pages a block may bring so that its double buffer of pages fits ``budget_bytes``, each page's
+    ``combined`` rows counted as the TPU tiles them (8 rows of 32 bits: 4 combined heads of bfloat16 take 16
+    rows). JAX's table defaults to 128 pages a block, which at page size 16 and 2 kv heads in bfloat16 is
+    16 MiB of buffers: the whole scoped VMEM of a v5e.
+
+    Args:
+        page_size, combined, lanes: a page's shape in the pool (`POOL_AXES`).
+        dtype: the pool's dtype.
+        budget_bytes: VMEM for the two buffers.
+    """
+    itemsize = jnp.dtype(dtype).itemsize
+    page_bytes = page_size * _round_up(combined, 8 * (4 // itemsize)) * lanes * itemsize
+    return max(1, budget_bytes // (2 * page_bytes))
 
 
 def padded_query_group(group: int) -> int:
