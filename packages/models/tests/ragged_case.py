@@ -33,6 +33,7 @@ SCALE = 0.125
 class RaggedStep:
     """The step's inputs (numpy) and each layer's key and value per pool slot."""
 
+    page_size: int
     query: np.ndarray  # [T, Hq, d]
     slot_keys: np.ndarray  # [layers, pages * page_size, h, d]
     slot_values: np.ndarray
@@ -51,8 +52,12 @@ class RaggedStep:
         return np.where(padding, 1e3, keys), np.where(padding, -1e3, values)
 
 
-def ragged_step(dtype: Any, query_heads: int = QUERY_HEADS, seed: int = 0) -> RaggedStep:
-    """The step of the module docstring, its floats rounded to ``dtype``, with ``query_heads`` on `KV_HEADS`."""
+def ragged_step(
+    dtype: Any, query_heads: int = QUERY_HEADS, page_size: int = PAGE_SIZE, seed: int = 0
+) -> RaggedStep:
+    """The step of the module docstring, its floats rounded to ``dtype``, with ``query_heads`` on `KV_HEADS`.
+    A ``page_size`` above `PAGE_SIZE` keeps each sequence's pages (the later ones unused), so the shared page
+    then also holds the chunk's new keys."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape: int) -> np.ndarray:
@@ -66,15 +71,16 @@ def ragged_step(dtype: Any, query_heads: int = QUERY_HEADS, seed: int = 0) -> Ra
     start = 0
     for index, (q_len, kv_len, pages) in enumerate(SEQUENCES):
         positions = np.arange(kv_len)
-        owned = np.asarray(pages)[positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE
+        owned = np.asarray(pages)[positions // page_size] * page_size + positions % page_size
         history.extend(owned[: kv_len - q_len])
         slots[start : start + q_len] = owned[kv_len - q_len :]
         table[index, : len(pages)] = pages
         kv_lens[index] = kv_len
         start += q_len
         cu_q_lens[index + 1 :] = start
-    slot_count = PAGES * PAGE_SIZE
+    slot_count = PAGES * page_size
     return RaggedStep(
+        page_size=page_size,
         query=normal(TOKENS, query_heads, HEAD_SIZE),
         slot_keys=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
         slot_values=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
@@ -101,7 +107,8 @@ def dense_reference(
         first, last = step.cu_q_lens[sequence], step.cu_q_lens[sequence + 1]
         kv_len = int(step.kv_lens[sequence])
         positions = np.arange(kv_len)
-        slots = step.page_table[sequence][positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE
+        page_size = step.page_size
+        slots = step.page_table[sequence][positions // page_size] * page_size + positions % page_size
         for token in range(first, last):
             position = kv_len - (last - first) + (token - first)
             seen = positions <= position

@@ -25,7 +25,6 @@ from ragged_case import (
     HEAD_SIZE,
     KV_HEADS,
     LAYERS,
-    PAGE_SIZE,
     PAGES,
     SCALE,
     STEP_LAYER,
@@ -51,7 +50,7 @@ SETTINGS = {  # dtype name: (query heads on KV_HEADS, sliding_window, logit_soft
 def run_kernel(kernel, step: RaggedStep, dtype, *, sliding_window, logit_softcap) -> np.ndarray:
     """The step through a kernel's interface: every layer's earlier keys written, then the step's tokens
     into `STEP_LAYER` (padding slots -1), then one ``attend`` of that layer, all in one program."""
-    pool = kernel.init_pool(LAYERS, PAGES, PAGE_SIZE, KV_HEADS, HEAD_SIZE, dtype)
+    pool = kernel.init_pool(LAYERS, PAGES, step.page_size, KV_HEADS, HEAD_SIZE, dtype)
     keys, values = step.step_keys(STEP_LAYER)
 
     def program(pool, query, keys, values):
@@ -162,13 +161,14 @@ from test_ragged_paged_pallas import run_kernel, tolerance
 from ragged_case import STEP_LAYER, dense_reference, ragged_step
 from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 results = {"backend": jax.default_backend()}
-cases = [("float32", 6, 6, 2.0), ("bfloat16", 6, 6, 2.0), ("bfloat16", 4, None, None), ("bfloat16", 14, None, None)]
-for dtype_name, query_heads, window, cap in cases:
-    step = ragged_step(jnp.dtype(dtype_name), query_heads)
+cases = [("float32", 6, 6, 2.0, 8), ("bfloat16", 6, 6, 2.0, 8), ("bfloat16", 4, None, None, 16),
+         ("bfloat16", 14, None, None, 64), ("float32", 4, 6, None, 64)]
+for dtype_name, query_heads, window, cap, page_size in cases:
+    step = ragged_step(jnp.dtype(dtype_name), query_heads, page_size)
     output = run_kernel(PallasPagedKernel(), step, jnp.dtype(dtype_name),
                         sliding_window=window, logit_softcap=cap)
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
-    results[f"{dtype_name} {query_heads} query heads window={window} cap={cap}"] = (
+    results[f"{dtype_name} {query_heads} query heads window={window} cap={cap} page_size={page_size}"] = (
         float(np.max(np.abs(output - reference))), tolerance(reference, "bfloat16"))
 print(json.dumps(results))
 """
