@@ -35,6 +35,7 @@ from ragged_case import (
 )
 
 from halyard.models.attention.ragged_paged_pallas import (
+    POOL_AXES,
     PallasPagedKernel,
     kv_pages_in_vmem,
     padded_query_group,
@@ -44,6 +45,10 @@ from halyard.models.attention.ragged_paged_pallas import (
 SETTINGS = {  # dtype name: (query heads on KV_HEADS, sliding_window, logit_softcap)
     "float32": (6, 6, 2.0),  # 3 query heads a kv head: padded to 4 for the kernel
     "bfloat16": (4, None, None),
+}
+BLOCKS = {  # dtype name: (num_kv_pages_per_block, num_queries_per_block)
+    "float32": (1, 4),  # a page a block: the online softmax over blocks; the chunk spans two query blocks
+    "bfloat16": (2, 8),  # the 3-page row: a full block, then one whose second page lies past its keys
 }
 
 
@@ -99,7 +104,11 @@ def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.nda
     query_heads, window, cap = SETTINGS[request.param]
     step = ragged_step(dtype, query_heads)
     output = run_kernel(
-        PallasPagedKernel(interpret=True), step, dtype, sliding_window=window, logit_softcap=cap
+        PallasPagedKernel(*BLOCKS[request.param], interpret=True),
+        step,
+        dtype,
+        sliding_window=window,
+        logit_softcap=cap,
     )
     return request.param, step, output
 
@@ -207,3 +216,21 @@ def test_a_block_of_pages_fits_the_vmem_budget_as_the_tpu_tiles_it() -> None:
     assert kv_pages_in_vmem(16, 4, 128, jnp.bfloat16, 8 * 2**20) == 8 * 2**20 // (2 * 16 * 16 * 128 * 2)
     assert kv_pages_in_vmem(64, 16, 128, jnp.float32, 8 * 2**20) == 8 * 2**20 // (2 * 64 * 16 * 128 * 4)
     assert kv_pages_in_vmem(256, 16, 256, jnp.float32, 1) == 1
+
+
+def test_write_stores_interleaved_keys_and_values_in_the_layers_slots_only() -> None:
+    """The pool in the kernel's layout after one write: each real token's key at ``2 h`` and value at
+    ``2 h + 1`` of its slot in that layer, zeros in the padded lanes; padding tokens (-1) stored nowhere."""
+    step = ragged_step(np.float32)
+    kernel = PallasPagedKernel()
+    keys, values = step.step_keys(STEP_LAYER)
+    pool = kernel.init_pool(LAYERS, PAGES, step.page_size, KV_HEADS, HEAD_SIZE, np.float32)
+    written = jax.jit(kernel.write)(
+        pool, jnp.int32(STEP_LAYER), jnp.asarray(keys), jnp.asarray(values), jnp.asarray(step.slots)
+    )
+    assert written.axis_names == POOL_AXES and written.array.shape[-1] == 128
+    expected = np.zeros(written.array.shape, np.float32).reshape(LAYERS, -1, 2 * KV_HEADS, 128)
+    real = step.slots >= 0
+    expected[STEP_LAYER, step.slots[real], 0::2, :HEAD_SIZE] = keys[real]
+    expected[STEP_LAYER, step.slots[real], 1::2, :HEAD_SIZE] = values[real]
+    np.testing.assert_array_equal(np.asarray(written.array).reshape(expected.shape), expected)
