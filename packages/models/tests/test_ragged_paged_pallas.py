@@ -2,10 +2,11 @@
 numpy reference, in Pallas's TPU interpreter on CPU and compiled on a TPU (marker ``tpu``).
 
 One ragged step (ragged_case.py) covers a prefill chunk and decode rows in one batch, grouped-query
-attention (4 and 6 query heads on 2 kv heads: 3 a kv head is padded to 4), two sequences sharing a prefix page, padding tokens (slot -1,
-output 0) and a padding sequence slot, a head size below the kernel's 128 lanes, and a layer index other
-than 0; float32 with a sliding window and a soft cap, bfloat16 without. Each interpreted call costs ~10 s
-(the interpreter's program compiles), so the cases are few and share their inputs.
+attention (4 and 6 query heads on 2 kv heads: 3 a kv head is padded to 4), two sequences sharing a prefix
+page, padding tokens (slot -1, output 0) and a padding sequence slot, a head size below the kernel's 128
+lanes, a layer index other than 0, and several query and page blocks; float32 with a sliding window and a
+soft cap, bfloat16 without. Each interpreted call costs 5-10 s (the interpreter's program compiles), so the
+cases are few and share their inputs.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def test_interpreted_kernel_matches_the_dense_reference(interpreted) -> None:
 
 def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     """The engine's CPU kernel (``blocked``) on the same step through the same interface."""
-    paged = pytest.importorskip("halyard.models.attention.paged")
+    from halyard.models.attention import paged
+
     if not hasattr(paged, "BlockedPagedKernel"):
         pytest.skip("the ragged interface's CPU kernel (paged.BlockedPagedKernel) is not on this branch yet")
     dtype_name, step, output = interpreted
