@@ -8,9 +8,9 @@ ragged interface's ``BlockedPagedKernel`` is there) runs ``write`` (the step's 1
 layer scan does: a kernel that copied a layer's pages out of the pool would show it), timed over
 ``--repeats`` calls after a compiling one. The figure is the time per layer call against the roofline: the
 bytes one layer's attention must move (every row's keys and values, ``kv_len x 2 x kv_heads x head_size``
-elements, plus the queries read and the outputs written) at 819 GB/s, the v5e's HBM bandwidth. The Pallas
-pool stores a head of 64 in 128 lanes; ``padded_roofline_us`` counts the bytes it actually reads (whole
-pages, 128 lanes).
+elements, plus the queries read and the outputs written) at 819 GB/s, the v5e's HBM bandwidth;
+``padded_roofline_us`` counts what the kernel's pool holds for them (whole pages, its rows as laid out:
+`halyard.models.attention.pallas_paged_layout`).
 
     python3 benchmarks/tpu_paged_attention.py                       # on the TPU: JSON to $OUT, or results/
     python3 benchmarks/tpu_paged_attention.py --page-size 16 64 --context 512 2048

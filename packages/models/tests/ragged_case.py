@@ -53,9 +53,13 @@ class RaggedStep:
 
 
 def ragged_step(
-    dtype: Any, query_heads: int = QUERY_HEADS, page_size: int = PAGE_SIZE, seed: int = 0
+    dtype: Any,
+    query_heads: int = QUERY_HEADS,
+    kv_heads: int = KV_HEADS,
+    page_size: int = PAGE_SIZE,
+    seed: int = 0,
 ) -> RaggedStep:
-    """The step of the module docstring, its floats rounded to ``dtype``, with ``query_heads`` on `KV_HEADS`.
+    """The step of the module docstring, its floats rounded to ``dtype``, with ``query_heads`` on ``kv_heads``.
     A ``page_size`` above `PAGE_SIZE` keeps each sequence's pages (the later ones unused), so the shared page
     then also holds the chunk's new keys."""
     rng = np.random.default_rng(seed)
@@ -82,8 +86,8 @@ def ragged_step(
     return RaggedStep(
         page_size=page_size,
         query=normal(TOKENS, query_heads, HEAD_SIZE),
-        slot_keys=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
-        slot_values=normal(LAYERS, slot_count, KV_HEADS, HEAD_SIZE),
+        slot_keys=normal(LAYERS, slot_count, kv_heads, HEAD_SIZE),
+        slot_values=normal(LAYERS, slot_count, kv_heads, HEAD_SIZE),
         history_slots=np.unique(np.asarray(history, np.int32)),
         slots=slots,
         page_table=table,
@@ -100,8 +104,8 @@ def dense_reference(
     position by position through its pages; padding tokens 0."""
     keys = step.slot_keys[layer].astype(np.float64)
     values = step.slot_values[layer].astype(np.float64)
-    query_heads = step.query.shape[1]
-    group = query_heads // KV_HEADS
+    query_heads, kv_heads = step.query.shape[1], step.slot_keys.shape[2]
+    group = query_heads // kv_heads
     output = np.zeros(step.query.shape, np.float64)
     for sequence in range(int(step.num_seqs)):
         first, last = step.cu_q_lens[sequence], step.cu_q_lens[sequence + 1]

@@ -2,10 +2,10 @@
 numpy reference, in Pallas's TPU interpreter on CPU and compiled on a TPU (marker ``tpu``).
 
 One ragged step (ragged_case.py) covers a prefill chunk and decode rows in one batch, grouped-query
-attention (4 and 6 query heads on 2 kv heads: 3 a kv head is padded to 4), two sequences sharing a prefix
-page, padding tokens (slot -1, output 0) and a padding sequence slot, a head size below the kernel's 128
-lanes, a layer index other than 0, and several query and page blocks; float32 with a sliding window and a
-soft cap, bfloat16 without. Each interpreted call costs 5-10 s (the interpreter's program compiles), so the
+attention, two sequences sharing a prefix page, padding tokens (slot -1, output 0) and a padding sequence
+slot, a layer index other than 0, and several query and page blocks; in float32 with a sliding window and a
+soft cap, 9 query heads on 3 kv heads of 64 (3 rows padded to 4, groups of 3 to 4, 64 lanes to 128), in
+bfloat16 without, 4 on 2 kv heads of 64 (both in one row of 128 lanes). Each interpreted call costs 5-10 s (the interpreter's program compiles), so the
 cases are few and share their inputs.
 """
 
@@ -35,17 +35,17 @@ from ragged_case import (
     reference_terms,
 )
 
+from halyard.models.attention.pallas_paged_layout import RowLayout, padded_query_group
 from halyard.models.attention.ragged_paged_pallas import (
     POOL_AXES,
     PallasPagedKernel,
     kv_pages_in_vmem,
-    padded_query_group,
     pallas_unsupported_reason,
 )
 
-SETTINGS = {  # dtype name: (query heads on KV_HEADS, sliding_window, logit_softcap)
-    "float32": (6, 6, 2.0),  # 3 query heads a kv head: padded to 4 for the kernel
-    "bfloat16": (4, None, None),
+SETTINGS = {  # dtype name: (query heads, kv heads, sliding_window, logit_softcap)
+    "float32": (9, 3, 6, 2.0),
+    "bfloat16": (4, 2, None, None),
 }
 BLOCKS = {  # dtype name: (num_kv_pages_per_block, num_queries_per_block)
     "float32": (1, 4),  # a page a block: the online softmax over blocks; the chunk spans two query blocks
@@ -56,7 +56,7 @@ BLOCKS = {  # dtype name: (num_kv_pages_per_block, num_queries_per_block)
 def run_kernel(kernel, step: RaggedStep, dtype, *, sliding_window, logit_softcap) -> np.ndarray:
     """The step through a kernel's interface: every layer's earlier keys written, then the step's tokens
     into `STEP_LAYER` (padding slots -1), then one ``attend`` of that layer, all in one program."""
-    pool = kernel.init_pool(LAYERS, PAGES, step.page_size, KV_HEADS, HEAD_SIZE, dtype)
+    pool = kernel.init_pool(LAYERS, PAGES, step.page_size, step.slot_keys.shape[2], HEAD_SIZE, dtype)
     keys, values = step.step_keys(STEP_LAYER)
 
     def program(pool, query, keys, values):
@@ -102,8 +102,8 @@ def tolerance(reference: np.ndarray, dtype_name: str) -> float:
 def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.ndarray]:
     """``(dtype name, step, the kernel's output)`` in the TPU interpreter."""
     dtype = jnp.dtype(request.param)
-    query_heads, window, cap = SETTINGS[request.param]
-    step = ragged_step(dtype, query_heads)
+    query_heads, kv_heads, window, cap = SETTINGS[request.param]
+    step = ragged_step(dtype, query_heads, kv_heads)
     output = run_kernel(
         PallasPagedKernel(*BLOCKS[request.param], interpret=True),
         step,
@@ -116,7 +116,7 @@ def interpreted(request: pytest.FixtureRequest) -> tuple[str, RaggedStep, np.nda
 
 def test_interpreted_kernel_matches_the_dense_reference(interpreted) -> None:
     dtype_name, step, output = interpreted
-    _, window, cap = SETTINGS[dtype_name]
+    *_, window, cap = SETTINGS[dtype_name]
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
     np.testing.assert_allclose(output, reference, atol=tolerance(reference, dtype_name), rtol=0)
     real = int(step.cu_q_lens[int(step.num_seqs)])
@@ -130,7 +130,7 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     if not hasattr(paged, "BlockedPagedKernel"):
         pytest.skip("the ragged interface's CPU kernel (paged.BlockedPagedKernel) is not on this branch yet")
     dtype_name, step, output = interpreted
-    _, window, cap = SETTINGS[dtype_name]
+    *_, window, cap = SETTINGS[dtype_name]
     cpu = run_kernel(
         paged.BlockedPagedKernel(), step, jnp.dtype(dtype_name), sliding_window=window, logit_softcap=cap
     )
@@ -142,21 +142,54 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
 
 @pytest.mark.parametrize(
     "query_heads, kv_heads, dtype, words",
-    [
-        (4, 2, jnp.float16, "float32 or bfloat16"),
-        (6, 4, jnp.float32, "multiple of kv heads"),
-        (3, 3, jnp.float32, "1, 2, 4 or a multiple of 4"),
-        (12, 6, jnp.bfloat16, "1, 2, 4, 8 or a multiple of 8"),
-    ],
+    [(4, 2, jnp.float16, "float32 or bfloat16"), (6, 4, jnp.float32, "multiple of kv heads")],
 )
 def test_shapes_the_kernel_cannot_run_get_one_line_errors(query_heads, kv_heads, dtype, words) -> None:
     reason = pallas_unsupported_reason(query_heads, kv_heads, dtype)
     assert reason is not None and words in reason and "\n" not in reason
-    if "multiple of kv heads" not in words:
+    if dtype == jnp.float16:
         with pytest.raises(ValueError, match="init_pool"):
             PallasPagedKernel().init_pool(1, 2, 8, kv_heads, 64, dtype)
-    assert pallas_unsupported_reason(8, 8, jnp.bfloat16) is None
-    assert pallas_unsupported_reason(32, 8, jnp.float32) is None
+    assert pallas_unsupported_reason(9, 3, jnp.bfloat16) is None
+
+
+@pytest.mark.parametrize(
+    "kv_heads, head_size, dtype, expected",
+    [  # (heads_per_row, rows, lanes)
+        (2, 64, jnp.bfloat16, (2, 1, 128)),  # Qwen2.5-0.5B: both heads in one row
+        (8, 64, jnp.bfloat16, (2, 4, 128)),  # Llama-3.2-1B
+        (1, 64, jnp.float32, (1, 1, 128)),  # nothing to pack beside: lanes padded
+        (3, 64, jnp.float32, (1, 4, 128)),  # SmolLM2-135M: 3 rows padded to 4
+        (3, 64, jnp.bfloat16, (1, 4, 128)),
+        (6, 64, jnp.bfloat16, (2, 4, 128)),  # 3 rows of two heads, padded to 4
+        (8, 128, jnp.bfloat16, (1, 8, 128)),
+        (2, 256, jnp.float32, (1, 2, 256)),
+        (4, 32, jnp.float32, (4, 1, 128)),
+        (2, 80, jnp.bfloat16, (1, 2, 128)),
+    ],
+)
+def test_heads_fill_the_kernels_rows_and_lanes(kv_heads, head_size, dtype, expected) -> None:
+    layout = RowLayout.for_heads(kv_heads, head_size, dtype)
+    assert (layout.heads_per_row, layout.rows, layout.lanes) == expected
+
+
+def test_query_groups_are_padded_to_groups_the_kernel_compiles() -> None:
+    groups = (1, 2, 3, 4, 5, 7, 8, 9, 12, 14, 16)
+    assert [padded_query_group(group) for group in groups] == [1, 2, 4, 4, 8, 8, 8, 16, 16, 16, 16]
+
+
+def test_queries_placed_in_their_heads_lanes_come_back_to_their_heads() -> None:
+    """`RowLayout.model_outputs` inverts `RowLayout.kernel_queries` exactly, and a query sits only in its
+    own kv head's lanes (so its logits are its head's)."""
+    layout = RowLayout.for_heads(6, 32, jnp.float32)  # 4 heads a row: rows of 2 real + 2 padded
+    query = jnp.asarray(np.random.default_rng(0).normal(size=(3, 18, 32)), jnp.float32)
+    placed = layout.kernel_queries(query)
+    assert placed.shape == (3, layout.rows * padded_query_group(4 * 3), 128)
+    np.testing.assert_array_equal(layout.model_outputs(placed, 18), query)
+    # query head 7 is kv head 2 (group 3): row 0, slot 2 of the row, entry 1 of that head's group
+    row = placed.reshape(3, layout.rows, -1, 4, 32)[:, 0, 2 * 3 + 1]
+    np.testing.assert_array_equal(row[:, 2], query[:, 7])
+    assert not np.asarray(row[:, [0, 1, 3]]).any()
 
 
 def test_block_sizes_must_be_positive_ints() -> None:
@@ -172,14 +205,17 @@ from test_ragged_paged_pallas import run_kernel, tolerance
 from ragged_case import STEP_LAYER, dense_reference, ragged_step
 from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 results = {"backend": jax.default_backend()}
-cases = [("float32", 6, 6, 2.0, 8), ("bfloat16", 6, 6, 2.0, 8), ("bfloat16", 4, None, None, 16),
-         ("bfloat16", 14, None, None, 64), ("float32", 4, 6, None, 64)]
-for dtype_name, query_heads, window, cap, page_size in cases:
-    step = ragged_step(jnp.dtype(dtype_name), query_heads, page_size)
+cases = [  # dtype, query heads, kv heads, window, cap, page size
+    ("float32", 9, 3, 6, 2.0, 8), ("bfloat16", 9, 3, 6, 2.0, 8), ("bfloat16", 4, 2, None, None, 16),
+    ("bfloat16", 14, 2, None, None, 64), ("float32", 4, 2, 6, None, 64), ("bfloat16", 8, 1, None, 3.0, 16),
+]
+for dtype_name, query_heads, kv_heads, window, cap, page_size in cases:
+    step = ragged_step(jnp.dtype(dtype_name), query_heads, kv_heads, page_size)
     output = run_kernel(PallasPagedKernel(), step, jnp.dtype(dtype_name),
                         sliding_window=window, logit_softcap=cap)
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
-    results[f"{dtype_name} {query_heads} query heads window={window} cap={cap} page_size={page_size}"] = (
+    case = f"{dtype_name} {query_heads}/{kv_heads} heads window={window} cap={cap} page_size={page_size}"
+    results[case] = (
         float(np.max(np.abs(output - reference))), tolerance(reference, "bfloat16"))
 print(json.dumps(results))
 """
@@ -208,11 +244,6 @@ def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
         assert error <= bound, f"{case}: largest difference {error:.3g} over the bound {bound:.3g}"
 
 
-def test_query_groups_are_padded_to_groups_the_kernel_compiles() -> None:
-    groups = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16)
-    assert [padded_query_group(group) for group in groups] == [1, 2, 4, 4, 8, 8, 8, 16, 16, 16]
-
-
 def test_a_block_of_pages_fits_the_vmem_budget_as_the_tpu_tiles_it() -> None:
     # 2 kv heads in bfloat16: 4 combined rows take a 16-row tile; a page of 16 is 16 x 16 x 128 x 2 bytes
     assert kv_pages_in_vmem(16, 4, 128, jnp.bfloat16, 8 * 2**20) == 8 * 2**20 // (2 * 16 * 16 * 128 * 2)
@@ -221,18 +252,19 @@ def test_a_block_of_pages_fits_the_vmem_budget_as_the_tpu_tiles_it() -> None:
 
 
 def test_write_stores_interleaved_keys_and_values_in_the_layers_slots_only() -> None:
-    """The pool in the kernel's layout after one write: each real token's key at ``2 h`` and value at
-    ``2 h + 1`` of its slot in that layer, zeros in the padded lanes; padding tokens (-1) stored nowhere."""
+    """The pool in the kernel's layout after one write: each real token's two kv heads side by side in the
+    lanes of row 0 (keys) and row 1 (values) of its slot in that layer; padding tokens (-1) stored nowhere."""
     step = ragged_step(np.float32)
     kernel = PallasPagedKernel()
     keys, values = step.step_keys(STEP_LAYER)
     pool = kernel.init_pool(LAYERS, PAGES, step.page_size, KV_HEADS, HEAD_SIZE, np.float32)
+    assert pool.layout.heads_per_row == 2 and KV_HEADS * HEAD_SIZE == 128
     written = jax.jit(kernel.write)(
         pool, jnp.int32(STEP_LAYER), jnp.asarray(keys), jnp.asarray(values), jnp.asarray(step.slots)
     )
-    assert written.axis_names == POOL_AXES and written.array.shape[-1] == 128
-    expected = np.zeros(written.array.shape, np.float32).reshape(LAYERS, -1, 2 * KV_HEADS, 128)
+    assert written.pages.axis_names == POOL_AXES and written.layout == pool.layout
+    expected = np.zeros(written.pages.array.shape, np.float32).reshape(LAYERS, -1, 2, 128)
     real = step.slots >= 0
-    expected[STEP_LAYER, step.slots[real], 0::2, :HEAD_SIZE] = keys[real]
-    expected[STEP_LAYER, step.slots[real], 1::2, :HEAD_SIZE] = values[real]
-    np.testing.assert_array_equal(np.asarray(written.array).reshape(expected.shape), expected)
+    expected[STEP_LAYER, step.slots[real], 0] = keys[real].reshape(-1, 128)
+    expected[STEP_LAYER, step.slots[real], 1] = values[real].reshape(-1, 128)
+    np.testing.assert_array_equal(np.asarray(written.pages.array).reshape(expected.shape), expected)

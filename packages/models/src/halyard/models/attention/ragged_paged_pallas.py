@@ -9,20 +9,16 @@ this block is computed), and runs the online softmax over them, all query heads 
 (grouped-query attention without repeating kv heads). Causal masking, ``sliding_window`` and the logit soft
 cap are the kernel's own; keys past ``kv_lens`` are zeroed before use.
 
-**The pool layout is the kernel's**: ``[layers, page, page_slot, kv_combined, head_lanes]``, where a page
-holds every kv head's keys and values interleaved (``kv_combined`` entry ``2 * h`` is head ``h``'s key,
-``2 * h + 1`` its value: one DMA brings a page's keys and values) and ``head_lanes`` is the head size padded
-to a multiple of 128 (the TPU's lanes; the kernel supports no other head size: a head size of 64 is stored
-in 128 lanes, twice the memory). A layer's pages are read in place: the pool is viewed as
-``[layers * page, ...]`` (a bitcast) and the page table offset by ``layer * page``, so a traced layer index
-copies nothing.
+**The pool layout is the kernel's** (`PallasPool`): ``[layers, page, page_slot, kv_combined, head_lanes]``,
+a page holding every kv head's keys and values interleaved (``kv_combined`` entry ``2 r`` is row ``r``'s
+keys, ``2 r + 1`` its values: one DMA brings a page's keys and values) in rows of a multiple of 128 lanes.
+How the model's heads fill those rows (two heads of 64 side by side in one row of 128 lanes, rows and query
+groups padded to what the TPU tiles) is `halyard.models.attention.pallas_paged_layout`. A layer's pages are
+read in place: the pool is viewed as ``[layers * page, ...]`` (a bitcast) and the page table offset by
+``layer * page``, so a traced layer index copies nothing.
 
-A kv head's query heads are padded with zero queries to a group the kernel compiles
-(`padded_query_group`: 7, Qwen2.5-0.5B's 14 on 2, becomes 8).
-
-Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16; query heads a multiple of
-kv heads; ``2 * kv_heads`` rows that the TPU tiles whole: 1, 2 or 4 kv heads or a multiple of 4 (float32),
-1, 2, 4 or 8 or a multiple of 8 (bfloat16).
+Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16 pages, the queries' dtype;
+query heads a multiple of kv heads.
 
 Off TPU the same kernel runs in Pallas's TPU interpreter (`halyard.models.attention.pallas_interpret`:
 exact, slow, for tests).
@@ -33,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from halyard.models.attention.pallas_paged_layout import RowLayout
 from halyard.named import Axis, NamedArray
 
-LANES = 128
-"""The kernel's head size is a multiple of the TPU's 128 lanes; smaller heads are zero-padded."""
 POOL_AXES = ("layers", "page", "page_slot", "kv_combined", "head_lanes")
 """The pool's axes (see the module docstring)."""
 KV_BUFFER_BYTES = 8 * 2**20
@@ -65,12 +61,19 @@ def pallas_unsupported_reason(query_heads: int | None, kv_heads: int, dtype: Any
         return (
             f"the Pallas paged kernel needs query heads ({query_heads}) a multiple of kv heads ({kv_heads})"
         )
-    packing = 4 // dtype.itemsize  # rows of this dtype in one 32-bit row
-    rows = 2 * kv_heads // packing
-    if (2 * kv_heads) % packing or not (rows in (1, 2, 4, 8) or rows % 8 == 0):
-        whole = "1, 2, 4 or a multiple of 4" if packing == 1 else "1, 2, 4, 8 or a multiple of 8"
-        return f"the Pallas paged kernel at {dtype} takes {whole} kv heads (TPU tiling), got {kv_heads}"
     return None
+
+
+class PallasPool(eqx.Module):
+    """`PallasPagedKernel`'s pool: every layer's pages and where the model's heads sit in their rows.
+
+    Attributes:
+        pages: ``[layers, page, page_slot, kv_combined, head_lanes]`` (`POOL_AXES`).
+        layout: the heads' places in the rows (static).
+    """
+
+    pages: NamedArray
+    layout: RowLayout = eqx.field(static=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,49 +103,49 @@ class PallasPagedKernel:
 
     def init_pool(
         self, layers: int, pages: int, page_size: int, kv_heads: int, head_size: int, dtype: Any
-    ) -> NamedArray:
-        """An empty pool, ``[layers, page, page_slot, kv_combined, head_lanes]`` (module docstring).
+    ) -> PallasPool:
+        """An empty pool (`PallasPool`; module docstring).
 
         Raises:
-            ValueError: a dtype or number of kv heads the kernel cannot run (`pallas_unsupported_reason`).
+            ValueError: a dtype the kernel cannot run (`pallas_unsupported_reason`).
         """
         reason = pallas_unsupported_reason(None, kv_heads, dtype)
         if reason is not None:
             raise ValueError(f"PallasPagedKernel.init_pool: {reason}")
-        sizes = (layers, pages, page_size, 2 * kv_heads, _round_up(head_size, LANES))
+        layout = RowLayout.for_heads(kv_heads, head_size, dtype)
+        sizes = (layers, pages, page_size, 2 * layout.rows, layout.lanes)
         axes = tuple(Axis(name, size) for name, size in zip(POOL_AXES, sizes))
-        return NamedArray(jnp.zeros(sizes, dtype), axes)
+        return PallasPool(NamedArray(jnp.zeros(sizes, dtype), axes), layout)
 
     def write(
         self,
-        pool: NamedArray,
+        pool: PallasPool,
         layer: Int[Array, ""],
         keys: Float[Array, "T h d"],
         values: Float[Array, "T h d"],
         slots: Int[Array, " T"],
-    ) -> NamedArray:
+    ) -> PallasPool:
         """``pool`` with layer ``layer``'s keys and values stored at ``slots`` (``page * page_size + offset``;
-        -1: not stored), one scatter of interleaved key/value rows."""
-        layers, pages, page_size, combined, lanes = pool.array.shape
-        tokens, kv_heads, head_size = keys.shape
-        if 2 * kv_heads != combined or head_size > lanes:
+        -1: not stored), one scatter of each token's rows."""
+        layers, pages, page_size, combined, lanes = pool.pages.array.shape
+        layout = pool.layout
+        if keys.shape[1:] != (layout.kv_heads, layout.head_size):
             raise ValueError(
-                f"PallasPagedKernel.write: keys of {kv_heads} heads of {head_size} for a pool of "
-                f"{combined // 2} heads of {lanes} lanes"
+                f"PallasPagedKernel.write: keys of {keys.shape[1]} heads of {keys.shape[2]} for a pool of "
+                f"{layout.kv_heads} heads of {layout.head_size}"
             )
-        pad = ((0, 0), (0, 0), (0, lanes - head_size))
-        rows = jnp.stack([jnp.pad(keys, pad), jnp.pad(values, pad)], axis=2).reshape(tokens, combined, lanes)
+        rows = layout.kernel_rows(keys, values)
         per_layer = pages * page_size
         # a padding slot goes past the pool (dropped); -1 itself would wrap around to the last slot
         flat = jnp.where(slots >= 0, layer * per_layer + slots, layers * per_layer)
-        table = pool.array.reshape(layers * per_layer, combined, lanes)
+        table = pool.pages.array.reshape(layers * per_layer, combined, lanes)
         table = table.at[flat].set(rows.astype(table.dtype), mode="drop")
-        return NamedArray(table.reshape(pool.array.shape), pool.axes)
+        return PallasPool(NamedArray(table.reshape(pool.pages.array.shape), pool.pages.axes), layout)
 
     def attend(
         self,
         query: Float[Array, "T Hq d"],
-        pool: NamedArray,
+        pool: PallasPool,
         layer: Int[Array, ""],
         page_table: Int[Array, "S J"],
         cu_q_lens: Int[Array, " S1"],
@@ -157,16 +160,20 @@ class PallasPagedKernel:
         `halyard.models.attention.ragged_paged.RaggedPagedKernel.attend`. Padding tokens get zeros.
 
         Raises:
-            ValueError: shapes the kernel cannot run (`pallas_unsupported_reason`), a query whose dtype is
-                not the pool's, or a ``sliding_window`` / ``logit_softcap`` that is not positive.
+            ValueError: shapes the kernel cannot run (`pallas_unsupported_reason`), a query whose dtype or
+                head size is not the pool's, or a ``sliding_window`` / ``logit_softcap`` that is not positive.
         """
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
-        layers, pages, page_size, combined, lanes = pool.array.shape
+        layers, pages, page_size, combined, lanes = pool.pages.array.shape
+        layout, pages_dtype = pool.layout, pool.pages.dtype
         tokens, query_heads, head_size = query.shape
-        reason = pallas_unsupported_reason(query_heads, combined // 2, pool.dtype)
-        if reason is None and query.dtype != pool.dtype:
-            reason = f"queries are {query.dtype} and the pool {pool.dtype}: the kernel takes one dtype"
+        reason = pallas_unsupported_reason(query_heads, layout.kv_heads, pages_dtype)
+        if reason is None and (query.dtype, head_size) != (pages_dtype, layout.head_size):
+            reason = (
+                f"queries are {query.dtype} of head size {head_size} and the pool {pages_dtype} of "
+                f"{layout.head_size}: the kernel takes one dtype and head size"
+            )
         if reason is None and sliding_window is not None and sliding_window < 1:
             reason = f"sliding_window must be a positive number of keys, got {sliding_window}"
         if reason is None and logit_softcap is not None and not logit_softcap > 0:
@@ -174,12 +181,7 @@ class PallasPagedKernel:
         if reason is not None:
             raise ValueError(f"PallasPagedKernel.attend: {reason}")
         interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
-        kv_heads, group = combined // 2, query_heads // (combined // 2)
-        padded_group = padded_query_group(group)
-        # [T, h, group, d] -> each kv head's group of query heads padded with zero queries, d to the lanes
-        grouped = query.reshape(tokens, kv_heads, group, head_size)
-        grouped = jnp.pad(grouped, ((0, 0), (0, 0), (0, padded_group - group), (0, lanes - head_size)))
-        queries = grouped.reshape(tokens, kv_heads * padded_group, lanes)
+        queries = layout.kernel_queries(query)
         kv_pages_per_block, queries_per_block = self._blocks(queries, pool, page_table.shape[1], interpret)
         padded = _round_up(tokens, queries_per_block)
         queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
@@ -196,7 +198,7 @@ class PallasPagedKernel:
         )
         arguments = (
             queries,
-            pool.array.reshape(layers * pages, page_size, combined, lanes),
+            pool.pages.array.reshape(layers * pages, page_size, combined, lanes),
             kv_lens.astype(jnp.int32),
             page_indices.astype(jnp.int32),
             cu_q_lens.astype(jnp.int32),
@@ -209,38 +211,37 @@ class PallasPagedKernel:
                 output = ragged_paged_attention(*arguments, **call)
         else:
             output = ragged_paged_attention(*arguments, **call)
+        output = layout.model_outputs(output[:tokens], query_heads)
         # the kernel leaves padding tokens' rows as its buffers held them (NaN in the interpreter)
         real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
-        output = output[:tokens].reshape(tokens, kv_heads, padded_group, lanes)[:, :, :group, :head_size]
-        output = output.reshape(tokens, query_heads, head_size)
         return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
 
     def _blocks(
-        self, query: jax.Array, pool: NamedArray, pages_per_seq: int, interpret: bool
+        self, queries: jax.Array, pool: PallasPool, pages_per_seq: int, interpret: bool
     ) -> tuple[int, int]:
         """``(num_kv_pages_per_block, num_queries_per_block)`` for this call (see the attributes)."""
-        kv_pages, queries = self.num_kv_pages_per_block, self.num_queries_per_block
-        if kv_pages is None or queries is None:
+        kv_pages, queries_per_block = self.num_kv_pages_per_block, self.num_queries_per_block
+        if kv_pages is None or queries_per_block is None:
             if interpret:
                 tuned = INTERPRET_BLOCKS
             else:
                 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
 
-                _, _, page_size, combined, lanes = pool.array.shape
+                _, _, page_size, combined, lanes = pool.pages.array.shape
+                dtype = pool.pages.dtype
                 # the table's key, as the kernel forms it when it is given no block sizes
                 heads, combined_heads = kernel.get_min_heads_per_blk(
-                    query.shape[1], combined, query.dtype, pool.dtype
+                    queries.shape[1], combined, queries.dtype, dtype
                 )
                 tuned = kernel.get_tuned_block_sizes(
-                    query.dtype, pool.dtype, heads, combined_heads // 2, lanes, page_size,
-                    query.shape[0], pages_per_seq,
+                    queries.dtype, dtype, heads, combined_heads // 2, lanes, page_size, queries.shape[0],
+                    pages_per_seq,
                 )  # fmt: skip
                 budget = KV_BUFFER_BYTES if self.vmem_limit_bytes is None else self.vmem_limit_bytes // 2
-                fitting = kv_pages_in_vmem(page_size, combined, lanes, pool.dtype, budget)
-                tuned = (min(tuned[0], fitting), tuned[1])
+                tuned = (min(tuned[0], kv_pages_in_vmem(page_size, combined, lanes, dtype, budget)), tuned[1])
             kv_pages = tuned[0] if kv_pages is None else kv_pages
-            queries = tuned[1] if queries is None else queries
-        return min(kv_pages, pages_per_seq), min(queries, _round_up(query.shape[0], 8))
+            queries_per_block = tuned[1] if queries_per_block is None else queries_per_block
+        return min(kv_pages, pages_per_seq), min(queries_per_block, _round_up(queries.shape[0], 8))
 
 
 def kv_pages_in_vmem(page_size: int, combined: int, lanes: int, dtype: Any, budget_bytes: int) -> int:
@@ -257,17 +258,6 @@ def kv_pages_in_vmem(page_size: int, combined: int, lanes: int, dtype: Any, budg
     itemsize = jnp.dtype(dtype).itemsize
     page_bytes = page_size * _round_up(combined, 8 * (4 // itemsize)) * lanes * itemsize
     return max(1, budget_bytes // (2 * page_bytes))
-
-
-def padded_query_group(group: int) -> int:
-    """The query heads per kv head the kernel is given for ``group``: a power of two up to 8, else a multiple
-    of 8. JAX's kernel folds a kv head's query heads into the rows of one matmul operand, which the TPU tiles
-    by 8 rows; JAX tests the groups 1, 2, 4 and 8, and its tests note that 12 query heads on 2 kv heads (6)
-    fail to compile. The padding queries are zeros and their outputs are dropped: a decode step reads each
-    key once whatever the group, so it costs arithmetic, not memory traffic."""
-    if group <= 8:
-        return 1 << (group - 1).bit_length()
-    return _round_up(group, 8)
 
 
 def _round_up(value: int, multiple: int) -> int:
