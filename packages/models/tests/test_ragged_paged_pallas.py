@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from float_tolerance import summation_tolerance
+from float_tolerance import decoder_terms, summation_tolerance
 from ragged_case import (
     HEAD_SIZE,
     KV_HEADS,
@@ -138,6 +138,34 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
     bound = 2 * tolerance(reference, dtype_name)  # each within its bound of the exact values
     np.testing.assert_allclose(output[:real], cpu[:real], atol=bound, rtol=0)
+
+
+def test_the_models_paged_step_with_the_pallas_kernel_matches_the_full_forward(monkeypatch) -> None:
+    """The engine's path: `CausalLM.paged_step` through the decoder's layer scan (a traced layer index, the
+    pool in the carry) with the Pallas kernel interpreted, a prompt chunk then the rest, against the full
+    forward (Mistral's shape: grouped-query attention, a sliding window of 4)."""
+    import inspect
+
+    from paged import paged_logits
+    from tiny import random_tokens, tiny
+
+    from halyard.models import CausalLM, init_model
+
+    if "implementation" not in inspect.signature(CausalLM.init_pages).parameters:
+        pytest.skip("the model's pool takes no paged kernel on this branch yet (the ragged step's)")
+    model = init_model(tiny("mistral"), jax.random.key(1))
+    tokens = random_tokens(2, 11)
+    full = np.asarray(jax.jit(lambda m, t: m(t))(model, tokens).unwrap("batch", "pos", "vocab"))
+    init_pages = type(model).init_pages
+    monkeypatch.setattr(
+        type(model),
+        "init_pages",
+        lambda self, pages, size, implementation="pallas": init_pages(self, pages, size, "pallas"),
+    )
+    assert type(model.init_pages(4, 4).kernel).__name__ == "PallasPagedKernel"
+    paged = paged_logits(model, tokens, [5, 11])
+    terms = decoder_terms(model.model_config, tokens.axis_size("pos"))
+    np.testing.assert_allclose(paged, full, atol=summation_tolerance(full, terms), rtol=0)
 
 
 @pytest.mark.parametrize(
