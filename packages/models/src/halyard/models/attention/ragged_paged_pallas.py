@@ -1,0 +1,264 @@
+"""The TPU's paged attention kernel of an engine step: JAX's Pallas ragged paged attention
+(``jax.experimental.pallas.ops.tpu.ragged_paged_attention``, the kernel vLLM's TPU backend grew from).
+
+One call attends a whole ragged step (`halyard.models.attention.ragged_paged`: prefill chunks and decode
+rows side by side, ``cu_q_lens`` / ``kv_lens`` / ``page_table`` / ``num_seqs``). The kernel walks blocks of
+``num_queries_per_block`` tokens; for each sequence in a block it copies ``num_kv_pages_per_block`` of the
+sequence's pages at a time from HBM into VMEM by DMA (double-buffered: the next block's pages arrive while
+this block is computed), and runs the online softmax over them, all query heads of a kv head together
+(grouped-query attention without repeating kv heads). Causal masking, ``sliding_window`` and the logit soft
+cap are the kernel's own; keys past ``kv_lens`` are zeroed before use.
+
+**The pool layout is the kernel's** (`PallasPool`): ``[layers, page, page_slot, kv_combined, head_lanes]``,
+a page holding every kv head's keys and values interleaved (``kv_combined`` entry ``2 r`` is row ``r``'s
+keys, ``2 r + 1`` its values: one DMA brings a page's keys and values) in rows of a multiple of 128 lanes.
+How the model's heads fill those rows (two heads of 64 side by side in one row of 128 lanes, rows and query
+groups padded to what the TPU tiles) is `halyard.models.attention.pallas_paged_layout`. A layer's pages are
+read in place: the pool is viewed as ``[layers * page, ...]`` (a bitcast) and the page table offset by
+``layer * page``, so a traced layer index copies nothing.
+
+Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16 pages, the queries' dtype;
+query heads a multiple of kv heads.
+
+Off TPU the same kernel runs in Pallas's TPU interpreter (`halyard.models.attention.pallas_interpret`:
+exact, slow, for tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from halyard.models.attention.pallas_paged_layout import RowLayout
+from halyard.named import Axis, NamedArray
+
+POOL_AXES = ("layers", "page", "page_slot", "kv_combined", "head_lanes")
+"""The pool's axes (see the module docstring)."""
+KV_BUFFER_BYTES = 8 * 2**20
+"""VMEM for a block's double buffer of pages when the block sizes come from JAX's table (see
+`kv_pages_in_vmem`); with ``vmem_limit_bytes`` given, half of it."""
+INTERPRET_BLOCKS = (4, 16)
+"""``(num_kv_pages_per_block, num_queries_per_block)`` off TPU, where the tuned table has no entry."""
+
+
+def pallas_unsupported_reason(query_heads: int | None, kv_heads: int, dtype: Any) -> str | None:
+    """Why the kernel cannot run these shapes, or None when it can.
+
+    Args:
+        query_heads: query heads (None: not known yet, as in `PallasPagedKernel.init_pool`).
+        kv_heads: key/value heads.
+        dtype: the pool's (and the queries') dtype.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        return f"the Pallas paged kernel takes float32 or bfloat16 pages, got {dtype}"
+    if query_heads is not None and query_heads % kv_heads:
+        return (
+            f"the Pallas paged kernel needs query heads ({query_heads}) a multiple of kv heads ({kv_heads})"
+        )
+    return None
+
+
+class PallasPool(eqx.Module):
+    """`PallasPagedKernel`'s pool: every layer's pages and where the model's heads sit in their rows.
+
+    Attributes:
+        pages: ``[layers, page, page_slot, kv_combined, head_lanes]`` (`POOL_AXES`).
+        layout: the heads' places in the rows (static).
+    """
+
+    pages: NamedArray
+    layout: RowLayout = eqx.field(static=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasPagedKernel:
+    """`halyard.models.attention.ragged_paged.RaggedPagedKernel` on JAX's Pallas TPU kernel (module
+    docstring). Static: its fields are Python settings.
+
+    Attributes:
+        num_kv_pages_per_block: pages one DMA block brings (clipped to a sequence's page-table width);
+            None: JAX's tuned table on TPU (`get_tuned_block_sizes`, at most what fits `KV_BUFFER_BYTES`),
+            `INTERPRET_BLOCKS` elsewhere.
+        num_queries_per_block: tokens per query block; None: as above.
+        vmem_limit_bytes: the kernel's VMEM limit; None: the compiler's default.
+        interpret: run in Pallas's TPU interpreter; None: everywhere but on a TPU.
+    """
+
+    num_kv_pages_per_block: int | None = None
+    num_queries_per_block: int | None = None
+    vmem_limit_bytes: int | None = None
+    interpret: bool | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes"):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"PallasPagedKernel.{field} must be a positive int or None, got {value!r}")
+
+    def init_pool(
+        self, layers: int, pages: int, page_size: int, kv_heads: int, head_size: int, dtype: Any
+    ) -> PallasPool:
+        """An empty pool (`PallasPool`; module docstring).
+
+        Raises:
+            ValueError: a dtype the kernel cannot run (`pallas_unsupported_reason`).
+        """
+        reason = pallas_unsupported_reason(None, kv_heads, dtype)
+        if reason is not None:
+            raise ValueError(f"PallasPagedKernel.init_pool: {reason}")
+        layout = RowLayout.for_heads(kv_heads, head_size, dtype)
+        sizes = (layers, pages, page_size, 2 * layout.rows, layout.lanes)
+        axes = tuple(Axis(name, size) for name, size in zip(POOL_AXES, sizes))
+        return PallasPool(NamedArray(jnp.zeros(sizes, dtype), axes), layout)
+
+    def write(
+        self,
+        pool: PallasPool,
+        layer: Int[Array, ""],
+        keys: Float[Array, "T h d"],
+        values: Float[Array, "T h d"],
+        slots: Int[Array, " T"],
+    ) -> PallasPool:
+        """``pool`` with layer ``layer``'s keys and values stored at ``slots`` (``page * page_size + offset``;
+        -1: not stored), one scatter of each token's rows."""
+        layers, pages, page_size, combined, lanes = pool.pages.array.shape
+        layout = pool.layout
+        if keys.shape[1:] != (layout.kv_heads, layout.head_size):
+            raise ValueError(
+                f"PallasPagedKernel.write: keys of {keys.shape[1]} heads of {keys.shape[2]} for a pool of "
+                f"{layout.kv_heads} heads of {layout.head_size}"
+            )
+        rows = layout.kernel_rows(keys, values)
+        per_layer = pages * page_size
+        # a padding slot goes past the pool (dropped); -1 itself would wrap around to the last slot
+        flat = jnp.where(slots >= 0, layer * per_layer + slots, layers * per_layer)
+        table = pool.pages.array.reshape(layers * per_layer, combined, lanes)
+        table = table.at[flat].set(rows.astype(table.dtype), mode="drop")
+        return PallasPool(NamedArray(table.reshape(pool.pages.array.shape), pool.pages.axes), layout)
+
+    def attend(
+        self,
+        query: Float[Array, "T Hq d"],
+        pool: PallasPool,
+        layer: Int[Array, ""],
+        page_table: Int[Array, "S J"],
+        cu_q_lens: Int[Array, " S1"],
+        kv_lens: Int[Array, " S"],
+        num_seqs: Int[Array, ""],
+        *,
+        scale: float,
+        sliding_window: int | None,
+        logit_softcap: float | None,
+    ) -> Float[Array, "T Hq d"]:
+        """Causal attention of the step's tokens over their sequences' pages (the step's keys written):
+        `halyard.models.attention.ragged_paged.RaggedPagedKernel.attend`. Padding tokens get zeros.
+
+        Raises:
+            ValueError: shapes the kernel cannot run (`pallas_unsupported_reason`), a query whose dtype or
+                head size is not the pool's, or a ``sliding_window`` / ``logit_softcap`` that is not positive.
+        """
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+        layers, pages, page_size, combined, lanes = pool.pages.array.shape
+        layout, pages_dtype = pool.layout, pool.pages.dtype
+        tokens, query_heads, head_size = query.shape
+        reason = pallas_unsupported_reason(query_heads, layout.kv_heads, pages_dtype)
+        if reason is None and (query.dtype, head_size) != (pages_dtype, layout.head_size):
+            reason = (
+                f"queries are {query.dtype} of head size {head_size} and the pool {pages_dtype} of "
+                f"{layout.head_size}: the kernel takes one dtype and head size"
+            )
+        if reason is None and sliding_window is not None and sliding_window < 1:
+            reason = f"sliding_window must be a positive number of keys, got {sliding_window}"
+        if reason is None and logit_softcap is not None and not logit_softcap > 0:
+            reason = f"logit_softcap must be positive, got {logit_softcap}"
+        if reason is not None:
+            raise ValueError(f"PallasPagedKernel.attend: {reason}")
+        interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
+        queries = layout.kernel_queries(query)
+        kv_pages_per_block, queries_per_block = self._blocks(queries, pool, page_table.shape[1], interpret)
+        padded = _round_up(tokens, queries_per_block)
+        queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
+        # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
+        # clip it into this layer's pages (the kernel's DMAs read what the table names)
+        page_indices = layer * pages + jnp.clip(page_table, 0, pages - 1)
+        call = dict(
+            sm_scale=float(scale),
+            sliding_window=sliding_window,
+            soft_cap=None if logit_softcap is None else float(logit_softcap),
+            num_kv_pages_per_block=kv_pages_per_block,
+            num_queries_per_block=queries_per_block,
+            vmem_limit_bytes=self.vmem_limit_bytes,
+        )
+        arguments = (
+            queries,
+            pool.pages.array.reshape(layers * pages, page_size, combined, lanes),
+            kv_lens.astype(jnp.int32),
+            page_indices.astype(jnp.int32),
+            cu_q_lens.astype(jnp.int32),
+            jnp.reshape(num_seqs, (1,)).astype(jnp.int32),
+        )
+        if interpret:
+            from halyard.models.attention.pallas_interpret import tpu_interpret_mode
+
+            with tpu_interpret_mode():
+                output = ragged_paged_attention(*arguments, **call)
+        else:
+            output = ragged_paged_attention(*arguments, **call)
+        output = layout.model_outputs(output[:tokens], query_heads)
+        # the kernel leaves padding tokens' rows as its buffers held them (NaN in the interpreter)
+        real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
+        return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
+
+    def _blocks(
+        self, queries: jax.Array, pool: PallasPool, pages_per_seq: int, interpret: bool
+    ) -> tuple[int, int]:
+        """``(num_kv_pages_per_block, num_queries_per_block)`` for this call (see the attributes)."""
+        kv_pages, queries_per_block = self.num_kv_pages_per_block, self.num_queries_per_block
+        if kv_pages is None or queries_per_block is None:
+            if interpret:
+                tuned = INTERPRET_BLOCKS
+            else:
+                from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
+
+                _, _, page_size, combined, lanes = pool.pages.array.shape
+                dtype = pool.pages.dtype
+                # the table's key, as the kernel forms it when it is given no block sizes
+                heads, combined_heads = kernel.get_min_heads_per_blk(
+                    queries.shape[1], combined, queries.dtype, dtype
+                )
+                tuned = kernel.get_tuned_block_sizes(
+                    queries.dtype, dtype, heads, combined_heads // 2, lanes, page_size, queries.shape[0],
+                    pages_per_seq,
+                )  # fmt: skip
+                budget = KV_BUFFER_BYTES if self.vmem_limit_bytes is None else self.vmem_limit_bytes // 2
+                tuned = (min(tuned[0], kv_pages_in_vmem(page_size, combined, lanes, dtype, budget)), tuned[1])
+            kv_pages = tuned[0] if kv_pages is None else kv_pages
+            queries_per_block = tuned[1] if queries_per_block is None else queries_per_block
+        return min(kv_pages, pages_per_seq), min(queries_per_block, _round_up(queries.shape[0], 8))
+
+
+def kv_pages_in_vmem(page_size: int, combined: int, lanes: int, dtype: Any, budget_bytes: int) -> int:
+    """The most pages a block may bring so that its double buffer of pages fits ``budget_bytes``, each page's
+    ``combined`` rows counted as the TPU tiles them (8 rows of 32 bits: 4 combined heads of bfloat16 take 16
+    rows). JAX's table defaults to 128 pages a block, which at page size 16 and 2 kv heads in bfloat16 is
+    16 MiB of buffers: the whole scoped VMEM of a v5e.
+
+    Args:
+        page_size, combined, lanes: a page's shape in the pool (`POOL_AXES`).
+        dtype: the pool's dtype.
+        budget_bytes: VMEM for the two buffers.
+    """
+    itemsize = jnp.dtype(dtype).itemsize
+    page_bytes = page_size * _round_up(combined, 8 * (4 // itemsize)) * lanes * itemsize
+    return max(1, budget_bytes // (2 * page_bytes))
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
