@@ -77,7 +77,8 @@ def demo(work: Path, steps: int, limit: float, cpu: bool) -> dict[str, Any]:
         for r in steps_logged
         if "sampling/sampling_logp_difference/max" in r
     ]
-    summary = next((r for r in records if any(k.startswith("goodput/") for k in r)), {})
+    summary_file = run_dir / "metrics.summary.json"  # the jsonl tracker's run summary (goodput/...)
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     return dict(
         result, steps=steps_logged, logp_difference_max=max(differences, default=None),
         goodput={k: v for k, v in summary.items() if k.startswith("goodput/")},

@@ -73,7 +73,7 @@ SIZES = {
     ),
     "small": Size(
         requests=24, prompt_range=(4, 40), output_range=(4, 17), decode_rows=8, decode_prompt=16, decode_steps=4,
-        engine=dict(page_size=16, num_pages=8 * 4 + 8, max_context=64, max_running=8, chunk_size=16,
+        engine=dict(page_size=32, num_pages=8 * 2 + 8, max_context=64, max_running=8, chunk_size=16,
                     max_prefill_rows=2, min_rows=8),
     ),
 }  # fmt: skip
