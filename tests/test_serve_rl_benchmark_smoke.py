@@ -52,7 +52,13 @@ def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None
     """``--profile tpu-small``: the TPU profile's path (decode against the roofline, arrivals at once and at a
     fixed rate) with a tiny model, each step shape compiled at first use (24 requests at 50 a second)."""
     result = _run(
-        "serve.py", "--profile", "tpu-small", "--no-warmup", "--rate", "50", output=tmp_path / "serve_tpu.json"
+        "serve.py",
+        "--profile",
+        "tpu-small",
+        "--no-warmup",
+        "--rate",
+        "50",
+        output=tmp_path / "serve_tpu.json",
     )
     decode = result["decode"]
     assert decode["steps_measured"] == 4 and decode["over_roofline"] > 1 and 0 < decode["host_share"] <= 1.5
