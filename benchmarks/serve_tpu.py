@@ -168,7 +168,7 @@ def run_arrivals(
             if update.token_ids and update.request_id not in first:
                 first[update.request_id] = time.perf_counter() - started - arrival[update.request_id]
             tokens += len(update.token_ids)
-            if update.finish_reason is not None:
+            if update.finish_reason in ("length", "stop"):  # not "abort": cancelled at the limit
                 done.add(update.request_id)
     seconds = time.perf_counter() - started
     ttft = list(first.values())
@@ -194,7 +194,9 @@ def run_decode(engine: Engine, model: CausalLM, size: Size, limit: float) -> dic
     step against the roofline (weights + every row's keys and values read once, at `HBM_BYTES_PER_SECOND`)."""
     rng = np.random.default_rng(2)
     vocab = model.unembedding.axis_size("vocab")
-    params = SamplingParams(max_tokens=size.decode_steps + 8, temperature=0.0, ignore_eos=True)
+    # Rows prefilled first decode while the others prefill: none may finish before the last has its first token.
+    longest = engine.config.max_context - size.decode_prompt
+    params = SamplingParams(max_tokens=longest, temperature=0.0, ignore_eos=True)
     ids = [
         engine.add_request(rng.integers(0, vocab, size.decode_prompt).tolist(), params)
         for _ in range(size.decode_rows)
