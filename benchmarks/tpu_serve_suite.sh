@@ -17,15 +17,15 @@
 # WHEELS_DIR: `.venv/bin/python tools/tpu_install.py build` made it here (git-ignored; carry it); "none": use
 # the Python on PATH as it is. SIZE=small runs every part at its tiny size (a CPU check of the suite:
 # PATH=.venv/bin:$PATH SIZE=small bash benchmarks/tpu_serve_suite.sh none out/). Run from the
-# repository root. LIMIT_S (default 420) bounds the whole; PARTS (default "1 2 3 4") picks parts;
-# SHARE1..SHARE4 override a part's seconds (140, 110, 70, 100); PHASE_S (25) cuts each serving phase;
+# repository root. LIMIT_S (default 450) bounds the whole; PARTS (default "1 2 3 4") picks parts;
+# SHARE1..SHARE4 override a part's seconds (130, 140, 60, 70); PHASE_S (25) cuts each serving phase;
 # DET_DTYPE (bfloat16) is part 3's parameter dtype; DEMO_STEPS (10) grpo-demo's steps. A part
 # starts only while its minimum is left and is killed at its share; every script writes its JSON after
 # each phase, so a cut-off part keeps what it measured.
 set -uo pipefail
 WHEELS="${1:?usage: tpu_serve_suite.sh WHEELS_DIR OUT_DIR}"
 OUT_DIR="${2:?usage: tpu_serve_suite.sh WHEELS_DIR OUT_DIR}"
-LIMIT_S="${LIMIT_S:-420}"
+LIMIT_S="${LIMIT_S:-450}"
 PARTS="${PARTS:-1 2 3 4}"
 SIZE="${SIZE:-tpu}"
 if [[ "$SIZE" == tpu ]]; then PROFILE=tpu; SHAPE=qwen-0.5b; else PROFILE=tpu-small; SHAPE=quick; fi
@@ -61,7 +61,7 @@ CACHE=/tmp/halyard-serve-cache  # the serve profile's compilation cache (part 2 
 
 if wanted 1; then
     part "1. serve.py --profile $PROFILE"
-    t=$(share "${SHARE1:-140}" 60)
+    t=$(share "${SHARE1:-130}" 60)
     if (( t > 0 )); then
         timeout -k 5 "$t" python3 benchmarks/serve.py --profile "$PROFILE" --phase-seconds "${PHASE_S:-25}" \
             --compilation-cache "$CACHE" --output "$OUT_DIR/serve_tpu.json" 2>&1 | grep -v "compiled step shape" \
@@ -72,7 +72,7 @@ fi
 
 if wanted 2; then
     part "2. serve_first_request.py (halyard serve on a unix socket, cold and warm)"
-    t=$(share "${SHARE2:-110}" 50)
+    t=$(share "${SHARE2:-140}" 50)
     if (( t > 0 )); then
         timeout -k 5 "$t" python3 benchmarks/serve_first_request.py --size "$SIZE" --work /tmp/first-request \
             --limit $(( t / 2 )) --output "$OUT_DIR/serve_first_request.json" 2>&1 | tail -8
@@ -83,7 +83,7 @@ fi
 
 if wanted 3; then
     part "3. serve_deterministic.py"
-    t=$(share "${SHARE3:-70}" 40)
+    t=$(share "${SHARE3:-60}" 40)
     if (( t > 0 )); then
         timeout -k 5 "$t" python3 benchmarks/serve_deterministic.py --size "$SIZE" --dtype "${DET_DTYPE:-bfloat16}" --limit $(( t - 25 )) \
             --output "$OUT_DIR/serve_deterministic.json" 2>&1 | tail -16
@@ -93,7 +93,7 @@ fi
 
 if wanted 4; then
     part "4. rl_tpu.py (grpo-demo, the GRPO step split)"
-    t=$(share "${SHARE4:-100}" 40)
+    t=$(share "${SHARE4:-70}" 40)
     if (( t > 0 )); then
         timeout -k 5 "$t" python3 benchmarks/rl_tpu.py --work /tmp/rl-tpu --demo-steps "${DEMO_STEPS:-10}" \
             --shapes "$SHAPE" --cpu-too --limit $(( t - 5 )) --output "$OUT_DIR/rl_tpu.json" 2>&1 | tail -12
