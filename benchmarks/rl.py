@@ -20,6 +20,7 @@ Usage::
     python benchmarks/rl.py            # the llama shape, 6 steps
     python benchmarks/rl.py --curve    # and the grpo-demo's learning curve
     python benchmarks/rl.py --quick    # a tiny model, 3 steps (a smoke test)
+    python benchmarks/rl.py --shape qwen-0.5b   # Qwen2.5-0.5B's shape in bf16, 4 steps (a TPU: rl_tpu.py)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/rl.json).
 """
@@ -55,10 +56,21 @@ LLAMA = [
     "--model.vocab_size", "8192", "--model.hidden_size", "512", "--model.intermediate_size", "1536",
     "--model.num_layers", "6", "--model.num_heads", "8", "--model.num_kv_heads", "4", "--model.max_position", "128",
 ]  # fmt: skip
+QWEN_05B = [
+    "--model.type", "qwen2", "--model.vocab_size", "151936", "--model.hidden_size", "896",
+    "--model.intermediate_size", "4864", "--model.num_layers", "24", "--model.num_heads", "14",
+    "--model.num_kv_heads", "2", "--model.tie_embeddings", "true", "--model.max_position", "128",
+    "--model.param_dtype", "bfloat16", "--model.optimizer_dtype", "float32",
+]  # fmt: skip
+"""Qwen2.5-0.5B's shape (random weights) in bf16 with float32 Adam moments (for a TPU)."""
 QUICK = [
     "--model.vocab_size", "64", "--model.hidden_size", "64", "--model.intermediate_size", "128",
     "--model.num_layers", "2", "--model.num_heads", "4", "--model.num_kv_heads", "2", "--model.max_position", "64",
 ]  # fmt: skip
+
+
+SHAPES = {"llama": (LLAMA, 6, 64), "quick": (QUICK, 3, 8), "qwen-0.5b": (QWEN_05B, 4, 64)}
+"""Each ``--shape``: its model options, the steps run and the new tokens per completion."""
 
 
 def train_split(model: list[str], steps: int, new_tokens: int, run_dir: Path) -> dict[str, Any]:
@@ -141,15 +153,24 @@ def demo_curve(run_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, 3 steps (a smoke test)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="llama (default), quick (= --quick) or qwen-0.5b (Qwen2.5-0.5B's shape, bf16: for a TPU)",
+    )
     parser.add_argument("--curve", action="store_true", help="also the whole grpo-demo's learning curve")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    model = QUICK if args.quick else LLAMA
+    shape = args.shape or ("quick" if args.quick else "llama")
+    model, steps, new_tokens = SHAPES[shape]
     with tempfile.TemporaryDirectory() as folder:
-        split = train_split(model, 3 if args.quick else 6, 8 if args.quick else 64, Path(folder) / "run")
-    split["resharding_seconds_fsdp8_to_replicated"] = resharding_seconds(model)
+        split = train_split(model, steps, new_tokens, Path(folder) / "run")
+    split["backend"] = jax.default_backend()
+    if len(jax.devices()) >= 8:  # 8 simulated CPU devices (this script asks for them); a TPU chip is one
+        split["resharding_seconds_fsdp8_to_replicated"] = resharding_seconds(model)
     for name, value in split.items():
-        print(f"{name:40s} {value:.4g}")
+        print(f"{name:40s} {value:.4g}" if isinstance(value, float) else f"{name:40s} {value}")
     if args.curve:
         with tempfile.TemporaryDirectory() as folder:
             curve = demo_curve(Path(folder) / "demo")

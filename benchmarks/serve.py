@@ -28,6 +28,8 @@ Usage::
     python benchmarks/serve.py --quick         # a tiny model, 16 requests (a smoke test)
     python benchmarks/serve.py --skip old_generate
     python benchmarks/serve.py --quick --warmup --skip transformers old_generate   # compile every shape at start
+    python benchmarks/serve.py --profile tpu        # Qwen2.5-0.5B shapes in bf16, 256 requests (serve_tpu.py)
+    python benchmarks/serve.py --profile tpu-small  # the same path with a tiny model, on a CPU in seconds
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/serve.json).
 """
@@ -65,6 +67,7 @@ ENGINE_MODES = {
     "engine_training_arithmetic": {"deterministic": True, "training_arithmetic": True},
 }
 """Each engine arm's `EngineConfig` fields beyond the shared ones."""
+PROFILES = ("llama", "quick", "tpu", "tpu-small")
 
 
 @dataclass(frozen=True)
@@ -311,8 +314,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="the engines compile their whole shape set at start (EngineConfig.warmup)",
     )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="llama",
+        help="llama: the arms above; quick: --quick; tpu, tpu-small: benchmarks/serve_tpu.py (its own options)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.profile in ("tpu", "tpu-small"):
+        import serve_tpu
+
+        output = [] if args.output == RESULTS else ["--output", str(args.output)]
+        size = "tpu" if args.profile == "tpu" else "small"
+        return serve_tpu.main(["--size", size, *output, *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.quick = args.quick or args.profile == "quick"
 
     if args.quick:
         shapes = replace(QUICK_LLAMA, seq_len=128)

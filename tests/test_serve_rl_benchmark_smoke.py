@@ -48,6 +48,28 @@ def test_serve_benchmark_quick(tmp_path: Path) -> None:
     assert len(tokens) == 1
 
 
+def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None:
+    """``--profile tpu-small``: the TPU profile's path (decode against the roofline, arrivals at once and at a
+    fixed rate) with a tiny model, each step shape compiled at first use (24 requests at 50 a second)."""
+    result = _run(
+        "serve.py",
+        "--profile",
+        "tpu-small",
+        "--no-warmup",
+        "--rate",
+        "50",
+        output=tmp_path / "serve_tpu.json",
+    )
+    decode = result["decode"]
+    assert decode["steps_measured"] == 4 and decode["over_roofline"] > 1 and 0 < decode["host_share"] <= 1.5
+    assert decode["kv_bytes_read"] > 0 and decode["weight_bytes"] == result["weight_bytes"] > 0
+    for phase in ("at_once", "rate"):
+        figures = result[phase]
+        assert figures["finished"] == figures["requests"] == 24 and not figures["truncated"]
+        assert figures["output_tokens"] > 0 and 0 < figures["ttft_p50"] <= figures["ttft_p90"]
+    assert result["rate"]["rate"] == 50
+
+
 def test_rl_benchmark_quick(tmp_path: Path) -> None:
     result = _run("rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]

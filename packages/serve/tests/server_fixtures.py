@@ -1,5 +1,6 @@
 """A tiny Hugging Face folder (a Llama of a few thousand parameters, a word-level tokenizer with a Llama-3
-style chat template) and a `halyard-serve` subprocess on a free loopback port, for the server's tests."""
+style chat template) and a `halyard-serve` subprocess on a free loopback port or a unix socket, for the server's
+tests."""
 
 from __future__ import annotations
 
@@ -91,11 +92,12 @@ def server_environment() -> dict[str, str]:
 
 
 class ServerProcess:
-    """A server subprocess: its URL, its log file, and a clean way to stop it."""
+    """A server subprocess on a loopback ``port`` or a unix socket ``uds``: its URL, HTTP clients that reach
+    it, its log file, and a clean way to stop it."""
 
-    def __init__(self, command: list[str], log: Path, port: int):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+    def __init__(self, command: list[str], log: Path, port: int | None = None, uds: Path | None = None):
+        self.port, self.uds = port, uds
+        self.url = "http://halyard" if uds is not None else f"http://127.0.0.1:{port}"
         self.log = log
         self._log_file = log.open("w")
         self.process = subprocess.Popen(
@@ -107,14 +109,26 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.output()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError), self.http() as client:
+                if client.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             time.sleep(0.2)
         raise TimeoutError(f"the server did not answer /health in {timeout} s:\n{self.output()}")
 
+    def http(self) -> httpx.Client:
+        """A client that reaches the server (through its unix socket when it has one)."""
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.uds)) if self.uds else None)
+
+    def async_http(self) -> httpx.AsyncClient:
+        """An asyncio client that reaches the server, for ``openai.AsyncOpenAI(http_client=...)`` (the
+        ``openai`` client's own connection limits: many streams at once)."""
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        transport = httpx.AsyncHTTPTransport(uds=str(self.uds) if self.uds else None, limits=limits)
+        return httpx.AsyncClient(transport=transport)
+
     def stats(self) -> dict[str, float]:
-        return httpx.get(self.url + "/stats", timeout=10).json()
+        with self.http() as client:
+            return client.get(self.url + "/stats", timeout=10).json()
 
     def output(self) -> str:
         self._log_file.flush()
@@ -132,14 +146,16 @@ class ServerProcess:
         return int(self.process.returncode)
 
 
-def start_server(folder: Path, log: Path, *extra: str) -> ServerProcess:
-    """``halyard-serve --hf folder`` with the tests' engine options, once it answers /health."""
-    port = free_port()
+def start_server(folder: Path, log: Path, *extra: str, uds: Path | None = None) -> ServerProcess:
+    """``halyard-serve --hf folder`` with the tests' engine options, once it answers /health; on a free
+    loopback port, or on the unix socket ``uds`` (``--uds``)."""
+    port = None if uds is not None else free_port()
+    where = ["--uds", str(uds)] if uds is not None else ["--port", str(port)]
     command = [
-        sys.executable, "-m", "halyard.serve.server.cli", "--hf", str(folder), "--port", str(port),
+        sys.executable, "-m", "halyard.serve.server.cli", "--hf", str(folder), *where,
         "--model-name", MODEL_NAME, *ENGINE_OPTIONS, *extra,
     ]  # fmt: skip
-    server = ServerProcess(command, log, port)
+    server = ServerProcess(command, log, port, uds)
     try:
         server.wait_ready()
     except BaseException:

@@ -501,6 +501,25 @@ def test_the_readme_python_blocks_run(server: ServerProcess) -> None:
         assert _printed(code, "README client block").strip()  # the model's words
 
 
+def test_a_server_on_a_unix_socket_answers_as_on_a_port(
+    client: openai.OpenAI, folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``--uds PATH`` (a machine that allows no TCP socket, such as the one-chip TPU v5e): the openai client,
+    through an httpx transport on the socket, gets the TCP server's greedy text; Ctrl-C exits with code 0."""
+    socket = tmp_path_factory.mktemp("uds") / "server.sock"
+    server = start_server(folder, socket.parent / "server.log", uds=socket)
+    try:
+        assert socket.is_socket() and "on unix socket" in server.output()
+        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)))
+        local = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, http_client=http)
+        assert [m.id for m in local.models.list().data] == [MODEL_NAME]
+        answer = local.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+        on_port = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+        assert answer.choices[0].text == on_port.choices[0].text
+    finally:
+        assert server.stop() == 0, server.output()[-3000:]
+
+
 @pytest.mark.parametrize(("tensor", "replicas"), [(2, 1), (1, 2)])
 def test_tensor_parallel_and_replicas_answer_as_one_device(
     client: openai.OpenAI, folder: Path, tensor: int, replicas: int

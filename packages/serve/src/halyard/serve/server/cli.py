@@ -120,6 +120,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
     server.add_argument(
+        "--uds",
+        metavar="PATH",
+        default=None,
+        help="listen on this unix socket instead of --host and --port (a machine that allows no TCP socket)",
+    )
+    server.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_VARIABLE),
         help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_VARIABLE}, else none)",
@@ -209,7 +215,7 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
     driver = app.state.server.driver
     logger.warning(
         "halyard serve: %r, context %d tokens, %d pages of %d tokens, %s mode, %d replica(s) of %d device(s), "
-        "on http://%s:%d",
+        "on %s",
         served.name,
         app.state.server.max_context,
         config.num_pages,
@@ -219,14 +225,14 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
         else "fast",
         args.replicas,
         args.tensor,
-        args.host,
-        args.port,
+        f"unix socket {args.uds}" if args.uds else f"http://{args.host}:{args.port}",
     )
     server = _Server(
         uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
+            uds=args.uds,
             log_level=args.log_level,
             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5,  # a backstop: the drain ends first
         ),
