@@ -24,8 +24,8 @@ the blocked kernel on each device's share; ``context_parallel=None`` (a KV cache
 ``implementation="reference"`` never splits.
 
 An inference engine's step attends over its page pool instead (`paged_kernel`: ``blocked``, the training
-kernel's arithmetic page by page, on any backend; ``pallas`` on TPU; ``auto``: ``pallas`` on a TPU where
-its module is present, else ``blocked``), behind the interface of
+kernel's arithmetic page by page, on any backend; ``pallas`` on TPU, asked for by name; ``auto``: ``blocked`` for
+now, see `paged_kernel`), behind the interface of
 `halyard.models.attention.ragged_paged.RaggedPagedKernel`.
 
 Switching implementation never changes parameters: every implementation computes the same function
@@ -214,7 +214,7 @@ def paged_kernel(implementation: str = "auto", *, backend: str | None = None) ->
 
     Args:
         implementation: ``blocked`` | ``pallas`` | ``auto``.
-        backend: JAX's platform name; default `target_backend`.
+        backend: JAX's platform name (unused while ``auto`` is ``blocked`` everywhere).
 
     Raises:
         ValueError: an unknown implementation, or ``pallas`` where its module is missing.
@@ -223,14 +223,16 @@ def paged_kernel(implementation: str = "auto", *, backend: str | None = None) ->
         raise ValueError(
             f"paged_kernel: unknown implementation {implementation!r}; choose one of {PAGED_IMPLEMENTATIONS}"
         )
-    backend = target_backend() if backend is None else backend
-    if implementation == "blocked" or (implementation == "auto" and backend != "tpu"):
+    del backend  # ``auto`` is ``blocked`` on every backend for now (below)
+    # ``auto`` does not pick ``pallas`` on a TPU yet: on the v5e (2026-12-06) the kernel alone ran (3.4-5.9x
+    # its HBM roofline, benchmarks/README.md), but the engine's warm-up step with it halted the chip ("Semaphore
+    # has a nonzero value upon exit from a Mosaic kernel": a step with no sequence leaves a page copy
+    # un-awaited), so the engine asks for it by name until that is fixed (issue 53).
+    if implementation in ("blocked", "auto"):
         return BlockedPagedKernel()
     try:
         from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
     except ImportError as error:
-        if implementation == "auto":
-            return BlockedPagedKernel()
         raise ValueError(
             f"paged_kernel: the pallas kernel is not available here ({error}); use 'blocked'"
         ) from error
