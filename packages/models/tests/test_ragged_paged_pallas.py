@@ -127,8 +127,6 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     """The engine's CPU kernel (``blocked``) on the same step through the same interface."""
     from halyard.models.attention import paged
 
-    if not hasattr(paged, "BlockedPagedKernel"):
-        pytest.skip("the ragged interface's CPU kernel (paged.BlockedPagedKernel) is not on this branch yet")
     dtype_name, step, output = interpreted
     *_, window, cap = SETTINGS[dtype_name]
     cpu = run_kernel(
@@ -144,15 +142,12 @@ def test_the_models_paged_step_with_the_pallas_kernel_matches_the_full_forward(m
     """The engine's path: `CausalLM.paged_step` through the decoder's layer scan (a traced layer index, the
     pool in the carry) with the Pallas kernel interpreted, a prompt chunk then the rest, against the full
     forward (Mistral's shape: grouped-query attention, a sliding window of 4)."""
-    import inspect
 
     from paged import paged_logits
     from tiny import random_tokens, tiny
 
-    from halyard.models import CausalLM, init_model
+    from halyard.models import init_model
 
-    if "implementation" not in inspect.signature(CausalLM.init_pages).parameters:
-        pytest.skip("the model's pool takes no paged kernel on this branch yet (the ragged step's)")
     model = init_model(tiny("mistral"), jax.random.key(1))
     tokens = random_tokens(2, 11)
     full = np.asarray(jax.jit(lambda m, t: m(t))(model, tokens).unwrap("batch", "pos", "vocab"))
