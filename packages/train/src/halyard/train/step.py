@@ -100,35 +100,25 @@ def make_train_step(
         loss_fn: see `LossFn`; called with the parameters as stored.
         optimizer: an optax transformation (clipping, schedules and masks live inside it).
         accumulation: microbatches per step; the gradient equals the full batch's token mean.
-        learning_rate: the optimizer's schedule, only to report ``learning_rate`` in the metrics: the rate the
-            update applied, read at the optimizer's own count (`schedule_count`), which stays behind the
-            step after skipped non-finite steps.
+        learning_rate: the optimizer's schedule, only to report the rate the update applied, read at the
+            optimizer's own count (`schedule_count`), which stays behind the step after skipped steps.
         skip_nonfinite: when the loss, gradient norm or update norm is NaN/Inf, keep the old parameters and optimizer
             state and count the step in ``nonfinite_steps`` (the step number still advances, so the data
             order stays a function of the step).
         microbatch_sharding: optional sharding (a pytree matching one microbatch) to keep rows in place.
-        join: ``(frozen, params) -> model`` when only part of the model trains (LoRA adapters): ``loss_fn``
-            gets ``join(frozen, state.params)`` with ``frozen`` the step's third argument, which is
-            neither differentiated nor updated, so gradients and optimizer state exist for
-            ``state.params`` alone (and ``param_norm`` and ``update_norm`` are theirs).
+        join: ``(frozen, params) -> model`` when only part of the model trains (LoRA adapters): ``loss_fn`` gets
+            ``join(frozen, state.params)``, ``frozen`` (the step's third argument) neither differentiated nor
+            updated: gradients, optimizer state, ``param_norm`` and ``update_norm`` are ``state.params``' alone.
         invariant: canonical slices and norms (`halyard.train.invariant`): the same bits on any replica/data/
             fsdp split; the step clips to ``invariant.max_grad_norm`` (the optimizer must not clip).
         watch: the watched step's statistics (`halyard.train.watch`); None: the plain step.
-        check_update_first: with ``skip_nonfinite``, compute the update twice: first only for its norm (which
-            decides the skip), then, in a conditional branch that runs only for a finite step, to write the new
-            parameters and optimizer state over the donated old ones.
-            Without it the skip keeps every new leaf beside its old one until the update's norm is known (a
-            second copy of the optimizer state at the step's peak). The first pass costs one more read of the
-            gradients, state and parameters for an elementwise optimizer (AdamW, Lion); Muon's would repeat
-            its Newton-Schulz products and Sophia-H's its Hessian-vector product.
+        check_update_first: with ``skip_nonfinite``, compute the update first only for its norm (the skip), then
+            again inside a conditional that writes over the donated old state: no second copy of the optimizer
+            state at the peak, for one more read of gradients, state and parameters (elementwise optimizers).
 
-    Precision is the model's (``model.param_dtype`` / ``model.compute_dtype``), not the step's: the
-    model's loss casts its weights to the compute dtype (`CausalLM.in_compute_dtype`), so gradients come
-    back in the parameter dtype, and ``optax.apply_updates`` keeps every parameter in its dtype.
-
-    An ``optax.GradientTransformationExtraArgs`` also receives ``loss_fn=``: ``params -> token-mean loss``
-    of the step's first microbatch (Sophia-H's Hessian estimate; the other optimizers ignore it, and XLA
-    drops what an unused ``loss_fn`` traced).
+    Precision is the model's (`CausalLM.in_compute_dtype`): gradients come back in each parameter's dtype.
+    An ``optax.GradientTransformationExtraArgs`` also receives ``loss_fn=``, the token-mean loss of the first
+    microbatch as a function of the parameters (Sophia-H's Hessian estimate).
 
     Metrics: ``loss`` (token mean), ``num_tokens``, ``grad_norm`` (before clipping), ``param_norm``,
     ``update_norm``, ``learning_rate``, ``nonfinite`` (1 when the update was skipped), and the token
@@ -167,16 +157,21 @@ def make_train_step(
         if learning_rate is not None:  # the rate this update applied: the schedule at the optimizer's count
             applied_at = schedule_count(state.opt_state, default=state.step)
             metrics["learning_rate"] = jnp.asarray(learning_rate(applied_at), jnp.float32)
-        new_state = TrainState(
-            step=state.step + 1,
-            params=params,
-            opt_state=opt_state,
-            key=state.key,
-            nonfinite_steps=state.nonfinite_steps + metrics["nonfinite"],
-        )
+        new_state = _advanced(state, params, opt_state, metrics["nonfinite"])
         return new_state, _finished(metrics, _watched(watch, state, new_state, grads, examples))
 
     return _collecting(train_step) if watch is not None and watch.model else train_step
+
+
+def _advanced(state: TrainState, params: Any, opt_state: Any, nonfinite: jax.Array) -> TrainState:
+    """``state`` one step on, with the new parameters and optimizer state (the old ones when ``nonfinite``)."""
+    return TrainState(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        key=state.key,
+        nonfinite_steps=state.nonfinite_steps + nonfinite,
+    )
 
 
 def _stat_metrics(stats: dict[str, jax.Array], num_tokens: jax.Array) -> dict[str, jax.Array]:
