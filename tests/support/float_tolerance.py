@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
@@ -50,7 +51,8 @@ def summation_tolerance(values: ArrayLike, terms: int, dtype: DTypeLike = np.flo
     if terms < 1:
         raise ValueError(f"terms must be at least 1, got {terms}")
     magnitude = float(np.max(np.abs(np.asarray(values, np.float64)), initial=0.0))
-    return terms * float(np.finfo(dtype).eps) * magnitude
+    # ml_dtypes' finfo: numpy's refuses bfloat16 where ml_dtypes has not registered it (the TPU machine)
+    return terms * float(ml_dtypes.finfo(dtype).eps) * magnitude
 
 
 def decoder_terms(config: Any, length: int) -> int:

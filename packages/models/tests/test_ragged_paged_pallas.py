@@ -11,6 +11,7 @@ cases are few and share their inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,13 +29,16 @@ from ragged_case import (
     LAYERS,
     PAGES,
     SCALE,
+    SEQS,
     STEP_LAYER,
+    TABLE_WIDTH,
     RaggedStep,
     dense_reference,
     ragged_step,
     reference_terms,
 )
 
+from halyard.models.attention import ragged_paged_pallas
 from halyard.models.attention.pallas_paged_layout import RowLayout, padded_query_group
 from halyard.models.attention.ragged_paged_pallas import (
     POOL_AXES,
@@ -136,6 +140,64 @@ def test_interpreted_kernel_matches_the_cpu_paged_kernel(interpreted) -> None:
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
     bound = 2 * tolerance(reference, dtype_name)  # each within its bound of the exact values
     np.testing.assert_allclose(output[:real], cpu[:real], atol=bound, rtol=0)
+
+
+EMPTY_SEQUENCE_STEPS = {  # (q_lens, kv_lens, page table rows) of the real sequences; the rest padding
+    # the engine's warm-up step (`halyard.serve.runner.example_inputs`): num_seqs 0, every length 0
+    "warm-up": ((), (), ()),
+    # a sequence without tokens or keys before and after one that has both
+    "empty around one": ((0, 3, 0), (0, 10, 0), ((5,), (2, 6), (9,))),
+    # the first sequence fills query block 0 (4 tokens); the last has keys but no token
+    "no token after a full query block": ((4, 0), (9, 5), ((1, 8), (3,))),
+}
+UNWAITED = "at kernel exit"
+"""The TPU interpreter's report of a semaphore left nonzero (a DMA never waited for; on the chip: a halt)."""
+
+
+def empty_sequences_step(name: str) -> RaggedStep:
+    """`ragged_step`'s float32 keys and queries (4 query heads on 2 kv heads), every slot's keys in the pool
+    beforehand, and the batch `EMPTY_SEQUENCE_STEPS` names (no new keys written)."""
+    q_lens, kv_lens, rows = EMPTY_SEQUENCE_STEPS[name]
+    table = np.zeros((SEQS, TABLE_WIDTH), np.int32)
+    for index, row in enumerate(rows):
+        table[index, : len(row)] = row
+    step = ragged_step(np.float32)
+    return dataclasses.replace(
+        step,
+        history_slots=np.arange(step.slot_keys.shape[1], dtype=np.int32),
+        slots=np.full(step.slots.shape, -1, np.int32),
+        page_table=table,
+        cu_q_lens=np.cumsum([0, *q_lens, *[0] * (SEQS - len(q_lens))], dtype=np.int32),
+        kv_lens=np.asarray([*kv_lens, *[0] * (SEQS - len(kv_lens))], np.int32),
+        num_seqs=np.asarray(len(q_lens), np.int32),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_SEQUENCE_STEPS))
+def test_steps_with_empty_sequences_wait_for_every_page_copy(name, capfd) -> None:
+    """Issue 53: the engine's warm-up halted the TPU ("Semaphore nonzero upon exit from Mosaic kernel").
+    In the interpreter (DMAs eager) every page copy the kernel starts is waited for, and the values are
+    the reference's (padding tokens 0)."""
+    step = empty_sequences_step(name)
+    kernel = PallasPagedKernel(*BLOCKS["float32"], interpret=True)
+    output = run_kernel(kernel, step, np.float32, sliding_window=None, logit_softcap=None)
+    assert UNWAITED not in capfd.readouterr().out
+    reference = dense_reference(step, STEP_LAYER, sliding_window=None, logit_softcap=None)
+    np.testing.assert_allclose(output, reference, atol=tolerance(reference, "float32"), rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_SEQUENCE_STEPS))
+def test_jaxs_kernel_given_these_steps_as_they_are_leaves_a_copy_unwaited(name, capfd, monkeypatch) -> None:
+    """The same steps given to JAX's kernel unchanged (as before `kernel_sequences`): the interpreter
+    reports a semaphore left nonzero, so the test above can see the fault it guards against."""
+
+    def as_given(cu_q_lens, kv_lens, page_table, num_seqs):
+        return kv_lens, page_table, cu_q_lens, jnp.reshape(num_seqs, (1,))
+
+    monkeypatch.setattr(ragged_paged_pallas, "kernel_sequences", as_given)
+    kernel = PallasPagedKernel(*BLOCKS["float32"], interpret=True)
+    run_kernel(kernel, empty_sequences_step(name), np.float32, sliding_window=None, logit_softcap=None)
+    assert UNWAITED in capfd.readouterr().out
 
 
 def test_the_models_paged_step_with_the_pallas_kernel_matches_the_full_forward(monkeypatch) -> None:

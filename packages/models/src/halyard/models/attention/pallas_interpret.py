@@ -19,6 +19,10 @@ second-minor axis, as the TPU and `jax._src.state.utils.bitcast` do); a masked s
 in numpy, and stores it whole. Reads and stores the interpreter handles go to it unchanged. The mends
 reach into JAX's private interpreter (``jax._src.pallas.mosaic.interpret``); a JAX without those names
 gets a one-line error naming the version.
+
+DMAs run when they are started (the interpreter's ``dma_execution_mode="eager"``), so a copy that is started
+and never waited for leaves its semaphore nonzero at the kernel's exit, which the interpreter reports on
+stdout (``Semaphore ... has non-zero count ... at kernel exit``; on a TPU the same halts the chip).
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ _installed = False
 
 @contextlib.contextmanager
 def tpu_interpret_mode() -> Iterator[None]:
-    """Pallas TPU kernels bound inside run in the TPU interpreter (on any backend), with the mends of the
-    module docstring installed (they stay installed: programs traced here are lowered later, outside).
+    """Pallas TPU kernels bound inside run in the TPU interpreter (on any backend), DMAs eager, with the
+    mends of the module docstring installed (they stay installed: programs traced here are lowered later,
+    outside).
 
     Raises:
         RuntimeError: this JAX's TPU interpreter lacks the private functions the mends wrap.
@@ -45,7 +50,7 @@ def tpu_interpret_mode() -> Iterator[None]:
     from jax.experimental.pallas import tpu as pltpu
 
     _install()
-    with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+    with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(dma_execution_mode="eager")):
         yield
 
 

@@ -17,6 +17,10 @@ groups padded to what the TPU tiles) is `halyard.models.attention.pallas_paged_l
 read in place: the pool is viewed as ``[layers * page, ...]`` (a bitcast) and the page table offset by
 ``layer * page``, so a traced layer index copies nothing.
 
+The kernel is given only the sequences that have tokens this step, and a stand-in sequence when none has
+(`kernel_sequences`): its chain of page copies leaves a copy un-waited otherwise, which halts a TPU (the
+engine's warm-up step on pure padding did).
+
 Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16 pages, the queries' dtype;
 query heads a multiple of kv heads.
 
@@ -199,10 +203,7 @@ class PallasPagedKernel:
         arguments = (
             queries,
             pool.pages.array.reshape(layers * pages, page_size, combined, lanes),
-            kv_lens.astype(jnp.int32),
-            page_indices.astype(jnp.int32),
-            cu_q_lens.astype(jnp.int32),
-            jnp.reshape(num_seqs, (1,)).astype(jnp.int32),
+            *kernel_sequences(cu_q_lens, kv_lens, page_indices, num_seqs),
         )
         if interpret:
             from halyard.models.attention.pallas_interpret import tpu_interpret_mode
@@ -242,6 +243,43 @@ class PallasPagedKernel:
             kv_pages = tuned[0] if kv_pages is None else kv_pages
             queries_per_block = tuned[1] if queries_per_block is None else queries_per_block
         return min(kv_pages, pages_per_seq), min(queries_per_block, _round_up(queries.shape[0], 8))
+
+
+def kernel_sequences(
+    cu_q_lens: Int[Array, " S1"],
+    kv_lens: Int[Array, " S"],
+    page_table: Int[Array, "S J"],
+    num_seqs: Int[Array, ""],
+) -> tuple[Int[Array, " S"], Int[Array, "S J"], Int[Array, " S1"], Int[Array, " 1"]]:
+    """A step's sequences as JAX's kernel is given them, ``(kv_lens, page_indices, cu_q_lens, num_seqs)``, so
+    that every page copy (DMA) it starts is waited for exactly once.
+
+    The kernel starts the copy of sequence 0's first block unconditionally at its first grid step, and each
+    block's iteration starts the copy of the block it computes next before waiting for its own: a chain,
+    balanced when each sequence it visits runs at least one block and the chain's next is what runs next.
+    That holds when every sequence it is given has tokens this step (``q_len >= 1``, hence a query block
+    visits it) and keys (``kv_len >= 1``, hence at least one block), and there is at least one. Otherwise a
+    copy is started and never waited, which halts a TPU ("Semaphore nonzero upon exit from Mosaic kernel"):
+    with ``num_seqs == 0`` (the engine's warm-up on pure padding), a sequence of ``kv_len`` 0 (its copy is
+    started, its loop runs no block, and the next sequence then reads its pages), or a last sequence of
+    ``q_len`` 0 at a query block's end. So here: the sequences with tokens (``s < num_seqs``, ``q_len >= 1``)
+    come first, in order (the others have none, so ``cu_q_lens`` of the kept ones is unchanged), each with
+    at least one key; and a step with none gets a stand-in sequence of one token over one key (token 0, a
+    padding token whose output the caller zeroes). ``page_table`` holds valid page indices.
+    """
+    slots = kv_lens.shape[0]
+    index = jnp.arange(slots, dtype=jnp.int32)
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    kept = (index < num_seqs) & (q_lens > 0)
+    order = jnp.argsort(jnp.where(kept, index, slots + index))
+    count = jnp.sum(kept, dtype=jnp.int32)
+    first = index < count
+    stand_in = (index == 0) & (count == 0)
+    q_lens = jnp.where(first, q_lens[order], 0) + stand_in
+    kv_lens = jnp.where(first, jnp.maximum(kv_lens[order], 1), 0) + stand_in
+    cu_q_lens = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(q_lens, dtype=jnp.int32)])
+    num_seqs = jnp.reshape(jnp.maximum(count, 1), (1,))
+    return kv_lens.astype(jnp.int32), page_table[order].astype(jnp.int32), cu_q_lens, num_seqs
 
 
 def kv_pages_in_vmem(page_size: int, combined: int, lanes: int, dtype: Any, budget_bytes: int) -> int:
