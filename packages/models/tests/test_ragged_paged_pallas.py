@@ -43,6 +43,7 @@ from halyard.models.attention.pallas_paged_layout import RowLayout, padded_query
 from halyard.models.attention.ragged_paged_pallas import (
     POOL_AXES,
     PallasPagedKernel,
+    kernel_sequences,
     kv_pages_in_vmem,
     pallas_unsupported_reason,
 )
@@ -198,6 +199,30 @@ def test_jaxs_kernel_given_these_steps_as_they_are_leaves_a_copy_unwaited(name, 
     kernel = PallasPagedKernel(*BLOCKS["float32"], interpret=True)
     run_kernel(kernel, empty_sequences_step(name), np.float32, sliding_window=None, logit_softcap=None)
     assert UNWAITED in capfd.readouterr().out
+
+
+def test_the_kernel_is_given_the_sequences_with_tokens_in_order_and_never_none() -> None:
+    """`kernel_sequences` on random batches with empty sequences (q_len 0, kv_len 0, num_seqs 0): what the
+    kernel's chain of page copies needs (module docstring), and the same tokens, keys and pages."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        num_seqs = int(rng.integers(0, 6))
+        q_lens = rng.integers(0, 3, 6) * (np.arange(6) < num_seqs)
+        kv_lens = np.where(q_lens > 0, q_lens + rng.integers(0, 9, 6), rng.integers(0, 2, 6) * 5)
+        table = rng.integers(0, 40, (6, 3)).astype(np.int32)
+        cu = np.cumsum([0, *q_lens]).astype(np.int32)
+        given = kernel_sequences(
+            jnp.asarray(cu), jnp.asarray(kv_lens, jnp.int32), jnp.asarray(table), num_seqs
+        )
+        kv, pages, cu_given, count = (np.asarray(part) for part in given)
+        kept = np.flatnonzero(q_lens > 0)
+        assert int(count[0]) == max(len(kept), 1)
+        if len(kept):
+            np.testing.assert_array_equal(kv[: len(kept)], kv_lens[kept])
+            np.testing.assert_array_equal(pages[: len(kept)], table[kept])
+            np.testing.assert_array_equal(cu_given[: len(kept) + 1], [*cu[kept], cu[-1]])
+        else:  # the stand-in: one token (a padding one) over one key
+            assert (kv[0], cu_given[1]) == (1, 1)
 
 
 def test_the_models_paged_step_with_the_pallas_kernel_matches_the_full_forward(monkeypatch) -> None:
