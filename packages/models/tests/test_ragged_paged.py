@@ -106,7 +106,7 @@ def test_ragged_batch_refuses_what_does_not_fit():
 def test_paged_kernel_choices():
     assert isinstance(paged_kernel("auto", backend="cpu"), BlockedPagedKernel)
     assert isinstance(paged_kernel("blocked", backend="tpu"), BlockedPagedKernel)
-    # Not the pallas kernel on a TPU yet: the engine's warm-up halted the chip with it (dispatch.py says why).
+    # Not the pallas kernel on a TPU yet: the engine has not served with it on the chip (dispatch.py says why).
     assert isinstance(paged_kernel("auto", backend="tpu"), BlockedPagedKernel)
     with pytest.raises(ValueError, match="unknown implementation 'flash'"):
         paged_kernel("flash")

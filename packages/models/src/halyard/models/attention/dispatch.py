@@ -224,10 +224,11 @@ def paged_kernel(implementation: str = "auto", *, backend: str | None = None) ->
             f"paged_kernel: unknown implementation {implementation!r}; choose one of {PAGED_IMPLEMENTATIONS}"
         )
     del backend  # ``auto`` is ``blocked`` on every backend for now (below)
-    # ``auto`` does not pick ``pallas`` on a TPU yet: on the v5e (2026-12-06) the kernel alone ran (3.4-5.9x
-    # its HBM roofline, benchmarks/README.md), but the engine's warm-up step with it halted the chip ("Semaphore
-    # has a nonzero value upon exit from a Mosaic kernel": a step with no sequence leaves a page copy
-    # un-awaited), so the engine asks for it by name until that is fixed (issue 53).
+    # ``auto`` does not pick ``pallas`` on a TPU yet. The engine's warm-up step with it halted the v5e
+    # ("Semaphore nonzero upon exit from Mosaic kernel": a step of no sequence left a page copy un-waited);
+    # `ragged_paged_pallas.kernel_sequences` fixes that, and the fixed call ran the warm-up's step and steps
+    # with empty sequences on the chip (2026-12-06, benchmarks/README.md), but the engine has not yet served
+    # with it there: ask for ``pallas`` by name until it has (issue 53).
     if implementation in ("blocked", "auto"):
         return BlockedPagedKernel()
     try:
