@@ -58,6 +58,8 @@ FILE_SECONDS = {
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
     "test_doremi_trainer.py": 200,
+    # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
+    "test_grpo_real_shapes.py": 240,
     "test_spike_replay.py": 45,  # was unlisted: 48 s alone, half of it its module fixture
     "test_serve_rl_benchmark_smoke.py": 140,  # new: two benchmark scripts at quick size
     "test_engine.py": 90,  # new (halyard-serve's): six families against the full forward
