@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import hf_cases
 import jax
 import ml_dtypes
 import numpy as np
@@ -13,16 +14,7 @@ import pytest
 import torch
 import transformers
 from float_tolerance import decoder_terms, summation_tolerance
-from hf_cases import (
-    VOCAB,
-    assert_logits_close,
-    count_reads,
-    halyard_logits,
-    padded_batch,
-    referee_tolerance,
-    save,
-    torch_logits,
-)
+from hf_cases import VOCAB, assert_logits_close, count_reads, halyard_logits, padded_batch, save, torch_logits
 from safetensors.numpy import load_file
 
 from halyard.export import export_hf, import_hf
@@ -50,7 +42,7 @@ def test_sharded_safetensors_import_and_export(tmp_path: Path) -> None:
     expected = torch_logits(original, ids, attention_mask)
 
     config, model = import_hf(tmp_path / "hf")
-    atol = referee_tolerance(config, expected)
+    atol = hf_cases.referee_tolerance(config, expected)
     assert_logits_close(expected, halyard_logits(model, ids, attention_mask), attention_mask, atol=atol)
 
     export_hf(model, tmp_path / "out", max_shard_bytes=8 * 1024)
@@ -135,7 +127,7 @@ def test_vocabulary_padded_for_the_mesh_and_cut_on_export(tmp_path: Path) -> Non
     np.testing.assert_array_equal(embedding[:VOCAB], original.model.embed_tokens.weight.detach().numpy())
     ids, attention_mask = padded_batch()
     expected = torch_logits(original, ids, attention_mask)
-    atol = referee_tolerance(config, expected)
+    atol = hf_cases.referee_tolerance(config, expected)
     assert_logits_close(expected, halyard_logits(model, ids, attention_mask), attention_mask, atol=atol)
 
     export_hf(model, tmp_path / "out", vocab_size=VOCAB)
