@@ -14,7 +14,6 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from float_tolerance import decoder_terms, summation_tolerance, training_terms
 
 from halyard.models import LlamaConfig
 from halyard.train.cli import main, resolve_config_paths
@@ -213,6 +212,9 @@ def assert_trajectory_close(
         model: the run's ``model`` section over `TINY`'s (its ``num_layers``).
         updates_before: the updates behind the first compared loss that differ between the two runs.
     """
+    # imported here: a run's subprocess imports test modules (a reward function's), without tests/support
+    from float_tolerance import decoder_terms, summation_tolerance, training_terms
+
     fields = {**TINY["model"], **(model or {})}
     config = LlamaConfig(**{name: value for name, value in fields.items() if name != "type"})
     rows, length = TINY["trainer"]["batch_size"], TINY["data"]["seq_len"]
