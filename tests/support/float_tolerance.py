@@ -140,3 +140,26 @@ def rotary_tolerance(values: ArrayLike, positions: ArrayLike, rotated: ArrayLike
     return summation_tolerance(magnitude * angle, 4 * FUNCTION_TERMS + 4) + summation_tolerance(
         rotated, FUNCTION_TERMS + 3
     )
+
+
+# A learning rate from halyard.train.optim.schedules, in float32, at the peak's size: the decay's progress (a
+# quotient), pi times it (with pi's own rounding: about 4 roundings of an argument up to pi, which the cosine's
+# slope of at most 1 passes on) and the cosine's or square root's own error, the blend 0.5 * (1 + shape),
+# final + (peak - final) * shape, and the warmup's quotient and product.
+SCHEDULE_TERMS = 4 * 4 + FUNCTION_TERMS + 6
+
+
+def referee_terms(config: Any, length: int) -> int:
+    """The ``terms`` of a decoder's logits computed by two implementations (Halyard's JAX against transformers'
+    torch, or lm-eval's model on it): `decoder_terms`, and what each computes on its own: every layer's MLP
+    activation (one function), the rotary angles ``position * inverse frequency`` (an angle up to ``length``
+    with `rotary_tolerance`'s relative error, ``4 * FUNCTION_TERMS + 4`` eps, moves q and k by their size
+    times the angle's error, in every layer; learned positions have none, the bound counts them anyway) and
+    a final soft-cap's tanh.
+
+    Args:
+        config: the model's `halyard.models.DecoderConfig`.
+        length: the most positions one sequence has (the largest position, the most keys of a query).
+    """
+    rotary = 2 * (length * (4 * FUNCTION_TERMS + 4) + FUNCTION_TERMS + 3)
+    return decoder_terms(config, length) + config.shape.layers * (FUNCTION_TERMS + rotary) + FUNCTION_TERMS

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import transformers
+from float_tolerance import summation_tolerance
 from hf_cases import VOCAB, padded_batch, save, torch_logits
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -62,7 +63,10 @@ def test_export_with_a_bare_tokenizer_json(tmp_path: Path) -> None:
     actual = torch_logits(reloaded.eval(), ids, attention_mask)
     valid = attention_mask.astype(bool)
     assert actual.shape[-1] == 12
-    np.testing.assert_allclose(actual[valid], expected[valid], atol=1e-4)
+    # the same transformers model on the same tensors but a 12-row vocabulary projection for 97: its dot
+    # products (the width's addends) may be added in another order
+    bound = summation_tolerance(expected[valid], original.config.hidden_size)
+    np.testing.assert_allclose(actual[valid], expected[valid], atol=bound, rtol=0)
 
 
 def test_export_with_a_tokenizer_folder_keeps_its_config_and_explicit_ids_win(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from float_tolerance import FUNCTION_TERMS, summation_tolerance
 
 import halyard.named as hn
 from halyard.named import Axis, NamedArray
@@ -22,6 +23,17 @@ def model(p, x: NamedArray) -> NamedArray:
 
 def model_raw(p, x):
     return jnp.tanh(x @ p["w"] + p["b"])
+
+
+def model_sizes(p, x: np.ndarray) -> np.ndarray:
+    """The size of what tanh(x @ w + b) adds up, row by row (at least 1, tanh's bound): a rounding of the
+    tanh's argument moves the tanh by at most as much (its slope is at most 1)."""
+    raw = {k: np.abs(np.asarray(v.array, np.float64)) for k, v in p.items()}
+    return np.maximum(np.abs(np.asarray(x, np.float64)) @ raw["w"] + raw["b"], 1.0)
+
+
+# the model's sums: the dot over embed, the bias, the tanh
+MODEL_TERMS = Embed.size + 1 + FUNCTION_TERMS
 
 
 def test_flatten_round_trip_keeps_axes():
@@ -46,8 +58,15 @@ def test_jit_and_grad_match_plain_jax():
     # Both compiled whole (XLA's fusion then computes tanh and the sums alike on both sides).
     raw_grads = jax.jit(jax.grad(lambda q: jnp.sum(model_raw(q, x.array) ** 2)))(raw_p)
     assert grads["w"].axes == (Embed, Mlp) and grads["b"].axes == (Mlp,)
-    np.testing.assert_allclose(grads["w"].array, raw_grads["w"], rtol=1e-5)
-    np.testing.assert_allclose(grads["b"].array, raw_grads["b"], rtol=1e-5)
+    # Two programs: the forward's sums, the loss's 2 out (1 - tanh^2) (a slope at most 2 in tanh), the same
+    # products going back and the sum over the batch, whose addends are up to 2 |x| sizes in size.
+    sizes = 2 * model_sizes(p, x.array).max(axis=1)
+    terms = 2 * MODEL_TERMS + 4 + Batch.size
+    w_bound = summation_tolerance(np.abs(np.asarray(x.array)).T @ sizes, terms)
+    np.testing.assert_allclose(grads["w"].array, raw_grads["w"], atol=w_bound, rtol=0)
+    np.testing.assert_allclose(
+        grads["b"].array, raw_grads["b"], atol=summation_tolerance(sizes.sum(), terms), rtol=0
+    )
     out = jax.jit(model)(p, x)
     assert out.axes == (Batch, Mlp)
 
@@ -55,8 +74,14 @@ def test_jit_and_grad_match_plain_jax():
 def test_value_and_grad_with_respect_to_a_named_input():
     x = hn.random.normal(jax.random.key(1), (Batch, Embed))
     value, grad = jax.value_and_grad(lambda v: hn.logsumexp(v, ("batch", "embed")).array)(x)
-    np.testing.assert_allclose(value, jax.nn.logsumexp(x.array), rtol=1e-6)
-    np.testing.assert_allclose(grad.array, jax.nn.softmax(x.array.reshape(-1)).reshape(3, 4), rtol=1e-5)
+    # hn.logsumexp is jax.nn.logsumexp over both axes, here all of them: the same reduction
+    np.testing.assert_array_equal(value, jax.nn.logsumexp(x.array))
+    # its gradient, exp(x - max) / sum or exp(x - lse), against softmax, relative entry by entry: the exp's
+    # argument rounds by up to |x - lse| eps, the exp's own error, 12 positive addends, a division
+    spread = float(np.max(np.abs(np.asarray(x.array) - np.asarray(value))))
+    relative = summation_tolerance(1.0 + spread, Batch.size * Embed.size + FUNCTION_TERMS + 2)
+    expected = jax.nn.softmax(x.array.reshape(-1)).reshape(3, 4)
+    np.testing.assert_allclose(grad.array, expected, rtol=relative, atol=0)
 
 
 def test_hn_vmap_equals_jax_vmap_on_raw_arrays():
@@ -65,7 +90,8 @@ def test_hn_vmap_equals_jax_vmap_on_raw_arrays():
     out = hn.vmap(model, "batch")(p, x)
     expected = jax.vmap(model_raw, in_axes=(None, 1))({k: v.array for k, v in p.items()}, x.array)
     assert out.axes == (Batch, Mlp)
-    np.testing.assert_allclose(out.array, expected, rtol=1e-5)
+    bound = summation_tolerance(model_sizes(p, x.array.T), MODEL_TERMS)
+    np.testing.assert_allclose(out.array, expected, atol=bound, rtol=0)
 
 
 def test_lax_scan_and_checkpoint_with_named_carry():
@@ -81,7 +107,10 @@ def test_lax_scan_and_checkpoint_with_named_carry():
     total, _ = jax.lax.scan(step, hn.zeros((Batch, Mlp)), xs.array)
     expected = sum(model_raw({k: v.array for k, v in p.items()}, xs.array[i]) for i in range(4))
     assert total.axes == (Batch, Mlp)
-    np.testing.assert_allclose(total.array, expected, rtol=1e-5)
+    # each step's model, then the sum of 4 steps' outputs
+    sizes = sum(model_sizes(p, xs.array[i]) for i in range(Steps.size))
+    bound = summation_tolerance(sizes, MODEL_TERMS + Steps.size)
+    np.testing.assert_allclose(total.array, expected, atol=bound, rtol=0)
 
 
 def test_equinox_modules_hold_named_arrays():

@@ -10,12 +10,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from trainer_fixtures import (
     TINY,
     StopAfter,
     assert_bitwise_equal,
+    assert_trajectory_close,
     fails,
     load_config,
     one_device_run,
@@ -33,7 +33,6 @@ from halyard.train.cli import main, train_main
 from halyard.train.trainer.trainer import Trainer
 
 STEPS = 20
-LOSS_TOLERANCE = 2e-4  # relative, over 20 steps: summation orders differ between the meshes
 RUN = {"trainer": {"steps": STEPS}, "checkpoint": {"every_steps": 10}}
 
 
@@ -80,7 +79,7 @@ def test_a_split_sequence_trains_like_one_device(
     assert traced and set(traced) == {(implementation, size)}, traced
     split = run_losses(tmp_path / "run")
     assert len(split) == len(one_device) == STEPS
-    np.testing.assert_allclose(split, one_device, rtol=LOSS_TOLERANCE)
+    assert_trajectory_close(split, one_device)
     assert split[-1] < split[0]
 
 
@@ -101,7 +100,8 @@ def test_a_context_parallel_run_resumes_bitwise_and_restores_without_the_split(
     checkpoint = step_directory(tmp_path / "split" / "checkpoints", 10)
     assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
     assert train_main(["--config", str(moved), "--trainer.init", f"checkpoint:{checkpoint}"]) == 0
-    np.testing.assert_allclose(run_losses(tmp_path / "moved"), one_device[10:], rtol=LOSS_TOLERANCE)
+    # the ring run's checkpoint took its 10 updates on another mesh than the reference's
+    assert_trajectory_close(run_losses(tmp_path / "moved"), one_device[10:], updates_before=10)
 
 
 def test_what_cannot_split_is_refused_in_one_line(
@@ -131,7 +131,7 @@ def test_a_sequence_split_across_two_processes_trains_like_one_device(
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr[-3000:]
-    np.testing.assert_allclose(run_losses(tmp_path / "run"), one_device, rtol=LOSS_TOLERANCE)
+    assert_trajectory_close(run_losses(tmp_path / "run"), one_device)
 
 
 LLAMA_31_8B = Path(__file__).resolve().parents[2] / "export" / "tests" / "fixtures" / "hf-configs" / "llama"

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from float_tolerance import FUNCTION_TERMS, SCHEDULE_TERMS, summation_tolerance
 
 from halyard.named import Axis, NamedArray
 from halyard.train.optim.config import AdamWConfig, LionConfig
@@ -14,6 +15,18 @@ from halyard.train.optim.optimizers import adamw, lion
 from halyard.train.optim.schedules import warmup_decay_schedule
 
 STEPS = 5
+SIZE = 4 * 3 + 3 + 4  # the parameters, whose squared gradients the clipping norm sums
+# One AdamW step in float32, against numpy in float64 on the same recorded gradients: the clipping norm
+# (SIZE squares, a square root, a quotient), the moments (2 roundings each), the bias corrections (a power and
+# a quotient each), the square root, the quotient and epsilon, the decay's product and sum, the cosine
+# schedule (jitted here, eager in numpy's loop), the learning rate's product and the
+# parameter's subtraction. A parameter's difference never feeds back into the gradients (they are the
+# recorded ones), and the decay shrinks it, so the steps' differences add up: STEPS times one step's, the
+# update's chain at the update's size and the subtraction at the parameter's.
+ADAMW_STEP_TERMS = SIZE + 3 + 4 + 2 * (FUNCTION_TERMS + 1) + FUNCTION_TERMS + 2 + 2 + SCHEDULE_TERMS + 1
+# One Lion step: the sign's argument (2 products and a sum, then a sign that must not flip), the decay's
+# product and sum, the learning rate's product; the momentum's 3 roundings carry over. Then the subtraction.
+LION_STEP_TERMS = 3 + 2 + 1 + 3
 
 
 def make_params(kind: str) -> dict:
@@ -81,6 +94,9 @@ def test_adamw_matches_numpy(kind):
     params = flat(make_params(kind))
     first = [np.zeros_like(p) for p in params]
     second = [np.zeros_like(p) for p in params]
+    first_sizes = [np.zeros_like(p) for p in params]  # the first moment of |g|: what its roundings scale with
+    param_size = max(float(np.max(np.abs(p))) for p in params)
+    step_size = 0.0  # the update's, lr * (direction + decay)
     for step, raw in enumerate(gradients):
         # the gradients were recorded along the same trajectory; recompute the trajectory in numpy
         grads = clipped(raw, max_norm)
@@ -94,8 +110,17 @@ def test_adamw_matches_numpy(kind):
                 weight_decay * param if DECAYED[index] else 0.0
             )
             params[index] = param - learning_rate * update
+            # the moments' roundings are relative to the gradients' sizes, not to the moments (which cancel
+            # when a gradient changes sign): the step's size with the moments of |g|
+            first_sizes[index] = b1 * first_sizes[index] + (1 - b1) * np.abs(grad)
+            direction = first_sizes[index] / (1 - b1 ** (step + 1)) / (np.sqrt(second_hat) + eps)
+            step_size = max(
+                step_size, learning_rate * float(np.max(direction + weight_decay * np.abs(param)))
+            )
+            param_size = max(param_size, float(np.max(np.abs(params[index]))))
+    bound = summation_tolerance(step_size, STEPS * ADAMW_STEP_TERMS) + summation_tolerance(param_size, STEPS)
     for got, expected in zip(final, params, strict=True):
-        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(got, expected, atol=bound, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["dict", "named"])
@@ -108,14 +133,23 @@ def test_lion_matches_numpy(kind):
 
     params = flat(make_params(kind))
     momentum = [np.zeros_like(p) for p in params]
-    for grads in gradients:
+    param_size = max(float(np.max(np.abs(p))) for p in params)
+    for step, grads in enumerate(gradients):
         for index, (param, grad) in enumerate(zip(params, grads, strict=True)):
-            direction = np.sign(b1 * momentum[index] + (1 - b1) * grad)
+            argument = b1 * momentum[index] + (1 - b1) * grad
+            # the sign is the same in any order: its argument is further from 0 than float32 can move it
+            addends = b1 * np.abs(momentum[index]) + (1 - b1) * np.abs(grad)
+            margin = summation_tolerance(addends, (step + 1) * LION_STEP_TERMS)
+            assert np.all(np.abs(argument) > margin), "a sign too close to 0 for this comparison"
+            direction = np.sign(argument)
             momentum[index] = b2 * momentum[index] + (1 - b2) * grad
             update = direction + (weight_decay * param if DECAYED[index] else 0.0)
             params[index] = param - learning_rate * update
+            param_size = max(param_size, float(np.max(np.abs(params[index]))))
+    step_size = learning_rate * (1 + weight_decay * param_size)  # the update's: lr * (sign + decay)
+    bound = summation_tolerance(step_size, STEPS * LION_STEP_TERMS) + summation_tolerance(param_size, STEPS)
     for got, expected in zip(final, params, strict=True):
-        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(got, expected, atol=bound, rtol=0)
 
 
 def test_adamw_config_builds_the_same_optimizer_as_the_function():

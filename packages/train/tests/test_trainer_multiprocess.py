@@ -11,9 +11,8 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from trainer_fixtures import run_cli, start_processes, write_config
+from trainer_fixtures import assert_trajectory_close, run_cli, start_processes, write_config
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -63,4 +62,5 @@ def test_two_process_run_resumes_as_one_process(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected, got = _losses(tmp_path / "ref"), _losses(tmp_path / "multi")
     assert sorted(got) == sorted(expected) == list(range(1, steps + 1))
-    np.testing.assert_allclose([got[s] for s in expected], [expected[s] for s in expected], rtol=2e-5)
+    # gloo's all-reduce across the processes and one process's add the 4 devices' gradients in other orders
+    assert_trajectory_close([got[s] for s in expected], [expected[s] for s in expected])

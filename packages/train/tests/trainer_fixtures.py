@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from halyard.models import LlamaConfig
 from halyard.train.cli import main, resolve_config_paths
 from halyard.train.config.parse import parse_config
 from halyard.train.run_config import TrainConfig
@@ -191,3 +192,35 @@ def one_device_run(folder: Path, cache_dir: Path, **sections: dict[str, Any]) ->
     result = run_cli(["--config", str(config)], devices=1)
     assert result.returncode == 0, result.stderr[-2000:]
     return folder / "run"
+
+
+def assert_trajectory_close(
+    got: list[float], expected: list[float], *, model: dict[str, Any] | None = None, updates_before: int = 0
+) -> None:
+    """Each step's loss of a tiny run on another mesh (``got``) within summation order of the reference's.
+
+    At first order: a step's loss is the forward pass (`decoder_terms`, the vocabulary's log-softmax, the
+    batch's tokens) in another order, and every update before it adds one training step's differences
+    (`training_terms` and the log-softmax), which carry into every later loss and add up (Adam's update is
+    normalised: a gradient's rounding moves it by as little, relatively). So the bound grows linearly with the
+    updates behind a loss: ``updates_before`` of them taken on another mesh before the first one compared
+    (a checkpoint moved between meshes), then one more per step.
+
+    Args:
+        got: the run's losses, in step order.
+        expected: the reference run's losses at the same steps.
+        model: the run's ``model`` section over `TINY`'s (its ``num_layers``).
+        updates_before: the updates behind the first compared loss that differ between the two runs.
+    """
+    # imported here: a run's subprocess imports test modules (a reward function's), without tests/support
+    from float_tolerance import decoder_terms, summation_tolerance, training_terms
+
+    fields = {**TINY["model"], **(model or {})}
+    config = LlamaConfig(**{name: value for name, value in fields.items() if name != "type"})
+    rows, length = TINY["trainer"]["batch_size"], TINY["data"]["seq_len"]
+    forward = decoder_terms(config, length) + config.vocab_size + rows * length
+    update = training_terms(config, rows, length) + config.vocab_size
+    assert len(got) == len(expected), f"{len(got)} losses, {len(expected)} expected"
+    for index, (loss, want) in enumerate(zip(got, expected, strict=True)):
+        bound = summation_tolerance(want, forward + (updates_before + index) * update)
+        np.testing.assert_allclose(loss, want, atol=bound, rtol=0, err_msg=f"loss {index + 1} of {len(got)}")
