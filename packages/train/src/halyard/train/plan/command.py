@@ -78,11 +78,20 @@ def plan_main(argv: Sequence[str]) -> int:
         return _rerun_with_devices(argv, num_devices)
     where = compiled_for or f"{num_devices} simulated devices"
     print(f"compiling the train step for the {where} ...", file=sys.stderr, flush=True)
-    memory = step_memory(config, devices, chip.backend)
-    # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
-    default = (
-        step_memory(without_invariant(config), devices, chip.backend) if config.trainer.invariant else None
-    )
+    try:
+        memory = step_memory(config, devices, chip.backend)
+        # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
+        default = (
+            step_memory(without_invariant(config), devices, chip.backend)
+            if config.trainer.invariant
+            else None
+        )
+    except jax.errors.JaxRuntimeError as error:
+        if compiled_for is None or "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        # The TPU's compiler refuses a program larger than the chip: that is the plan's answer.
+        print(f"DOES NOT FIT on {chip.name} ({compiled_for}): {str(error).splitlines()[0]}")
+        return 0
     print(format_plan(config, memory, chip, options.mfu, default=default, compiled_for=compiled_for))
     return 0
 
