@@ -23,6 +23,10 @@ from halyard.train.plan.step_memory import _abstract_batch, _with_shardings
 report = io.StringIO()
 with contextlib.redirect_stdout(report):
     assert main(["plan", "--config", sys.argv[1], "--accelerator", "TPU v5e", "--devices", "1"]) == 0
+huge = io.StringIO()  # a batch whose logits alone are far beyond the chip's 16 GiB
+with contextlib.redirect_stdout(huge):
+    assert main(["plan", "--config", sys.argv[1], "--accelerator", "TPU v5e", "--devices", "1",
+                 "--trainer.batch_size", "262144"]) == 0
 from jax.experimental import topologies
 from halyard.named.nn import compiling_for
 from halyard.shard import use_layout
@@ -43,6 +47,7 @@ analysis = compiled.memory_analysis()
 total = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
 total += max(analysis.output_size_in_bytes - analysis.alias_size_in_bytes, 0)
 print(report.getvalue())
+print("HUGE", huge.getvalue())
 print("PLATFORM", topology.devices[0].platform, topology.devices[0].device_kind)
 print("DIRECT", total)
 """
@@ -61,7 +66,7 @@ def _total_bytes(report: str) -> float:
 
 
 @pytest.mark.skipif(libtpu_path() is None, reason=f"no libtpu here: {LIBTPU_HINT}")
-def test_a_tpu_plan_is_the_tpu_compilers_memory_analysis(config_path: Path) -> None:
+def test_a_tpu_plan_is_the_tpu_compilers_memory_analysis_or_its_refusal(config_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(config_path)], capture_output=True, text=True, env=env, timeout=300
@@ -69,6 +74,8 @@ def test_a_tpu_plan_is_the_tpu_compilers_memory_analysis(config_path: Path) -> N
     assert result.returncode == 0, result.stderr[-3000:]
     assert "PLATFORM tpu TPU v5 lite" in result.stdout
     assert "for the v5e:1x1 topology, TPU compiler of libtpu" in result.stdout
+    huge = result.stdout.split("HUGE ")[1]
+    assert huge.startswith("DOES NOT FIT on TPU v5e (v5e:1x1 topology") and "exceeds available HBM" in huge
     direct = int(result.stdout.split("DIRECT ")[1].split()[0])
     # The report rounds to 0.01 MiB (the tiny step is under 16 MiB).
     assert _total_bytes(result.stdout) == pytest.approx(direct, abs=0.005 * 2**20)

@@ -22,8 +22,8 @@ LIBTPU_VERSION = "0.0.42.1"
 """The libtpu `make venv` installs: the one JAX 0.10.2's ``jax[tpu]`` pins (the TPU machines' compiler)."""
 
 LIBTPU_HINT = (
-    f'pip install --no-deps --target .venv/libtpu "libtpu=={LIBTPU_VERSION}" (or make venv), or set '
-    "TPU_LIBRARY_PATH to a libtpu.so"
+    f"{sys.executable} -m pip install --no-deps --target {Path(sys.prefix) / 'libtpu'} "
+    f'"libtpu=={LIBTPU_VERSION}" (make venv does), or set TPU_LIBRARY_PATH to a libtpu.so'
 )
 """How to get libtpu, printed with a plan that falls back to the CPU's estimate."""
 
