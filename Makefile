@@ -27,7 +27,19 @@ PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_lif
 
 .PHONY: demo test lint typecheck pytest venv wheels clean stress parity-isa
 
-venv: $(STAMP)
+# libtpu, the TPU compiler, in a folder that is not on sys.path: `halyard plan --accelerator "TPU v5e"` compiles
+# the step for the chip's topology with it (halyard.train.plan.tpu_topology). Importable, it would make every
+# JAX process try to start a TPU and the TPU-only tests run (conftest.py). The version JAX 0.10.2's `jax[tpu]`
+# pins: 213 MB, ~5 s to fetch here. Without a registry it is left out: the plan then prints the CPU's estimate
+# and its test skips, each saying how to get libtpu.
+LIBTPU_VERSION := 0.0.42.1
+LIBTPU := $(VENV)/libtpu/libtpu/libtpu.so
+
+venv: $(STAMP) $(LIBTPU)
+
+$(LIBTPU): | $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)" \
+		|| echo "libtpu $(LIBTPU_VERSION) not installed: halyard plan --accelerator 'TPU v5e' falls back to the CPU's estimate"
 
 $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,7 +65,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(LIBTPU)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # mypy runs beside the suite: the suite leaves a core idle while it collects and in its last minutes.

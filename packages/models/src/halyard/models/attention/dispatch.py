@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import math
 
-import jax
-
 from halyard.models.attention.blocked import blocked_attention
 from halyard.models.attention.context_parallel import (
     CONTEXT_PARALLEL,
@@ -60,6 +58,7 @@ from halyard.models.attention.splash import (
 from halyard.models.attention.xla import xla_attention
 from halyard.named import NamedArray
 from halyard.named.nn import target_backend
+from halyard.named.nn.target_backend import traced_elsewhere
 
 IMPLEMENTATIONS = ("reference", "xla", "blocked", "cudnn", "splash", "auto")
 PAGED_IMPLEMENTATIONS = ("blocked", "pallas", "auto")
@@ -195,7 +194,7 @@ def choose_implementation(
     # Planning a TPU's step elsewhere (`compiling_for`): `blocked` stands in for `splash`, with the same
     # residuals (queries, keys, values, output, log-sum-exp) and block-sized workspace; the splash kernel's
     # interpret mode would hold whole-array scratch that the TPU's kernel does not.
-    planned_elsewhere = backend is None and target_backend() != jax.default_backend()
+    planned_elsewhere = backend is None and traced_elsewhere()
     backend = target_backend() if backend is None else backend
     if backend == "tpu" and splash_unsupported_reason(flat) is None:
         return "blocked" if planned_elsewhere else "splash"

@@ -15,16 +15,31 @@ from collections.abc import Iterator
 import jax
 
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("halyard_target_backend", default=None)
+_COMPILED_ON: contextvars.ContextVar[str | None] = contextvars.ContextVar("halyard_compiled_on", default=None)
 
 
 @contextlib.contextmanager
-def compiling_for(backend: str | None) -> Iterator[None]:
-    """Within the block, `target_backend` is ``backend`` (``cpu``, ``gpu``, ``tpu``); None: JAX's own."""
-    token = _TARGET.set(backend)
+def compiling_for(backend: str | None, compiled_on: str | None = None) -> Iterator[None]:
+    """Within the block, `target_backend` is ``backend`` (``cpu``, ``gpu``, ``tpu``); None: JAX's own.
+
+    Args:
+        backend: the backend the program is traced for.
+        compiled_on: the platform of the devices it compiles for (a TPU topology's ``tpu`` on a CPU-only
+            machine); None: ``jax.default_backend()``.
+    """
+    token, compiled = _TARGET.set(backend), _COMPILED_ON.set(compiled_on)
     try:
         yield
     finally:
         _TARGET.reset(token)
+        _COMPILED_ON.reset(compiled)
+
+
+def traced_elsewhere() -> bool:
+    """Whether the program is traced for another backend than the one it compiles for (then kernels that
+    only the target runs, such as Pallas TPU kernels, need a stand-in)."""
+    compiled_on = _COMPILED_ON.get() or jax.default_backend()
+    return target_backend() != compiled_on
 
 
 def target_backend() -> str:

@@ -22,6 +22,7 @@ from halyard.train.config.errors import ConfigError, exit_on_config_error
 from halyard.train.config.parse import parse_config
 from halyard.train.plan.accelerators import Accelerator, accelerator
 from halyard.train.plan.step_memory import StepMemory, step_memory
+from halyard.train.plan.tpu_topology import LIBTPU_HINT, TOPOLOGIES, topology_devices
 from halyard.train.run_config import TrainConfig
 
 CHILD_ENV = "HALYARD_PLAN_CHILD"
@@ -71,16 +72,27 @@ def plan_main(argv: Sequence[str]) -> int:
     # The model section's dtypes are the run's, also under trainer.init=hf: (they override the HF config).
     model: Any = config.model
     chip = accelerator(options.accelerator, model.compute.name, options.memory_gib)
-    devices = _simulated_devices(num_devices)
+    topology = topology_devices(chip.name, num_devices)
+    devices, compiled_for = topology if topology is not None else (_simulated_devices(num_devices), None)
     if devices is None:
         return _rerun_with_devices(argv, num_devices)
-    print(f"compiling the train step for {num_devices} simulated devices ...", file=sys.stderr, flush=True)
-    memory = step_memory(config, devices, chip.backend)
-    # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
-    default = (
-        step_memory(without_invariant(config), devices, chip.backend) if config.trainer.invariant else None
-    )
-    print(format_plan(config, memory, chip, options.mfu, default=default))
+    where = compiled_for or f"{num_devices} simulated devices"
+    print(f"compiling the train step for the {where} ...", file=sys.stderr, flush=True)
+    try:
+        memory = step_memory(config, devices, chip.backend)
+        # The invariant step's cost is what it holds beyond the default step's, so a plan shows both.
+        default = (
+            step_memory(without_invariant(config), devices, chip.backend)
+            if config.trainer.invariant
+            else None
+        )
+    except jax.errors.JaxRuntimeError as error:
+        if compiled_for is None or "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        # The TPU's compiler refuses a program larger than the chip: that is the plan's answer.
+        print(f"DOES NOT FIT on {chip.name} ({compiled_for}): {str(error).splitlines()[0]}")
+        return 0
+    print(format_plan(config, memory, chip, options.mfu, default=default, compiled_for=compiled_for))
     return 0
 
 
@@ -90,7 +102,12 @@ def without_invariant(config: TrainConfig) -> TrainConfig:
 
 
 def format_plan(
-    config: TrainConfig, memory: StepMemory, chip: Accelerator, mfu: float, default: StepMemory | None = None
+    config: TrainConfig,
+    memory: StepMemory,
+    chip: Accelerator,
+    mfu: float,
+    default: StepMemory | None = None,
+    compiled_for: str | None = None,
 ) -> str:
     """The report: memory per device with the fit verdict, then FLOPs and the expected step time.
 
@@ -100,6 +117,8 @@ def format_plan(
         chip: the accelerator planned for.
         mfu: the model FLOPs utilisation the step time assumes.
         default: with ``trainer.invariant``, the default step's memory, printed beside the invariant one's.
+        compiled_for: the TPU topology the step compiled for (`tpu_topology.topology_devices`'s line); None:
+            simulated CPU devices, whose figures are an estimate.
     """
     trainer, seq_len = config.trainer, config.data.seq_len
     model: Any = config.model
@@ -146,10 +165,24 @@ def format_plan(
         f"  FLOPs per step      {step_flops:.3g}",
         f"  step time           {ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {mfu:.0%} MFU "
         f"({tokens / (ideal / mfu):,.0f} tokens/s)",
-        f"  (compiled in {memory.compile_seconds:.0f} s on simulated CPU devices: XLA's CPU buffer "
-        "assignment, an estimate of the accelerator's)",
+        *_compiler_lines(memory, chip, compiled_for),
     ]
     return "\n".join(lines)
+
+
+def _compiler_lines(memory: StepMemory, chip: Accelerator, compiled_for: str | None) -> list[str]:
+    """What compiled the step: the TPU's compiler for its topology, else simulated CPU devices (an estimate,
+    with how to get the TPU's figures where a topology exists)."""
+    seconds = f"{memory.compile_seconds:.0f} s"
+    if compiled_for is not None:
+        return [f"  (compiled in {seconds} for the {compiled_for}: the chip's own memory analysis)"]
+    lines = [
+        f"  (compiled in {seconds} on simulated CPU devices: XLA's CPU buffer assignment, an ESTIMATE of the "
+        "accelerator's)"
+    ]
+    if chip.name in TOPOLOGIES:
+        lines.append(f"  (for the TPU compiler's own figures, get libtpu: {LIBTPU_HINT})")
+    return lines
 
 
 def _memory_rows(config: TrainConfig, memory: StepMemory, default: StepMemory | None) -> list[str]:

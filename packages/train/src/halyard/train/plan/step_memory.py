@@ -101,7 +101,8 @@ def step_memory(
 
     Args:
         config: the run config (its mesh must fit ``len(devices)`` devices).
-        devices: the mesh's devices (simulated CPU devices do: only shapes and shardings matter).
+        devices: the mesh's devices (simulated CPU devices do: only shapes and shardings matter; a TPU
+            topology's devices compile the TPU's own program, `halyard.train.plan.tpu_topology`).
         target_backend: trace the step as for this backend (``tpu``, ``gpu``); None: the devices' own.
 
     Raises:
@@ -120,7 +121,8 @@ def step_memory(
     if config.lora.enabled:  # the frozen base: the whole model, placed as training places it
         abstract_model = jax.eval_shape(setup.model_config.init, jax.random.PRNGKey(0))
         frozen = _with_shardings(abstract_model, setup.layout.shardings(abstract_model, setup.mesh))
-    with use_layout(setup.layout, setup.mesh), compiling_for(target_backend):
+    platform = devices[0].platform if devices else None
+    with use_layout(setup.layout, setup.mesh), compiling_for(target_backend, platform):
         lowered = setup.train_step().lower(state, batch, frozen)
         compiled = lowered.compile(compiler_options=_cpu_options(devices))
     analysis = compiled.memory_analysis()
