@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from tiny_models import VOCAB, forward_logprobs, greedy_reference, logprob_tolerance, tiny_model
 
-from halyard.serve import Engine, EngineConfig, ParameterError, SamplingParams
+from halyard.serve import Engine, EngineConfig, ParameterError, RequestOutput, SampleOutput, SamplingParams
+from halyard.serve.detokenizer import Detokenizer
 
 SMALL = EngineConfig(
     page_size=8, num_pages=48, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
@@ -96,6 +97,37 @@ def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> 
     assert streamed == expected
     assert updates[-1].finish_reason == "stop" and updates[-1].stop_reason == stop
     assert sum(len(u.token_ids) for u in updates) == 6  # the tokens of the stop string are generated
+
+
+def test_text_handed_off_shows_the_same_outputs_though_stop_strings_are_found_a_step_late() -> None:
+    model = tiny_model("llama")
+    greedy, _ = greedy_reference(model, PROMPTS[2], 8)
+
+    def decode(ids: list[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    params = SamplingParams(max_tokens=8, temperature=0.9, seed=4, n=3, stop=(f"<{greedy[2]}>", "<7>"))
+    (inline,) = Engine(model, SMALL, decode=decode, eos_token_ids=[]).generate([PROMPTS[2]], params)
+    engine = Engine(model, SMALL, decode=decode, eos_token_ids=[])
+    handed = engine.hand_off_text()
+    assert handed is decode
+    text = Detokenizer(handed)
+    request_id = engine.add_request(PROMPTS[2], params)
+    text.add(request_id, params.n, params.stop)
+    output = RequestOutput(request_id, PROMPTS[2], [SampleOutput(i) for i in range(params.n)])
+    late: list = []
+    while engine.has_work:
+        updates = engine.step()
+        for stop in late:  # as the server's engine thread hears of them: after its next step
+            engine.stop_sample(*stop)
+        assert all(update.text == "" for update in updates)
+        shown, late = text.process(updates)
+        for update in shown:
+            output.apply(update)
+    assert output.samples == inline.samples and len(text) == 0 and engine.pages.in_use == 0
+    stopped = [s for s in inline.samples if isinstance(s.stop_reason, str)]
+    assert stopped, "no stop string ended a sample: the case tests nothing"
+    assert engine.stats.tokens_generated > sum(len(s.token_ids) for s in inline.samples)
 
 
 def test_cancelling_a_request_frees_its_pages_at_once() -> None:

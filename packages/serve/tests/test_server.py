@@ -558,7 +558,7 @@ def test_tensor_parallel_and_replicas_answer_as_one_device(
                 )
             )
         if replicas == 1:
-            assert engine.runner.pages.pool.keys.array.sharding.spec[2] == "tensor"  # kv heads split
+            assert engine.runner.paged_kv.pool.keys.array.sharding.spec[2] == "tensor"  # kv heads split
         else:
             assert all(e.stats.requests_added >= 1 for e in engine.engines)  # the least busy takes each
         assert local.get("/stats").json()["pages_total"] == 40 * replicas

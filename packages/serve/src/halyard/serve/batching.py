@@ -67,3 +67,17 @@ def step_inputs(
             next_tokens[start : start + len(following)] = following
     settings = RowSettings(temperature, top_k, top_p, min_p, seed, sample, position)
     return StepInputs(tokens, batch, last, settings, next_tokens)
+
+
+def program_groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[list[Chunk]]:
+    """``chunks`` in order, cut into groups of at most ``max_seqs`` chunks and ``max_tokens`` tokens."""
+    groups: list[list[Chunk]] = []
+    tokens = 0
+    for chunk in chunks:
+        length = chunk.stop - chunk.start
+        if not groups or len(groups[-1]) == max_seqs or tokens + length > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(chunk)
+        tokens += length
+    return groups

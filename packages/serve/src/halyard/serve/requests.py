@@ -1,23 +1,39 @@
-"""`RequestState`: one request inside the engine: its samples' sequences, text, log-probs and endings."""
+"""`RequestState`: one request inside the engine: its samples' sequences, log-probs and endings (the text is
+the `halyard.serve.detokenizer.Detokenizer`'s)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Hashable
+from typing import Any
 
 from halyard.serve.outputs import TopLogprobs, Update
 from halyard.serve.params import SamplingParams
-from halyard.serve.scheduler import Sequence
-from halyard.serve.text import Decode, SampleText
+from halyard.serve.scheduler import SequenceState
+
+_request_numbers = itertools.count()
+
+
+def new_request_id() -> str:
+    """A request id unique in this process, ``req-N`` (the engine's, the replicas' and the server's)."""
+    return f"req-{next(_request_numbers)}"
+
+
+def eos_ids_of(model_config: Any, *tokenizer_eos: int | None) -> tuple[int, ...]:
+    """The ids that end a sample: ``model_config.eos_token_ids`` (a checkpoint's, all of them), then the
+    tokenizer's EOS ids ``tokenizer_eos`` (None: the tokenizer has none), each once, in that order."""
+    ids = [int(t) for t in getattr(model_config, "eos_token_ids", ()) or ()]
+    ids += [int(t) for t in tokenizer_eos if t is not None]
+    return tuple(dict.fromkeys(ids))
 
 
 @dataclasses.dataclass
 class SampleState:
-    """One sample: its sequence, its text and what it has not reported yet."""
+    """One sample: its sequence and what it has not reported yet."""
 
     index: int
-    sequence: Sequence
-    text: SampleText | None
+    sequence: SequenceState
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     pending: Update | None = None
@@ -32,7 +48,6 @@ class RequestState:
         params: its sampling settings (``seed`` already drawn).
         first_arrival: the arrival number of its first sample (the others follow it).
         eos_token_ids: the model's end-of-sequence ids (they end a sample unless ``ignore_eos``).
-        decode: the tokenizer's decode, or None (then no text and no stop strings).
         caller: whom admission shares rows fairly between (`halyard.serve.scheduler`); None: the request.
     """
 
@@ -43,7 +58,6 @@ class RequestState:
         params: SamplingParams,
         first_arrival: int,
         eos_token_ids: tuple[int, ...],
-        decode: Decode | None,
         caller: Hashable = None,
     ):
         self.request_id = request_id
@@ -53,7 +67,7 @@ class RequestState:
         self.samples = [
             SampleState(
                 index,
-                Sequence(
+                SequenceState(
                     key=(request_id, index),
                     group=request_id,
                     tokens=list(prompt),
@@ -62,7 +76,6 @@ class RequestState:
                     use_prefix_cache=not (params.prompt_logprobs and index == 0),
                     caller=caller,
                 ),
-                None if decode is None else SampleText(decode, params.stop),
             )
             for index in range(params.n)
         ]
@@ -70,11 +83,11 @@ class RequestState:
         self.prompt_logprobs: list[float | None] = [None] if params.prompt_logprobs else []
         self.prompt_top_logprobs: list[TopLogprobs | None] = [None] if params.prompt_logprobs else []
 
-    def waits(self, sequence: Sequence) -> bool:
+    def waits(self, sequence: SequenceState) -> bool:
         """Whether ``sequence`` must wait for its first sibling to write the prompt's pages."""
         return sequence.key[1] > 0 and not self.prompt_written  # type: ignore[index]
 
-    def sample_of(self, sequence: Sequence) -> SampleState:
+    def sample_of(self, sequence: SequenceState) -> SampleState:
         return self.samples[sequence.key[1]]  # type: ignore[index]
 
     @property
@@ -93,9 +106,10 @@ class RequestState:
         return update
 
     def add_token(
-        self, sequence: Sequence, token: int, logprob: float, sampled_logprob: float, top: TopLogprobs
+        self, sequence: SequenceState, token: int, logprob: float, sampled_logprob: float, top: TopLogprobs
     ) -> Update:
-        """Append a drawn token to ``sequence`` and decide whether its sample ends."""
+        """Append a drawn token to ``sequence`` and decide whether its sample ends (at a stop token or
+        ``max_tokens``; stop strings are the `Detokenizer`'s)."""
         sample = self.sample_of(sequence)
         sequence.tokens.append(token)
         if sample.index == 0:
@@ -105,16 +119,19 @@ class RequestState:
         update.logprobs.append(logprob)
         update.sampled_logprobs.append(sampled_logprob)
         update.top_logprobs.append(top[: self.params.top_logprobs])
-        generated = sequence.tokens[sequence.prompt_length :]
         if token in self.stop_tokens:
             self._finish(sample, "stop", token)
-        elif sample.text is not None and sample.text.update(_without(generated, self.stop_tokens)):
-            self._finish(sample, "stop", sample.text.stopped_by)
-        elif len(generated) >= self.params.max_tokens:
+        elif len(sequence.tokens) - sequence.prompt_length >= self.params.max_tokens:
             self._finish(sample, "length", None)
-        if sample.text is not None:
-            update.text += sample.text.stream(final=sample.finish_reason is not None)
         return update
+
+    def stop(self, index: int, stop_string: str) -> bool:
+        """End sample ``index`` at a stop string the `Detokenizer` found; False when it had already ended."""
+        sample = self.samples[index]
+        if sample.finish_reason is not None:
+            return False
+        self._finish(sample, "stop", stop_string)
+        return True
 
     def abort(self) -> None:
         """End every unfinished sample with ``abort`` (collect the updates with `take_updates`)."""
@@ -138,7 +155,3 @@ class RequestState:
         for sample in self.samples:
             sample.pending = None
         return updates
-
-
-def _without(tokens: list[int], stop_tokens: set[int]) -> list[int]:
-    return [t for t in tokens if t not in stop_tokens]

@@ -10,7 +10,7 @@ log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to 
 most one program holds), ``seqs`` follows it, and the pages a sequence can read (``seq_pages``) are
 rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``; `ModelRunner.shape_set` lists
-every shape without log-prob extras, which `halyard.serve.warmup` compiles at start). In deterministic mode
+every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start). In deterministic mode
 (``fixed_tokens``) a program has fewer tokens than the most only where `halyard.serve.row_check` showed
 that it computes every sequence as the full-size program does.
 
@@ -44,7 +44,8 @@ from halyard.shard import Layout, use_layout
 
 
 class ModelRunner:
-    """Holds the model, the page pool and the compiled step programs.
+    """Holds the model, the KV page pool (``paged_kv``, on the device; which sequence owns which page is the
+    engine's `PageAllocator`) and the compiled step programs.
 
     Args:
         model: the model (its parameters already on the devices they should live on).
@@ -93,7 +94,7 @@ class ModelRunner:
         pages = model.init_pages(num_pages, page_size, kernel)
         if mesh is not None and layout is not None:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
-        self.pages = pages
+        self.paged_kv: PagedKV = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
         self.programs_compiled = 0
@@ -123,13 +124,19 @@ class ModelRunner:
     def _shape(self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool) -> ProgramShape:
         return ProgramShape(tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives)
 
-    def shape_set(self) -> list[ProgramShape]:
+    def shape_set(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
         """Every shape `shape_for` can give without log-prob extras: one per token bucket and page bucket
-        (in deterministic mode this runs the row checks, compiling what they need)."""
+        (in deterministic mode this runs the row checks, compiling what they need); with
+        ``logprob_variants``, also each one's variants with prompt log-probs, top alternatives or both."""
+        variants = [(False, False), (False, True), (True, False), (True, True)]
         shapes: dict[ProgramShape, None] = {}
-        for tokens in _buckets(self.min_tokens, self.max_tokens):
-            for pages in _buckets(1, self.max_seq_pages):
-                shapes[self.shape_for(tokens, pages)] = None
+        for prompt_logprobs, alternatives in variants if logprob_variants else variants[:1]:
+            for tokens in _buckets(self.min_tokens, self.max_tokens):
+                for pages in _buckets(1, self.max_seq_pages):
+                    shape = self.shape_for(
+                        tokens, pages, prompt_logprobs=prompt_logprobs, alternatives=alternatives
+                    )
+                    shapes[shape] = None
         return list(shapes)
 
     def rows_agree(self, shape: ProgramShape) -> bool:
@@ -153,17 +160,21 @@ class ModelRunner:
         after it, its outputs)``; the engine's pool is left as it was."""
         program = self._program(shape)
         with self._placement():
-            copy = jax.tree.map(jnp.copy, self.pages)
+            copy = jax.tree.map(jnp.copy, self.paged_kv)
             stored, outputs = program(self.model, copy, jax.tree.map(self._placed, inputs))
             return written_pages(stored.pool, self._placed(pages)), outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Dispatch one program on ``inputs`` (already padded to ``shape``); the pool is updated in place.
-        The outputs stay on the device (`fetched` brings them over)."""
+        The outputs stay on the device (their copy to the host starts when the program ends; `fetched`
+        waits for it)."""
         program = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
         with self._placement():
-            self.pages, outputs = program(self.model, self.pages, device_inputs)
+            self.paged_kv, outputs = program(self.model, self.paged_kv, device_inputs)
+        for output in outputs:
+            if output is not None:
+                output.copy_to_host_async()  # the transfer starts as soon as the program ends
         return outputs
 
     def _placed(self, value: np.ndarray) -> jax.Array:
@@ -190,7 +201,7 @@ class ModelRunner:
             lowered = jax.jit(
                 _step, static_argnames=("invariant", "alternatives"), donate_argnums=(1,)
             ).lower(
-                self.model, self.pages, example, invariant=self.invariant, alternatives=shape.alternatives
+                self.model, self.paged_kv, example, invariant=self.invariant, alternatives=shape.alternatives
             )
             compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started
