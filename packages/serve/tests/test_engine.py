@@ -130,6 +130,30 @@ def test_text_handed_off_shows_the_same_outputs_though_stop_strings_are_found_a_
     assert engine.stats.tokens_generated > sum(len(s.token_ids) for s in inline.samples)
 
 
+def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
+    """The fast mode dispatches step k+1 before fetching step k (its decoding rows' tokens go from program
+    to program on the device): with so few pages that sequences are preempted while their last token is
+    still being drawn, and stop tokens that end samples with a step already dispatched after them, every
+    sample is the full forward's greedy continuation."""
+    model = tiny_model("llama")
+    engine = Engine(
+        model, EngineConfig(page_size=8, num_pages=12, max_context=96, max_running=4, chunk_size=8)
+    )
+    assert engine.runner.pipelined
+    prompts = [list(range(1 + i, 21 + i)) for i in range(4)]
+    references = [greedy_reference(model, prompt, 30)[0] for prompt in prompts]
+    stop = references[1][10]  # ends the second prompt's sample early (maybe others' too)
+    params = SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(stop,), ignore_eos=True)
+    outputs = engine.generate(prompts, params)
+    assert engine.stats.preemptions > 0
+    for output, reference in zip(outputs, references, strict=True):
+        expected = reference[: reference.index(stop) + 1] if stop in reference else reference
+        assert output.samples[0].token_ids == expected
+    while engine.has_work:  # the step dispatched after the last token: nothing more comes of it
+        assert engine.step() == []
+    assert engine.pages.in_use == 0
+
+
 def test_cancelling_a_request_frees_its_pages_at_once() -> None:
     model = tiny_model("llama")
     engine = Engine(model, SMALL)

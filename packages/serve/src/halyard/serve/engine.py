@@ -8,6 +8,13 @@ one per ``deterministic_rows`` sequences, all dispatched before any result is fe
 folds in what its sequences drew (`RequestState`), ending samples on a stop token, at ``max_tokens``, or
 when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
 default; a server hands it off (`hand_off_text`) to run beside its event loop, off the engine's thread.
+
+In the fast mode on one device the steps are pipelined (`ModelRunner.pipelined`): `step` schedules and
+dispatches step k+1 while step k runs, then fetches step k's tokens. Step k+1 is scheduled before they are
+known: each token step k draws holds a `PLACEHOLDER` in its sequence, and the program of step k+1 takes it
+from step k's outputs on the device; a sample that step k ends (a stop token) has a wasted row in step
+k+1, whose result is dropped. A sample's last token by ``max_tokens`` is known ahead, so it gets no such
+row. The deterministic mode steps one at a time (its programs stay those its bitwise tests check).
 """
 
 from __future__ import annotations
@@ -23,14 +30,14 @@ import jax
 import numpy as np
 
 from halyard.models import CausalLM
-from halyard.serve.batching import program_groups, step_inputs
+from halyard.serve.batching import program_groups, step_inputs, with_previous_tokens
 from halyard.serve.config import EngineConfig
 from halyard.serve.detokenizer import Detokenizer
 from halyard.serve.outputs import RequestOutput, Update, run_to_end
 from halyard.serve.pages import PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.program import StepOutputs
-from halyard.serve.requests import RequestState, eos_ids_of, new_request_id
+from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_request_id
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
 from halyard.serve.stats import EngineStats
@@ -38,6 +45,13 @@ from halyard.serve.text import Decode
 from halyard.serve.warmup import warm_up
 from halyard.shard import Layout
 from halyard.shard.compilation_cache import use_compilation_cache
+
+PLACEHOLDER = -1
+"""A drawn token not fetched yet, in its sequence's tokens (a pipelined engine's next step feeds it from the
+device)."""
+
+_Dispatched = tuple[list[Chunk], list[RequestState], StepOutputs]
+"""A program dispatched: its chunks, their requests, its outputs (on the device)."""
 
 
 class Engine:
@@ -100,6 +114,7 @@ class Engine:
         )
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
+        self._in_flight: _Dispatched | None = None  # a pipelined step dispatched, its results not yet fetched
         self._arrivals = itertools.count()
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
@@ -135,24 +150,7 @@ class Engine:
                 together than the pool has, stop strings without a tokenizer, a duplicate id.
         """
         prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ParameterError("prompt", "prompt: is empty; give at least one token")
-        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if outside:
-            raise ParameterError(
-                "prompt", f"prompt: token id {outside[0]} is outside the vocabulary of {self.vocab_size}"
-            )
-        if len(prompt) >= self.max_context:
-            raise ParameterError(
-                "prompt",
-                f"prompt: {len(prompt)} tokens leave no room in the context of {self.max_context} tokens; shorten it",
-            )
-        if len(prompt) + params.max_tokens > self.max_context:
-            raise ParameterError(
-                "max_tokens",
-                f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
-                f"context of {self.max_context} tokens; ask for at most {self.max_context - len(prompt)}",
-            )
+        check_prompt(prompt, params, vocab_size=self.vocab_size, max_context=self.max_context)
         self._check_samples_fit(len(prompt), params)
         if params.stop and self.decode is None:
             raise ParameterError("stop", "stop: stop strings need the engine to have a tokenizer")
@@ -262,7 +260,7 @@ class Engine:
     @property
     def has_work(self) -> bool:
         """Whether any request is unfinished (or an update is still to be handed out)."""
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
     # -- steps ---------------------------------------------------------------------------------------
     def step(self) -> list[Update]:
@@ -276,23 +274,32 @@ class Engine:
         return shown
 
     def _step(self) -> list[Update]:
+        """Schedule and dispatch a step, then fold in the results of the step before it when pipelined (the
+        device runs this step meanwhile: the decoding rows' new tokens go from the one program to the next
+        on the device), else of this one."""
         started = time.perf_counter()
         updates, self._pending = self._pending, []
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
         if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
             raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
-        touched: dict[Any, RequestState] = {}
+        previous = self._in_flight
         max_seqs, max_tokens = self.config.step_budget()
-        dispatched = [
-            self._dispatch(group)
-            for group in program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
-        ]
+        groups = program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
+        dispatched = [self._dispatch(group, previous) for group in groups]
+        if self.runner.pipelined:  # one program a step (`EngineConfig.step_budget` holds every chunk)
+            assert len(dispatched) <= 1, "a pipelined step is one program"
+            self._in_flight = dispatched[0] if dispatched else None
+            dispatched = []
+            if previous is not None:
+                dispatched.append(previous)
+        touched: dict[Any, RequestState] = {}
         for chunks, requests, outputs in dispatched:  # every program runs before the first result is awaited
             host, start = fetched(outputs), 0
             for row, (chunk, request) in enumerate(zip(chunks, requests)):
-                touched[request.request_id] = request
-                self._absorb(row, start, chunk, request, host)
+                if self._running(request):  # else cancelled or ended meanwhile (a pipelined step's)
+                    touched[request.request_id] = request
+                    self._absorb(row, start, chunk, request, host)
                 start += chunk.stop - chunk.start
         for request in touched.values():
             updates += request.take_updates()
@@ -309,8 +316,12 @@ class Engine:
         )
         return updates
 
-    def _dispatch(self, chunks: list[Chunk]) -> tuple[list[Chunk], list[RequestState], StepOutputs]:
-        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device)."""
+    def _running(self, request: RequestState) -> bool:
+        return self._requests.get(request.request_id) is request
+
+    def _dispatch(self, chunks: list[Chunk], previous: _Dispatched | None) -> _Dispatched:
+        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device); a
+        pipelined program takes the tokens ``previous`` drew, whose places its sampled rows hold."""
         requests = [self._requests[chunk.sequence.group] for chunk in chunks]
         tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
         wants_prompt = any(
@@ -327,13 +338,21 @@ class Engine:
             alternatives=alternatives,
         )
         inputs = step_inputs(chunks, shape, tables, requests, self.config.page_size)
+        if self.runner.pipelined:
+            drawn = None if previous is None else (previous[0], previous[2].padded_token)
+            inputs = with_previous_tokens(inputs, chunks, drawn, self.runner.max_seqs)
         outputs = self.runner.run(shape, inputs)
-        for chunk in chunks:  # while the program runs: what does not depend on the tokens it draws
+        for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
             sequence = chunk.sequence
             sequence.computed = chunk.stop
             self.stats.tokens_computed += chunk.stop - chunk.start
-            if self.config.prefix_cache:
-                self.pages.register(sequence.key, sequence.tokens[: sequence.computed])
+            if self.config.prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
+                self.pages.register(sequence.key, sequence.tokens[: chunk.stop])
+            if chunk.samples and request.sample_of(sequence).index == 0:
+                request.prompt_written = True  # its siblings may start (from the prefix cache)
+            last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
+            if self.runner.pipelined and chunk.samples and not last:
+                sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
         return chunks, requests, outputs
 
     def _absorb(
@@ -341,22 +360,20 @@ class Engine:
     ) -> None:
         """Fold in what sequence ``row`` of a program drew (its tokens start at flat index ``start``)."""
         sequence = chunk.sequence
+        if request.sample_of(sequence).finish_reason is not None:
+            return  # a pipelined step's row of a sample that ended at the step before
         if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
             self._absorb_prompt_logprobs(start, chunk, request, outputs)
-        if not chunk.samples:
-            return
-        top: list[tuple[int, float]] = []
-        if request.params.top_logprobs and outputs.top_tokens is not None:
-            pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
-            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
-        request.add_token(
-            sequence,
-            int(outputs.token[row]),
-            float(outputs.logprob[row]),
-            float(outputs.sampled_logprob[row]),
-            top,
-        )
-        self.stats.tokens_generated += 1
+        if chunk.samples:
+            top: list[tuple[int, float]] = []
+            if request.params.top_logprobs and outputs.top_tokens is not None:
+                pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
+                top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
+            token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
+            request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
+            self.stats.tokens_generated += 1
+        if self.runner.pipelined and self.config.prefix_cache and sequence.running:
+            self.pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
         if request.sample_of(sequence).finish_reason is not None:
             self.scheduler.remove(sequence)
 

@@ -9,7 +9,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from halyard.serve.outputs import TopLogprobs, Update
-from halyard.serve.params import SamplingParams
+from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.scheduler import SequenceState
 
 _request_numbers = itertools.count()
@@ -26,6 +26,29 @@ def eos_ids_of(model_config: Any, *tokenizer_eos: int | None) -> tuple[int, ...]
     ids = [int(t) for t in getattr(model_config, "eos_token_ids", ()) or ()]
     ids += [int(t) for t in tokenizer_eos if t is not None]
     return tuple(dict.fromkeys(ids))
+
+
+def check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_context: int) -> None:
+    """Raises `ParameterError` for an empty prompt, a token outside ``vocab_size``, or a prompt that leaves
+    no room (or not ``params.max_tokens``) in a context of ``max_context`` tokens."""
+    if not prompt:
+        raise ParameterError("prompt", "prompt: is empty; give at least one token")
+    outside = [t for t in prompt if not 0 <= t < vocab_size]
+    if outside:
+        raise ParameterError(
+            "prompt", f"prompt: token id {outside[0]} is outside the vocabulary of {vocab_size}"
+        )
+    if len(prompt) >= max_context:
+        raise ParameterError(
+            "prompt",
+            f"prompt: {len(prompt)} tokens leave no room in the context of {max_context} tokens; shorten it",
+        )
+    if len(prompt) + params.max_tokens > max_context:
+        raise ParameterError(
+            "max_tokens",
+            f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
+            f"context of {max_context} tokens; ask for at most {max_context - len(prompt)}",
+        )
 
 
 @dataclasses.dataclass
@@ -106,12 +129,22 @@ class RequestState:
         return update
 
     def add_token(
-        self, sequence: SequenceState, token: int, logprob: float, sampled_logprob: float, top: TopLogprobs
+        self,
+        sequence: SequenceState,
+        position: int,
+        token: int,
+        logprob: float,
+        sampled_logprob: float,
+        top: TopLogprobs,
     ) -> Update:
-        """Append a drawn token to ``sequence`` and decide whether its sample ends (at a stop token or
-        ``max_tokens``; stop strings are the `Detokenizer`'s)."""
+        """Put a drawn token at index ``position`` of ``sequence``'s tokens (appended, or over the placeholder
+        a pipelined engine put there when it dispatched the step) and decide whether its sample ends (at a
+        stop token or ``max_tokens``; stop strings are the `Detokenizer`'s)."""
         sample = self.sample_of(sequence)
-        sequence.tokens.append(token)
+        if position == len(sequence.tokens):
+            sequence.tokens.append(token)
+        else:
+            sequence.tokens[position] = token
         if sample.index == 0:
             self.prompt_written = True
         update = self._update(sample)
@@ -121,7 +154,7 @@ class RequestState:
         update.top_logprobs.append(top[: self.params.top_logprobs])
         if token in self.stop_tokens:
             self._finish(sample, "stop", token)
-        elif len(sequence.tokens) - sequence.prompt_length >= self.params.max_tokens:
+        elif position + 1 - sequence.prompt_length >= self.params.max_tokens:
             self._finish(sample, "length", None)
         return update
 

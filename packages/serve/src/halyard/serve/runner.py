@@ -91,6 +91,9 @@ class ModelRunner:
         self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
+        self.pipelined = not fixed_tokens and mesh is None
+        """Whether its programs take the previous program's drawn tokens on the device (``fed_from``,
+        ``previous``), so the engine can dispatch a step before fetching the one before it."""
         pages = model.init_pages(num_pages, page_size, kernel)
         if mesh is not None and layout is not None:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
@@ -196,7 +199,7 @@ class ModelRunner:
         if program is not None:
             return program
         started, compiles = time.perf_counter(), thread_compiles()
-        example = jax.tree.map(self._placed, example_inputs(shape))
+        example = jax.tree.map(self._placed, self.example_inputs(shape))
         with self._placement():
             lowered = jax.jit(
                 _step, static_argnames=("invariant", "alternatives"), donate_argnums=(1,)
@@ -209,6 +212,14 @@ class ModelRunner:
         self.programs_compiled += thread_compiles() - compiles
         self._programs[shape] = compiled
         return compiled
+
+    def example_inputs(self, shape: ProgramShape) -> StepInputs:
+        """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
+        inputs = example_inputs(shape)
+        if not self.pipelined:
+            return inputs
+        previous = np.zeros((self.max_seqs,), np.int32)
+        return inputs._replace(fed_from=np.full((shape.tokens,), -1, np.int32), previous=previous)
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:
@@ -267,7 +278,10 @@ def _step(
 def _step_body(
     model: CausalLM, pages: PagedKV, inputs: StepInputs, alternatives: bool
 ) -> tuple[PagedKV, StepOutputs]:
-    tokens = named(inputs.tokens, ("pos",))
+    fed: Any = inputs.tokens
+    if inputs.fed_from is not None:  # the previous program's tokens, without a trip to the host
+        fed = jnp.where(inputs.fed_from >= 0, inputs.previous[jnp.maximum(inputs.fed_from, 0)], fed)
+    tokens = named(fed, ("pos",))
     hidden, pages = model.paged_step(tokens, pages=pages.for_step(inputs.batch))
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("pos", "embed")
@@ -284,4 +298,8 @@ def _step_body(
         next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
         top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
-    return pages.without_step(), StepOutputs(*drawn, *prompt)
+    outputs = StepOutputs(*drawn, *prompt)
+    if inputs.previous is not None:
+        padded = jnp.zeros_like(inputs.previous).at[: outputs.token.shape[0]].set(outputs.token)
+        outputs = outputs._replace(padded_token=padded)
+    return pages.without_step(), outputs

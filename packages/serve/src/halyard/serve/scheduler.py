@@ -69,16 +69,20 @@ class SequenceState:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token."""
+    """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token.
+
+    Attributes:
+        samples: whether the step samples a token after this chunk (``stop`` was the sequence's length
+            when the chunk was made).
+    """
 
     sequence: SequenceState
     start: int
     stop: int
+    samples: bool = dataclasses.field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether the step samples a token after this chunk."""
-        return self.stop == len(self.sequence.tokens)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", self.stop == len(self.sequence.tokens))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +154,8 @@ class Scheduler:
         decode: list[Chunk] = []
         prefill: list[Chunk] = []
         for sequence in sorted(self.running, key=lambda s: s.arrival):
-            if not sequence.running:
-                continue  # preempted for an older sequence in this loop
+            if not sequence.running or sequence.missing == 0:
+                continue  # preempted for an older sequence in this loop, or its last token is still drawn
             decoding, stop = self._next_stop(sequence)
             if not decoding and len(prefill) == self.max_prefill_rows:
                 continue

@@ -17,7 +17,7 @@ import time
 import jax
 
 from halyard.serve.program import ProgramShape
-from halyard.serve.runner import ModelRunner, example_inputs
+from halyard.serve.runner import ModelRunner
 
 logger = logging.getLogger("halyard.serve.warmup")
 
@@ -37,7 +37,7 @@ def warm_up(runner: ModelRunner, *, logprob_variants: bool = False) -> list[Prog
     started = time.perf_counter()
     for index, shape in enumerate(shapes, start=1):
         began = time.perf_counter()
-        jax.block_until_ready(runner.run(shape, example_inputs(shape)))
+        jax.block_until_ready(runner.run(shape, runner.example_inputs(shape)))
         logger.info(
             "compiled step shape %d of %d (tokens %d, sequences %d, pages %d) in %.1f s",
             index, len(shapes), shape.tokens, shape.seqs, shape.seq_pages, time.perf_counter() - began,
