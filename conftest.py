@@ -84,7 +84,8 @@ FILE_SECONDS = {
     "test_pipeline_benchmark_smoke.py": 71,
     "test_invariant_benchmark_smoke.py": 60,  # new: 31 s alone
     "test_invariant_layer_gathers.py": 70,  # new: 22 s alone with a warm compilation cache, about 3x cold
-    "test_server.py": 45,  # new: 33-43 s alone (halyard-serve's, a server subprocess)
+    "test_server_operation.py": 30,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
+    "test_server_answers.py": 15,
     "test_train_while_tokenizing.py": 68,
     "test_damaged_checkpoints.py": 68,
     "test_checkpoint_benchmark_smoke.py": 68,

@@ -24,8 +24,8 @@ TESTED_READMES: dict[str, tuple[int, list[str]]] = {
             "packages/data-cache/tests/test_build_from_scripts.py",  # supervised fine-tuning
         ],
     ),
-    "README.md": (1, ["packages/serve/tests/test_server.py"]),  # the quick start's openai client
-    "packages/serve/README.md": (2, ["packages/serve/tests/test_server.py"]),
+    "README.md": (1, ["packages/serve/tests/test_server_operation.py"]),  # the quick start's openai client
+    "packages/serve/README.md": (2, ["packages/serve/tests/test_server_operation.py"]),
     "packages/train/README.md": (1, ["packages/train/tests/test_readme_scripts.py"]),
     "packages/train/src/halyard/train/optim/README.md": (1, ["packages/train/tests/test_readme_scripts.py"]),
     "packages/train/src/halyard/train/checkpoint/README.md": (

@@ -1,6 +1,6 @@
 """A tiny Hugging Face folder (a Llama of a few thousand parameters, a word-level tokenizer with a Llama-3
 style chat template) and a `halyard-serve` subprocess on a free loopback port or a unix socket, for the server's
-tests."""
+tests; and the server the answer and operation tests share (session fixtures, registered in conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jax
+import openai
+import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from halyard.export import export_hf
+from halyard.export import export_hf, import_hf
 from halyard.models import init_model, model_config
 
 WORDS = [
@@ -162,3 +166,53 @@ def start_server(folder: Path, log: Path, *extra: str, uds: Path | None = None) 
         server.stop()
         raise
     return server
+
+
+# -- the shared server of test_server_answers.py and test_server_operation.py ---------------------------------
+# Session fixtures, registered by conftest.py: the two files start one server between them (a server start
+# is the expensive part of their tests), not one each.
+
+API_KEY = "test-key"
+PROMPT = "the word of the hot one"  # every word is in the tokenizer's vocabulary
+MAX_N = 16
+"""The shared server's ``--max-n``: 16 samples of `PROMPT` (6 tokens) and 74 new tokens fill its 160 pages of
+8 tokens (``--num-pages 160``) and its 8 rows twice."""
+MESSAGES = [
+    {"role": "system", "content": "be a word"},
+    {"role": "user", "content": "how are you"},
+]
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_hf_folder(tmp_path_factory.mktemp("server") / "tiny", seed=3)
+
+
+@pytest.fixture(scope="session")
+def server(folder: Path) -> Iterator[ServerProcess]:
+    options = ("--api-key", API_KEY, "--max-n", str(MAX_N), "--num-pages", "160")
+    started = start_server(folder, folder.parent / "server.log", *options)
+    yield started
+    assert started.stop() == 0, started.output()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(folder: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def model(folder: Path) -> Any:
+    return import_hf(folder)[1]
+
+
+def post(server: ServerProcess, path: str, body: Any, key: str | None = API_KEY) -> httpx.Response:
+    """POST ``body`` (JSON, or bytes as they are) to ``path`` with the API key ``key`` (None: none)."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(server.url + path, content=content, headers=headers, timeout=300)

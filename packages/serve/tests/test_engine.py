@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from tiny_models import VOCAB, forward_logprobs, greedy_reference, logprob_tolerance, tiny_model
 
-from halyard.serve import Engine, EngineConfig, ParameterError, SamplingParams
+from halyard.serve import Engine, EngineConfig, ParameterError, RequestOutput, SampleOutput, SamplingParams
+from halyard.serve.detokenizer import Detokenizer
 
 SMALL = EngineConfig(
     page_size=8, num_pages=48, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
@@ -96,6 +97,61 @@ def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> 
     assert streamed == expected
     assert updates[-1].finish_reason == "stop" and updates[-1].stop_reason == stop
     assert sum(len(u.token_ids) for u in updates) == 6  # the tokens of the stop string are generated
+
+
+def test_text_handed_off_shows_the_same_outputs_though_stop_strings_are_found_a_step_late() -> None:
+    model = tiny_model("llama")
+    greedy, _ = greedy_reference(model, PROMPTS[2], 8)
+
+    def decode(ids: list[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    params = SamplingParams(max_tokens=8, temperature=0.9, seed=4, n=3, stop=(f"<{greedy[2]}>", "<7>"))
+    (inline,) = Engine(model, SMALL, decode=decode, eos_token_ids=[]).generate([PROMPTS[2]], params)
+    engine = Engine(model, SMALL, decode=decode, eos_token_ids=[])
+    handed = engine.hand_off_text()
+    assert handed is decode
+    text = Detokenizer(handed)
+    request_id = engine.add_request(PROMPTS[2], params)
+    text.add(request_id, params.n, params.stop)
+    output = RequestOutput(request_id, PROMPTS[2], [SampleOutput(i) for i in range(params.n)])
+    late: list = []
+    while engine.has_work:
+        updates = engine.step()
+        for stop in late:  # as the server's engine thread hears of them: after its next step
+            engine.stop_sample(*stop)
+        assert all(update.text == "" for update in updates)
+        shown, late = text.process(updates)
+        for update in shown:
+            output.apply(update)
+    assert output.samples == inline.samples and len(text) == 0 and engine.pages.in_use == 0
+    stopped = [s for s in inline.samples if isinstance(s.stop_reason, str)]
+    assert stopped, "no stop string ended a sample: the case tests nothing"
+    assert engine.stats.tokens_generated > sum(len(s.token_ids) for s in inline.samples)
+
+
+def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
+    """The fast mode dispatches step k+1 before fetching step k (its decoding rows' tokens go from program
+    to program on the device): with so few pages that sequences are preempted while their last token is
+    still being drawn, and stop tokens that end samples with a step already dispatched after them, every
+    sample is the full forward's greedy continuation."""
+    model = tiny_model("llama")
+    engine = Engine(
+        model, EngineConfig(page_size=8, num_pages=12, max_context=96, max_running=4, chunk_size=8)
+    )
+    assert engine.runner.pipelined
+    prompts = [list(range(1 + i, 21 + i)) for i in range(4)]
+    references = [greedy_reference(model, prompt, 30)[0] for prompt in prompts]
+    stop = references[1][10]  # ends the second prompt's sample early (maybe others' too)
+    params = SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(stop,), ignore_eos=True)
+    outputs = engine.generate(prompts, params)
+    assert engine.stats.preemptions > 0
+    for output, reference in zip(outputs, references, strict=True):
+        expected = reference[: reference.index(stop) + 1] if stop in reference else reference
+        assert output.samples[0].token_ids == expected
+    while engine.has_work:  # the step dispatched after the last token: nothing more comes of it
+        assert engine.step() == []
+    assert engine.pages.in_use == 0
 
 
 def test_cancelling_a_request_frees_its_pages_at_once() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halyard.serve.pages import OutOfPages, PageTable
+from halyard.serve.pages import OutOfPages, PageAllocator
 
 PAGE_SIZE = 4
 
@@ -17,7 +17,7 @@ class Simulation:
     """The page table plus what each page would hold if the engine wrote each sequence's tokens."""
 
     def __init__(self, num_pages: int):
-        self.table = PageTable(num_pages, PAGE_SIZE)
+        self.table = PageAllocator(num_pages, PAGE_SIZE)
         self.content: dict[int, list[int | None]] = {p: [None] * PAGE_SIZE for p in range(num_pages)}
         self.tokens: dict[int, list[int]] = {}
         self.written: dict[int, int] = {}
@@ -126,7 +126,7 @@ def test_the_last_prompt_token_is_never_taken_from_the_cache() -> None:
 
 
 def test_a_cached_page_is_reused_last_and_its_continuations_leave_the_cache() -> None:
-    table = PageTable(3, PAGE_SIZE)
+    table = PageAllocator(3, PAGE_SIZE)
     table.add("a")
     table.reserve("a", 8)
     table.register("a", list(range(8)))

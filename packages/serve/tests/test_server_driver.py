@@ -33,6 +33,12 @@ class ScriptedEngine:
     def _called(self) -> None:
         self.threads.add(threading.get_ident())
 
+    def hand_off_text(self) -> None:
+        return None  # no tokenizer: its updates' text is passed on as it is
+
+    def stop_sample(self, request_id: str, index: int, stop_string: str) -> None:
+        self._called()
+
     def add_request(
         self, prompt: list[int], params: SamplingParams, request_id: str, *, caller: object = None
     ) -> str:

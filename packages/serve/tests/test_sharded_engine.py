@@ -28,7 +28,7 @@ def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
     layout = Layout.tensor_parallel(min_shard=1)
     placed = jax.device_put(model, layout.shardings(model, mesh))
     engine = Engine(placed, CONFIG, mesh=mesh, layout=layout)
-    assert engine.runner.pages.pool.keys.array.sharding.spec[2] == "tensor"  # kv heads split
+    assert engine.runner.paged_kv.pool.keys.array.sharding.spec[2] == "tensor"  # kv heads split
     sharded = engine.generate(PROMPTS, PARAMS)
     for prompt, one, many in zip(PROMPTS, alone, sharded, strict=True):
         assert one.samples[0].token_ids == many.samples[0].token_ids

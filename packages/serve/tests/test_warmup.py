@@ -4,6 +4,7 @@ greedy and sampled, n > 1) compiles nothing more, through the public `Engine` AP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -43,10 +44,35 @@ def test_after_warmup_a_mixed_workload_compiles_nothing(caplog: pytest.LogCaptur
     assert engine.stats.steps > 10
 
 
+def test_warmup_logprobs_compiles_the_logprob_variants_too_and_nothing_after() -> None:
+    config = dataclasses.replace(WARM, max_context=8, num_pages=4, max_running=1, chunk_size=4, min_rows=4)
+    engine = Engine(tiny_model("llama"), dataclasses.replace(config, warmup_logprobs=True))
+    warmed = engine.stats.programs_compiled
+    assert warmed == 8  # token buckets 4 and 5, one page bucket, four variants
+    prompts = [list(range(1, 7)), [3, 4], list(range(10, 15))]
+    settings = [
+        SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=True, top_logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=3, temperature=0.8, seed=1, top_logprobs=5, ignore_eos=True),
+        SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=True, ignore_eos=True),
+    ]
+    for prompt, setting in zip(prompts, settings, strict=True):
+        (output,) = engine.generate([prompt], setting)
+        assert len(output.samples[0].token_ids) == setting.max_tokens
+    engine.generate(prompts, settings)  # together
+    assert engine.stats.programs_compiled == warmed, engine.runner.compiled_shapes
+    assert {(s.prompt_logprobs, s.alternatives) for s in engine.runner.compiled_shapes} == {
+        (False, False), (False, True), (True, False), (True, True)
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="warmup_logprobs needs warmup"):
+        dataclasses.replace(config, warmup=False, warmup_logprobs=True)
+
+
 def test_the_server_options_set_warmup_and_the_compilation_cache(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
     plain = engine_config_of(parser.parse_args([]))
-    assert not plain.warmup and plain.compilation_cache is None
-    chosen = engine_config_of(parser.parse_args(["--warmup", "--compilation-cache", str(tmp_path)]))
-    assert chosen.warmup and chosen.compilation_cache == str(tmp_path)
+    assert not plain.warmup and not plain.warmup_logprobs and plain.compilation_cache is None
+    chosen = engine_config_of(
+        parser.parse_args(["--warmup", "--warmup-logprobs", "--compilation-cache", str(tmp_path)])
+    )
+    assert chosen.warmup and chosen.warmup_logprobs and chosen.compilation_cache == str(tmp_path)

@@ -8,7 +8,7 @@ outputs = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=16, temperature
 from halyard.serve.config import EngineConfig
 from halyard.serve.engine import Engine
 from halyard.serve.outputs import RequestOutput, SampleOutput, Update
-from halyard.serve.pages import OutOfPages, PageTable
+from halyard.serve.pages import OutOfPages, PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.replicas import Replicas
 from halyard.serve.stats import EngineStats
@@ -18,7 +18,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "OutOfPages",
-    "PageTable",
+    "PageAllocator",
     "ParameterError",
     "Replicas",
     "RequestOutput",

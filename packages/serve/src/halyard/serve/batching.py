@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from halyard.models.attention.ragged_paged import ragged_batch
@@ -67,3 +69,43 @@ def step_inputs(
             next_tokens[start : start + len(following)] = following
     settings = RowSettings(temperature, top_k, top_p, min_p, seed, sample, position)
     return StepInputs(tokens, batch, last, settings, next_tokens)
+
+
+def program_groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[list[Chunk]]:
+    """``chunks`` in order, cut into groups of at most ``max_seqs`` chunks and ``max_tokens`` tokens."""
+    groups: list[list[Chunk]] = []
+    tokens = 0
+    for chunk in chunks:
+        length = chunk.stop - chunk.start
+        if not groups or len(groups[-1]) == max_seqs or tokens + length > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(chunk)
+        tokens += length
+    return groups
+
+
+def with_previous_tokens(
+    inputs: StepInputs, chunks: list[Chunk], previous: tuple[list[Chunk], Any] | None, max_seqs: int
+) -> StepInputs:
+    """A pipelined program's inputs: ``inputs`` (of ``chunks``) with ``fed_from`` and ``previous``, each fed
+    token that the previous program drew and nobody fetched yet (a placeholder) taken from its outputs.
+
+    Args:
+        inputs, chunks: the program's inputs and chunks.
+        previous: the previous program's chunks and its drawn tokens (``[max_seqs]``, on the device), or
+            None when no program is in flight.
+        max_seqs: the most sequences of one program.
+    """
+    fed_from = np.full(inputs.tokens.shape, -1, np.int32)
+    if previous is None:
+        return inputs._replace(fed_from=fed_from, previous=np.zeros((max_seqs,), np.int32))
+    previous_chunks, drawn = previous
+    drawn_at = {id(c.sequence): (c.stop, row) for row, c in enumerate(previous_chunks) if c.samples}
+    start = 0
+    for chunk in chunks:
+        index, row = drawn_at.get(id(chunk.sequence), (-1, -1))
+        if chunk.start <= index < chunk.stop:
+            fed_from[start + index - chunk.start] = row
+        start += chunk.stop - chunk.start
+    return inputs._replace(fed_from=fed_from, previous=drawn)

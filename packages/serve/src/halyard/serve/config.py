@@ -47,7 +47,11 @@ class EngineConfig:
         seed: draws the seeds of requests that give none.
         warmup: compile every step program the engine can ask for when it starts, logging a progress line
             per shape (`halyard.serve.warmup`), so that no step compiles later (``EngineStats.
-            programs_compiled`` stays); otherwise each compiles at its first use.
+            programs_compiled`` stays), except those of requests asking for log-prob extras (below);
+            otherwise each compiles at its first use.
+        warmup_logprobs: with ``warmup``, also compile the program variants of requests that ask for top
+            alternatives (``top_logprobs``) or prompt log-probs, four programs per shape instead of one,
+            so that no step compiles later whatever a request asks.
         compilation_cache: a folder for JAX's persistent compilation cache (`halyard.shard.compilation_cache`,
             the mechanism training's ``trainer.compilation_cache`` uses): a second start loads its programs
             from there. None: no cache, unless this process set one already.
@@ -67,6 +71,7 @@ class EngineConfig:
     max_n: int = 128
     seed: int = 0
     warmup: bool = False
+    warmup_logprobs: bool = False
     compilation_cache: str | None = None
 
     def __post_init__(self) -> None:
@@ -80,6 +85,10 @@ class EngineConfig:
         if self.training_arithmetic and not self.deterministic:
             raise ValueError(
                 "EngineConfig.training_arithmetic needs deterministic=True (its programs of fixed row counts)"
+            )
+        if self.warmup_logprobs and not self.warmup:
+            raise ValueError(
+                "EngineConfig.warmup_logprobs needs warmup=True (it widens what warm-up compiles)"
             )
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")

@@ -5,8 +5,16 @@ shared between samples and common prefixes and freed the moment a sequence ends.
 One step: the `Scheduler` picks the work, `batching` lays it out as one flat batch (decoding sequences
 and prefill chunks side by side), the `ModelRunner` runs it as one compiled program (in deterministic mode,
 one per ``deterministic_rows`` sequences, all dispatched before any result is fetched), and each request
-folds in what its sequences drew (`RequestState`), ending samples on a stop token or string, at
-``max_tokens``, or when cancelled.
+folds in what its sequences drew (`RequestState`), ending samples on a stop token, at ``max_tokens``, or
+when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
+default; a server hands it off (`hand_off_text`) to run beside its event loop, off the engine's thread.
+
+In the fast mode on one device the steps are pipelined (`ModelRunner.pipelined`): `step` schedules and
+dispatches step k+1 while step k runs, then fetches step k's tokens. Step k+1 is scheduled before they are
+known: each token step k draws holds a `PLACEHOLDER` in its sequence, and the program of step k+1 takes it
+from step k's outputs on the device; a sample that step k ends (a stop token) has a wasted row in step
+k+1, whose result is dropped. A sample's last token by ``max_tokens`` is known ahead, so it gets no such
+row. The deterministic mode steps one at a time (its programs stay those its bitwise tests check).
 """
 
 from __future__ import annotations
@@ -22,20 +30,28 @@ import jax
 import numpy as np
 
 from halyard.models import CausalLM
-from halyard.serve.batching import step_inputs
+from halyard.serve.batching import program_groups, step_inputs, with_previous_tokens
 from halyard.serve.config import EngineConfig
-from halyard.serve.outputs import RequestOutput, SampleOutput, Update
-from halyard.serve.pages import PageTable
+from halyard.serve.detokenizer import Detokenizer
+from halyard.serve.outputs import RequestOutput, Update, run_to_end
+from halyard.serve.pages import PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.program import StepOutputs
-from halyard.serve.requests import RequestState
+from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_request_id
 from halyard.serve.runner import ModelRunner, fetched
-from halyard.serve.scheduler import Chunk, Scheduler, Sequence
+from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
 from halyard.serve.stats import EngineStats
 from halyard.serve.text import Decode
 from halyard.serve.warmup import warm_up
 from halyard.shard import Layout
 from halyard.shard.compilation_cache import use_compilation_cache
+
+PLACEHOLDER = -1
+"""A drawn token not fetched yet, in its sequence's tokens (a pipelined engine's next step feeds it from the
+device)."""
+
+_Dispatched = tuple[list[Chunk], list[RequestState], StepOutputs]
+"""A program dispatched: its chunks, their requests, its outputs (on the device)."""
 
 
 class Engine:
@@ -69,9 +85,10 @@ class Engine:
         self.max_context = config.context_for(model)
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.decode = decode
-        eos = getattr(model.model_config, "eos_token_ids", ()) if eos_token_ids is None else eos_token_ids
+        self._detokenizer = None if decode is None else Detokenizer(decode)
+        eos = eos_ids_of(model.model_config) if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = tuple(int(t) for t in eos)
-        self.pages = PageTable(config.num_pages, config.page_size)
+        self.pages = PageAllocator(config.num_pages, config.page_size)
         use_compilation_cache(config.compilation_cache)  # before the runner compiles anything
         max_seqs, max_tokens = config.step_budget()
         self.runner = ModelRunner(
@@ -97,12 +114,12 @@ class Engine:
         )
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
+        self._in_flight: _Dispatched | None = None  # a pipelined step dispatched, its results not yet fetched
         self._arrivals = itertools.count()
-        self._ids = itertools.count()
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
         if config.warmup:
-            warm_up(self.runner)
+            warm_up(self.runner, logprob_variants=config.warmup_logprobs)
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.programs_compiled = self.runner.programs_compiled
 
@@ -133,28 +150,11 @@ class Engine:
                 together than the pool has, stop strings without a tokenizer, a duplicate id.
         """
         prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ParameterError("prompt", "prompt: is empty; give at least one token")
-        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if outside:
-            raise ParameterError(
-                "prompt", f"prompt: token id {outside[0]} is outside the vocabulary of {self.vocab_size}"
-            )
-        if len(prompt) >= self.max_context:
-            raise ParameterError(
-                "prompt",
-                f"prompt: {len(prompt)} tokens leave no room in the context of {self.max_context} tokens; shorten it",
-            )
-        if len(prompt) + params.max_tokens > self.max_context:
-            raise ParameterError(
-                "max_tokens",
-                f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
-                f"context of {self.max_context} tokens; ask for at most {self.max_context - len(prompt)}",
-            )
+        check_prompt(prompt, params, vocab_size=self.vocab_size, max_context=self.max_context)
         self._check_samples_fit(len(prompt), params)
         if params.stop and self.decode is None:
             raise ParameterError("stop", "stop: stop strings need the engine to have a tokenizer")
-        request_id = f"req-{next(self._ids)}" if request_id is None else request_id
+        request_id = new_request_id() if request_id is None else request_id
         if request_id in self._requests:
             raise ParameterError("request_id", f"request_id: {request_id!r} is already running")
         if params.seed is None:
@@ -162,10 +162,10 @@ class Engine:
         first = next(self._arrivals)
         for _ in range(params.n - 1):
             next(self._arrivals)
-        request = RequestState(
-            request_id, prompt, params, first, self.eos_token_ids, self.decode, caller=caller
-        )
+        request = RequestState(request_id, prompt, params, first, self.eos_token_ids, caller=caller)
         self._requests[request_id] = request
+        if self._detokenizer is not None:
+            self._detokenizer.add(request_id, params.n, params.stop)
         for sample in request.samples:
             self.scheduler.add(sample.sequence)
         self.stats.requests_added += 1
@@ -207,6 +207,31 @@ class Engine:
         del self._requests[request_id]
         self.stats.requests_cancelled += 1
 
+    def stop_sample(self, request_id: str, index: int, stop_string: str) -> None:
+        """End sample ``index`` of a request at ``stop_string`` (found by the `Detokenizer` that follows
+        this engine's updates) and free its pages; its ending comes with the next step's updates. An
+        unknown request or an already finished sample is ignored."""
+        request = self._requests.get(request_id)
+        if request is None or not request.stop(index, stop_string):
+            return
+        self.scheduler.remove(request.samples[index].sequence)
+        self._pending += request.take_updates()
+        if request.finished:
+            del self._requests[request_id]
+            self.stats.requests_finished += 1
+
+    def hand_off_text(self) -> Decode | None:
+        """From now on `step` returns updates without text and leaves stop strings to the caller, who runs
+        a `Detokenizer` over them with the decode returned (None: the engine has no tokenizer) and calls
+        `stop_sample` for each stop string it finds (the server does this beside its event loop, so the
+        engine's thread only steps). Call it before the first request."""
+        if self._requests:
+            raise RuntimeError(
+                "hand_off_text before the first request: running requests' text is the engine's"
+            )
+        self._detokenizer = None
+        return self.decode
+
     def update_weights(self, model: CausalLM) -> None:
         """Generate with ``model``'s weights from the next step on (a training step's new weights, handed
         over in memory): same structure and shapes, placed as the current ones, so nothing compiles again.
@@ -235,27 +260,46 @@ class Engine:
     @property
     def has_work(self) -> bool:
         """Whether any request is unfinished (or an update is still to be handed out)."""
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
     # -- steps ---------------------------------------------------------------------------------------
     def step(self) -> list[Update]:
         """Run one step; returns what it added to each request (and updates of cancellations)."""
+        updates = self._step()
+        if self._detokenizer is None:
+            return updates
+        shown, stops = self._detokenizer.process(updates)
+        for stop in stops:
+            self.stop_sample(*stop)
+        return shown
+
+    def _step(self) -> list[Update]:
+        """Schedule and dispatch a step, then fold in the results of the step before it when pipelined (the
+        device runs this step meanwhile: the decoding rows' new tokens go from the one program to the next
+        on the device), else of this one."""
         started = time.perf_counter()
         updates, self._pending = self._pending, []
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
         if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
             raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
-        touched: dict[Any, RequestState] = {}
+        previous = self._in_flight
         max_seqs, max_tokens = self.config.step_budget()
-        dispatched = [
-            self._dispatch(group) for group in _groups(plan.decode + plan.prefill, max_seqs, max_tokens)
-        ]
+        groups = program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
+        dispatched = [self._dispatch(group, previous) for group in groups]
+        if self.runner.pipelined:  # one program a step (`EngineConfig.step_budget` holds every chunk)
+            assert len(dispatched) <= 1, "a pipelined step is one program"
+            self._in_flight = dispatched[0] if dispatched else None
+            dispatched = []
+            if previous is not None:
+                dispatched.append(previous)
+        touched: dict[Any, RequestState] = {}
         for chunks, requests, outputs in dispatched:  # every program runs before the first result is awaited
             host, start = fetched(outputs), 0
             for row, (chunk, request) in enumerate(zip(chunks, requests)):
-                touched[request.request_id] = request
-                self._absorb(row, start, chunk, request, host)
+                if self._running(request):  # else cancelled or ended meanwhile (a pipelined step's)
+                    touched[request.request_id] = request
+                    self._absorb(row, start, chunk, request, host)
                 start += chunk.stop - chunk.start
         for request in touched.values():
             updates += request.take_updates()
@@ -272,8 +316,12 @@ class Engine:
         )
         return updates
 
-    def _dispatch(self, chunks: list[Chunk]) -> tuple[list[Chunk], list[RequestState], StepOutputs]:
-        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device)."""
+    def _running(self, request: RequestState) -> bool:
+        return self._requests.get(request.request_id) is request
+
+    def _dispatch(self, chunks: list[Chunk], previous: _Dispatched | None) -> _Dispatched:
+        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device); a
+        pipelined program takes the tokens ``previous`` drew, whose places its sampled rows hold."""
         requests = [self._requests[chunk.sequence.group] for chunk in chunks]
         tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
         wants_prompt = any(
@@ -290,34 +338,42 @@ class Engine:
             alternatives=alternatives,
         )
         inputs = step_inputs(chunks, shape, tables, requests, self.config.page_size)
-        return chunks, requests, self.runner.run(shape, inputs)
+        if self.runner.pipelined:
+            drawn = None if previous is None else (previous[0], previous[2].padded_token)
+            inputs = with_previous_tokens(inputs, chunks, drawn, self.runner.max_seqs)
+        outputs = self.runner.run(shape, inputs)
+        for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
+            sequence = chunk.sequence
+            sequence.computed = chunk.stop
+            self.stats.tokens_computed += chunk.stop - chunk.start
+            if self.config.prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
+                self.pages.register(sequence.key, sequence.tokens[: chunk.stop])
+            if chunk.samples and request.sample_of(sequence).index == 0:
+                request.prompt_written = True  # its siblings may start (from the prefix cache)
+            last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
+            if self.runner.pipelined and chunk.samples and not last:
+                sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
+        return chunks, requests, outputs
 
     def _absorb(
         self, row: int, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
     ) -> None:
         """Fold in what sequence ``row`` of a program drew (its tokens start at flat index ``start``)."""
         sequence = chunk.sequence
-        sequence.computed = chunk.stop
-        fed = chunk.stop - chunk.start
-        self.stats.tokens_computed += fed
-        if self.config.prefix_cache:
-            self.pages.register(sequence.key, sequence.tokens[: sequence.computed])
+        if request.sample_of(sequence).finish_reason is not None:
+            return  # a pipelined step's row of a sample that ended at the step before
         if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
             self._absorb_prompt_logprobs(start, chunk, request, outputs)
-        if not chunk.samples:
-            return
-        top: list[tuple[int, float]] = []
-        if request.params.top_logprobs and outputs.top_tokens is not None:
-            pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
-            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
-        request.add_token(
-            sequence,
-            int(outputs.token[row]),
-            float(outputs.logprob[row]),
-            float(outputs.sampled_logprob[row]),
-            top,
-        )
-        self.stats.tokens_generated += 1
+        if chunk.samples:
+            top: list[tuple[int, float]] = []
+            if request.params.top_logprobs and outputs.top_tokens is not None:
+                pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
+                top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
+            token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
+            request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
+            self.stats.tokens_generated += 1
+        if self.runner.pipelined and self.config.prefix_cache and sequence.running:
+            self.pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
         if request.sample_of(sequence).finish_reason is not None:
             self.scheduler.remove(sequence)
 
@@ -353,34 +409,8 @@ class Engine:
             prompts: token id lists.
             params: one setting for all, or one per prompt.
         """
-        settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(settings) != len(prompts):
-            raise ValueError(f"generate got {len(prompts)} prompts but {len(settings)} sampling settings")
-        outputs: dict[str, RequestOutput] = {}
-        for prompt, setting in zip(prompts, settings):
-            request_id = self.add_request(prompt, setting)
-            samples = [SampleOutput(index) for index in range(setting.n)]
-            outputs[request_id] = RequestOutput(request_id, list(prompt), samples)
-        while any(not output.finished for output in outputs.values()):
-            for update in self.step():
-                if update.request_id in outputs:
-                    outputs[update.request_id].apply(update)
-        return list(outputs.values())
+        return run_to_end(self, prompts, params)
 
-    def sequences(self) -> list[Sequence]:
+    def sequences(self) -> list[SequenceState]:
         """Every unfinished sequence (waiting or running)."""
         return [sample.sequence for request in self._requests.values() for sample in request.samples]
-
-
-def _groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[list[Chunk]]:
-    """``chunks`` in order, cut into groups of at most ``max_seqs`` chunks and ``max_tokens`` tokens."""
-    groups: list[list[Chunk]] = []
-    tokens = 0
-    for chunk in chunks:
-        length = chunk.stop - chunk.start
-        if not groups or len(groups[-1]) == max_seqs or tokens + length > max_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(chunk)
-        tokens += length
-    return groups

@@ -1,8 +1,12 @@
-"""What the engine hands back: per-step `Update` s (for streaming) and whole `RequestOutput` s."""
+"""What the engine hands back: per-step `Update` s (for streaming) and whole `RequestOutput` s (`run_to_end`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from halyard.serve.params import SamplingParams
 
 TopLogprobs = list[tuple[int, float]]
 """The most likely alternatives at one position: ``(token id, log-probability)``, most likely first."""
@@ -92,3 +96,23 @@ class RequestOutput:
         if update.prompt_logprobs is not None:
             self.prompt_logprobs = update.prompt_logprobs
             self.prompt_top_logprobs = update.prompt_top_logprobs
+
+
+def run_to_end(
+    engine: Any, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[RequestOutput]:
+    """Run ``prompts`` to the end on ``engine`` (an `halyard.serve.Engine`, or anything with its ``add_request``
+    and ``step``: `halyard.serve.Replicas`) and return their outputs (`Engine.generate`)."""
+    settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(settings) != len(prompts):
+        raise ValueError(f"generate got {len(prompts)} prompts but {len(settings)} sampling settings")
+    outputs: dict[str, RequestOutput] = {}
+    for prompt, setting in zip(prompts, settings):
+        request_id = engine.add_request(prompt, setting)
+        samples = [SampleOutput(index) for index in range(setting.n)]
+        outputs[request_id] = RequestOutput(request_id, list(prompt), samples)
+    while any(not output.finished for output in outputs.values()):
+        for update in engine.step():
+            if update.request_id in outputs:
+                outputs[update.request_id].apply(update)
+    return list(outputs.values())

@@ -1,4 +1,4 @@
-"""`PageTable`: which KV pages each sequence owns, reference counts, and the prefix cache (no JAX).
+"""`PageAllocator`: which KV pages each sequence owns, reference counts, and the prefix cache (no JAX).
 
 Memory is ``num_pages`` pages of ``page_size`` token slots (the engine's pool). A sequence owns the pages
 that hold its positions in order; a page can be shared by several sequences (the ``n`` samples of one
@@ -32,7 +32,7 @@ class _Owned:
     capacity_tokens: int
 
 
-class PageTable:
+class PageAllocator:
     """Pages, owners and the prefix cache; see the module docstring.
 
     Args:
@@ -46,7 +46,7 @@ class PageTable:
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
             raise ValueError(
-                f"PageTable needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
+                f"PageAllocator needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
             )
         self.num_pages = num_pages
         self.page_size = page_size
@@ -118,7 +118,7 @@ class PageTable:
             ValueError: a page of ``shared`` is neither owned nor cached (it could hold anything).
         """
         if owner in self._owners:
-            raise KeyError(f"sequence {owner!r} is already in the page table")
+            raise KeyError(f"sequence {owner!r} is already in the page allocator")
         for page in shared:
             if self._references[page] == 0 and page not in self._cached_unowned:
                 raise ValueError(f"page {page} is neither owned nor cached: it cannot be shared")

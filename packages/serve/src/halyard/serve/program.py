@@ -24,6 +24,10 @@ class StepInputs(NamedTuple):
         settings: the sequences' `RowSettings` (``[seqs]`` each).
         next_tokens: int32 ``[tokens]``: the token following each fed token (for prompt log-probs), -1 where
             unknown; None when no sequence asks for prompt log-probs.
+        fed_from: int32 ``[tokens]``: pipelined programs only (else None): where ``tokens`` holds a
+            placeholder, the row of ``previous`` whose drawn token goes there; -1 elsewhere.
+        previous: int32 ``[max_seqs]``: pipelined programs only: the previous program's drawn tokens, still
+            on the device (`StepOutputs.padded_token`).
     """
 
     tokens: np.ndarray
@@ -31,12 +35,15 @@ class StepInputs(NamedTuple):
     last: np.ndarray
     settings: RowSettings
     next_tokens: np.ndarray | None
+    fed_from: np.ndarray | None = None
+    previous: Any = None
 
 
 class StepOutputs(NamedTuple):
     """One program's results, on the device until fetched (`fetched`): the drawn token per sequence and
     its log-probabilities (`halyard.serve.sampler.Drawn`), the top alternatives when asked for
-    (``[seqs, 20]``), and the prompt log-probs when asked for (``[tokens]`` and ``[tokens, 20]``)."""
+    (``[seqs, 20]``), the prompt log-probs when asked for (``[tokens]`` and ``[tokens, 20]``), and in a
+    pipelined program the drawn tokens padded to ``[max_seqs]`` (the next program's ``previous``)."""
 
     token: Any
     logprob: Any
@@ -46,6 +53,7 @@ class StepOutputs(NamedTuple):
     next_logprob: Any
     next_top_tokens: Any
     next_top_logprobs: Any
+    padded_token: Any = None
 
 
 def round_up_power_of_two(value: int, smallest: int = 1) -> int:

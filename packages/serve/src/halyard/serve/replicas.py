@@ -11,7 +11,6 @@ which replica runs it.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 from collections.abc import Hashable
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -21,8 +20,9 @@ import jax
 from halyard.models import CausalLM
 from halyard.serve.config import EngineConfig
 from halyard.serve.engine import Engine
-from halyard.serve.outputs import RequestOutput, SampleOutput, Update
+from halyard.serve.outputs import RequestOutput, Update, run_to_end
 from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.requests import new_request_id
 from halyard.serve.stats import EngineStats
 from halyard.serve.text import Decode
 from halyard.shard import Layout, MeshSpec
@@ -70,7 +70,6 @@ class Replicas:
                 Engine(placed, config, decode=decode, eos_token_ids=eos_token_ids, mesh=mesh, layout=layout)
             )
         self._owner: dict[str, Engine] = {}
-        self._ids = itertools.count()
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=count, thread_name_prefix="replica")
 
     @property
@@ -93,7 +92,7 @@ class Replicas:
         if request_id is not None and request_id in self._owner:
             raise ParameterError("request_id", f"request_id: {request_id!r} is already running")
         engine = min(self.engines, key=lambda e: len(e.sequences()))
-        request_id = f"req-{next(self._ids)}" if request_id is None else request_id
+        request_id = new_request_id() if request_id is None else request_id
         engine.add_request(prompt, params, request_id, caller=caller)
         self._owner[request_id] = engine
         return request_id
@@ -103,6 +102,17 @@ class Replicas:
         engine = self._owner.pop(request_id, None)
         if engine is not None:
             engine.cancel(request_id)
+
+    def stop_sample(self, request_id: str, index: int, stop_string: str) -> None:
+        """End one sample at a stop string (see `Engine.stop_sample`)."""
+        engine = self._owner.get(request_id)
+        if engine is not None:
+            engine.stop_sample(request_id, index, stop_string)
+
+    def hand_off_text(self) -> Decode | None:
+        """Leave the text to the caller (see `Engine.hand_off_text`)."""
+        decodes = [engine.hand_off_text() for engine in self.engines]
+        return decodes[0]
 
     @property
     def has_work(self) -> bool:
@@ -129,18 +139,7 @@ class Replicas:
         self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams]
     ) -> list[RequestOutput]:
         """Run ``prompts`` to the end over the replicas (see `Engine.generate`)."""
-        settings = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        outputs: dict[str, RequestOutput] = {}
-        for prompt, setting in zip(prompts, settings, strict=True):
-            request_id = self.add_request(prompt, setting)
-            outputs[request_id] = RequestOutput(
-                request_id, list(prompt), [SampleOutput(i) for i in range(setting.n)]
-            )
-        while any(not output.finished for output in outputs.values()):
-            for update in self.step():
-                if update.request_id in outputs:
-                    outputs[update.request_id].apply(update)
-        return list(outputs.values())
+        return run_to_end(self, prompts, params)
 
     def close(self) -> None:
         """Stop the replicas' threads."""

@@ -1,23 +1,62 @@
-"""`RequestState`: one request inside the engine: its samples' sequences, text, log-probs and endings."""
+"""`RequestState`: one request inside the engine: its samples' sequences, log-probs and endings (the text is
+the `halyard.serve.detokenizer.Detokenizer`'s)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Hashable
+from typing import Any
 
 from halyard.serve.outputs import TopLogprobs, Update
-from halyard.serve.params import SamplingParams
-from halyard.serve.scheduler import Sequence
-from halyard.serve.text import Decode, SampleText
+from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.scheduler import SequenceState
+
+_request_numbers = itertools.count()
+
+
+def new_request_id() -> str:
+    """A request id unique in this process, ``req-N`` (the engine's, the replicas' and the server's)."""
+    return f"req-{next(_request_numbers)}"
+
+
+def eos_ids_of(model_config: Any, *tokenizer_eos: int | None) -> tuple[int, ...]:
+    """The ids that end a sample: ``model_config.eos_token_ids`` (a checkpoint's, all of them), then the
+    tokenizer's EOS ids ``tokenizer_eos`` (None: the tokenizer has none), each once, in that order."""
+    ids = [int(t) for t in getattr(model_config, "eos_token_ids", ()) or ()]
+    ids += [int(t) for t in tokenizer_eos if t is not None]
+    return tuple(dict.fromkeys(ids))
+
+
+def check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_context: int) -> None:
+    """Raises `ParameterError` for an empty prompt, a token outside ``vocab_size``, or a prompt that leaves
+    no room (or not ``params.max_tokens``) in a context of ``max_context`` tokens."""
+    if not prompt:
+        raise ParameterError("prompt", "prompt: is empty; give at least one token")
+    outside = [t for t in prompt if not 0 <= t < vocab_size]
+    if outside:
+        raise ParameterError(
+            "prompt", f"prompt: token id {outside[0]} is outside the vocabulary of {vocab_size}"
+        )
+    if len(prompt) >= max_context:
+        raise ParameterError(
+            "prompt",
+            f"prompt: {len(prompt)} tokens leave no room in the context of {max_context} tokens; shorten it",
+        )
+    if len(prompt) + params.max_tokens > max_context:
+        raise ParameterError(
+            "max_tokens",
+            f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
+            f"context of {max_context} tokens; ask for at most {max_context - len(prompt)}",
+        )
 
 
 @dataclasses.dataclass
 class SampleState:
-    """One sample: its sequence, its text and what it has not reported yet."""
+    """One sample: its sequence and what it has not reported yet."""
 
     index: int
-    sequence: Sequence
-    text: SampleText | None
+    sequence: SequenceState
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     pending: Update | None = None
@@ -32,7 +71,6 @@ class RequestState:
         params: its sampling settings (``seed`` already drawn).
         first_arrival: the arrival number of its first sample (the others follow it).
         eos_token_ids: the model's end-of-sequence ids (they end a sample unless ``ignore_eos``).
-        decode: the tokenizer's decode, or None (then no text and no stop strings).
         caller: whom admission shares rows fairly between (`halyard.serve.scheduler`); None: the request.
     """
 
@@ -43,7 +81,6 @@ class RequestState:
         params: SamplingParams,
         first_arrival: int,
         eos_token_ids: tuple[int, ...],
-        decode: Decode | None,
         caller: Hashable = None,
     ):
         self.request_id = request_id
@@ -53,7 +90,7 @@ class RequestState:
         self.samples = [
             SampleState(
                 index,
-                Sequence(
+                SequenceState(
                     key=(request_id, index),
                     group=request_id,
                     tokens=list(prompt),
@@ -62,7 +99,6 @@ class RequestState:
                     use_prefix_cache=not (params.prompt_logprobs and index == 0),
                     caller=caller,
                 ),
-                None if decode is None else SampleText(decode, params.stop),
             )
             for index in range(params.n)
         ]
@@ -70,11 +106,11 @@ class RequestState:
         self.prompt_logprobs: list[float | None] = [None] if params.prompt_logprobs else []
         self.prompt_top_logprobs: list[TopLogprobs | None] = [None] if params.prompt_logprobs else []
 
-    def waits(self, sequence: Sequence) -> bool:
+    def waits(self, sequence: SequenceState) -> bool:
         """Whether ``sequence`` must wait for its first sibling to write the prompt's pages."""
         return sequence.key[1] > 0 and not self.prompt_written  # type: ignore[index]
 
-    def sample_of(self, sequence: Sequence) -> SampleState:
+    def sample_of(self, sequence: SequenceState) -> SampleState:
         return self.samples[sequence.key[1]]  # type: ignore[index]
 
     @property
@@ -93,11 +129,22 @@ class RequestState:
         return update
 
     def add_token(
-        self, sequence: Sequence, token: int, logprob: float, sampled_logprob: float, top: TopLogprobs
+        self,
+        sequence: SequenceState,
+        position: int,
+        token: int,
+        logprob: float,
+        sampled_logprob: float,
+        top: TopLogprobs,
     ) -> Update:
-        """Append a drawn token to ``sequence`` and decide whether its sample ends."""
+        """Put a drawn token at index ``position`` of ``sequence``'s tokens (appended, or over the placeholder
+        a pipelined engine put there when it dispatched the step) and decide whether its sample ends (at a
+        stop token or ``max_tokens``; stop strings are the `Detokenizer`'s)."""
         sample = self.sample_of(sequence)
-        sequence.tokens.append(token)
+        if position == len(sequence.tokens):
+            sequence.tokens.append(token)
+        else:
+            sequence.tokens[position] = token
         if sample.index == 0:
             self.prompt_written = True
         update = self._update(sample)
@@ -105,16 +152,19 @@ class RequestState:
         update.logprobs.append(logprob)
         update.sampled_logprobs.append(sampled_logprob)
         update.top_logprobs.append(top[: self.params.top_logprobs])
-        generated = sequence.tokens[sequence.prompt_length :]
         if token in self.stop_tokens:
             self._finish(sample, "stop", token)
-        elif sample.text is not None and sample.text.update(_without(generated, self.stop_tokens)):
-            self._finish(sample, "stop", sample.text.stopped_by)
-        elif len(generated) >= self.params.max_tokens:
+        elif position + 1 - sequence.prompt_length >= self.params.max_tokens:
             self._finish(sample, "length", None)
-        if sample.text is not None:
-            update.text += sample.text.stream(final=sample.finish_reason is not None)
         return update
+
+    def stop(self, index: int, stop_string: str) -> bool:
+        """End sample ``index`` at a stop string the `Detokenizer` found; False when it had already ended."""
+        sample = self.samples[index]
+        if sample.finish_reason is not None:
+            return False
+        self._finish(sample, "stop", stop_string)
+        return True
 
     def abort(self) -> None:
         """End every unfinished sample with ``abort`` (collect the updates with `take_updates`)."""
@@ -138,7 +188,3 @@ class RequestState:
         for sample in self.samples:
             sample.pending = None
         return updates
-
-
-def _without(tokens: list[int], stop_tokens: set[int]) -> list[int]:
-    return [t for t in tokens if t not in stop_tokens]

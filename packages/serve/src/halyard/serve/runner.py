@@ -10,7 +10,7 @@ log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to 
 most one program holds), ``seqs`` follows it, and the pages a sequence can read (``seq_pages``) are
 rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``; `ModelRunner.shape_set` lists
-every shape without log-prob extras, which `halyard.serve.warmup` compiles at start). In deterministic mode
+every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start). In deterministic mode
 (``fixed_tokens``) a program has fewer tokens than the most only where `halyard.serve.row_check` showed
 that it computes every sequence as the full-size program does.
 
@@ -44,7 +44,8 @@ from halyard.shard import Layout, use_layout
 
 
 class ModelRunner:
-    """Holds the model, the page pool and the compiled step programs.
+    """Holds the model, the KV page pool (``paged_kv``, on the device; which sequence owns which page is the
+    engine's `PageAllocator`) and the compiled step programs.
 
     Args:
         model: the model (its parameters already on the devices they should live on).
@@ -90,10 +91,13 @@ class ModelRunner:
         self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
+        self.pipelined = not fixed_tokens and mesh is None
+        """Whether its programs take the previous program's drawn tokens on the device (``fed_from``,
+        ``previous``), so the engine can dispatch a step before fetching the one before it."""
         pages = model.init_pages(num_pages, page_size, kernel)
         if mesh is not None and layout is not None:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
-        self.pages = pages
+        self.paged_kv: PagedKV = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
         self.programs_compiled = 0
@@ -123,13 +127,19 @@ class ModelRunner:
     def _shape(self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool) -> ProgramShape:
         return ProgramShape(tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives)
 
-    def shape_set(self) -> list[ProgramShape]:
+    def shape_set(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
         """Every shape `shape_for` can give without log-prob extras: one per token bucket and page bucket
-        (in deterministic mode this runs the row checks, compiling what they need)."""
+        (in deterministic mode this runs the row checks, compiling what they need); with
+        ``logprob_variants``, also each one's variants with prompt log-probs, top alternatives or both."""
+        variants = [(False, False), (False, True), (True, False), (True, True)]
         shapes: dict[ProgramShape, None] = {}
-        for tokens in _buckets(self.min_tokens, self.max_tokens):
-            for pages in _buckets(1, self.max_seq_pages):
-                shapes[self.shape_for(tokens, pages)] = None
+        for prompt_logprobs, alternatives in variants if logprob_variants else variants[:1]:
+            for tokens in _buckets(self.min_tokens, self.max_tokens):
+                for pages in _buckets(1, self.max_seq_pages):
+                    shape = self.shape_for(
+                        tokens, pages, prompt_logprobs=prompt_logprobs, alternatives=alternatives
+                    )
+                    shapes[shape] = None
         return list(shapes)
 
     def rows_agree(self, shape: ProgramShape) -> bool:
@@ -153,17 +163,21 @@ class ModelRunner:
         after it, its outputs)``; the engine's pool is left as it was."""
         program = self._program(shape)
         with self._placement():
-            copy = jax.tree.map(jnp.copy, self.pages)
+            copy = jax.tree.map(jnp.copy, self.paged_kv)
             stored, outputs = program(self.model, copy, jax.tree.map(self._placed, inputs))
             return written_pages(stored.pool, self._placed(pages)), outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Dispatch one program on ``inputs`` (already padded to ``shape``); the pool is updated in place.
-        The outputs stay on the device (`fetched` brings them over)."""
+        The outputs stay on the device (their copy to the host starts when the program ends; `fetched`
+        waits for it)."""
         program = self._program(shape)
         device_inputs = jax.tree.map(self._placed, inputs)
         with self._placement():
-            self.pages, outputs = program(self.model, self.pages, device_inputs)
+            self.paged_kv, outputs = program(self.model, self.paged_kv, device_inputs)
+        for output in outputs:
+            if output is not None:
+                output.copy_to_host_async()  # the transfer starts as soon as the program ends
         return outputs
 
     def _placed(self, value: np.ndarray) -> jax.Array:
@@ -185,12 +199,12 @@ class ModelRunner:
         if program is not None:
             return program
         started, compiles = time.perf_counter(), thread_compiles()
-        example = jax.tree.map(self._placed, example_inputs(shape))
+        example = jax.tree.map(self._placed, self.example_inputs(shape))
         with self._placement():
             lowered = jax.jit(
                 _step, static_argnames=("invariant", "alternatives"), donate_argnums=(1,)
             ).lower(
-                self.model, self.pages, example, invariant=self.invariant, alternatives=shape.alternatives
+                self.model, self.paged_kv, example, invariant=self.invariant, alternatives=shape.alternatives
             )
             compiled = lowered.compile()
         self.compile_seconds += time.perf_counter() - started
@@ -198,6 +212,14 @@ class ModelRunner:
         self.programs_compiled += thread_compiles() - compiles
         self._programs[shape] = compiled
         return compiled
+
+    def example_inputs(self, shape: ProgramShape) -> StepInputs:
+        """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
+        inputs = example_inputs(shape)
+        if not self.pipelined:
+            return inputs
+        previous = np.zeros((self.max_seqs,), np.int32)
+        return inputs._replace(fed_from=np.full((shape.tokens,), -1, np.int32), previous=previous)
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:
@@ -256,7 +278,10 @@ def _step(
 def _step_body(
     model: CausalLM, pages: PagedKV, inputs: StepInputs, alternatives: bool
 ) -> tuple[PagedKV, StepOutputs]:
-    tokens = named(inputs.tokens, ("pos",))
+    fed: Any = inputs.tokens
+    if inputs.fed_from is not None:  # the previous program's tokens, without a trip to the host
+        fed = jnp.where(inputs.fed_from >= 0, inputs.previous[jnp.maximum(inputs.fed_from, 0)], fed)
+    tokens = named(fed, ("pos",))
     hidden, pages = model.paged_step(tokens, pages=pages.for_step(inputs.batch))
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("pos", "embed")
@@ -273,4 +298,8 @@ def _step_body(
         next_logprob = jnp.where(inputs.next_tokens >= 0, next_logprob, 0.0)
         top_logprobs, top_tokens = jax.lax.top_k(logprobs, num_top)
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
-    return pages.without_step(), StepOutputs(*drawn, *prompt)
+    outputs = StepOutputs(*drawn, *prompt)
+    if inputs.previous is not None:
+        padded = jnp.zeros_like(inputs.previous).at[: outputs.token.shape[0]].set(outputs.token)
+        outputs = outputs._replace(padded_token=padded)
+    return pages.without_step(), outputs

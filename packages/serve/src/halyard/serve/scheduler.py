@@ -25,15 +25,15 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Hashable
 
-from halyard.serve.pages import OutOfPages, PageTable
+from halyard.serve.pages import OutOfPages, PageAllocator
 
 
 @dataclasses.dataclass(eq=False)
-class Sequence:
+class SequenceState:
     """One sample of one request, as the scheduler and the engine track it.
 
     Attributes:
-        key: a unique hashable id (the page table's owner key).
+        key: a unique hashable id (its owner key in the `PageAllocator`).
         group: the request it belongs to (samples of one request share it).
         caller: whom admission is fair between (the requests of one HTTP request share it; default: the
             group).
@@ -69,16 +69,20 @@ class Sequence:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token."""
+    """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token.
 
-    sequence: Sequence
+    Attributes:
+        samples: whether the step samples a token after this chunk (``stop`` was the sequence's length
+            when the chunk was made).
+    """
+
+    sequence: SequenceState
     start: int
     stop: int
+    samples: bool = dataclasses.field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether the step samples a token after this chunk."""
-        return self.stop == len(self.sequence.tokens)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", self.stop == len(self.sequence.tokens))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +91,7 @@ class Plan:
 
     decode: list[Chunk]
     prefill: list[Chunk]
-    preempted: list[Sequence]
+    preempted: list[SequenceState]
 
     @property
     def empty(self) -> bool:
@@ -95,10 +99,10 @@ class Plan:
 
 
 class Scheduler:
-    """Admission, chunked prefill and preemption over a `PageTable`.
+    """Admission, chunked prefill and preemption over a `PageAllocator`.
 
     Args:
-        pages: the page table (shared with the engine).
+        pages: the page allocator (shared with the engine).
         max_running: the most sequences holding pages at once (the decode program's rows).
         chunk_size: the most tokens one prefilling sequence is fed per step.
         max_prefill_rows: the most prefilling sequences per step.
@@ -111,13 +115,13 @@ class Scheduler:
 
     def __init__(
         self,
-        pages: PageTable,
+        pages: PageAllocator,
         *,
         max_running: int,
         chunk_size: int,
         max_prefill_rows: int,
         recompute_by_decoding: bool = False,
-        waits_for: Callable[[Sequence], bool] = lambda sequence: False,
+        waits_for: Callable[[SequenceState], bool] = lambda sequence: False,
     ):
         if max_running < 1 or chunk_size < 1 or max_prefill_rows < 1:
             raise ValueError("Scheduler needs max_running, chunk_size and max_prefill_rows of at least 1")
@@ -127,15 +131,15 @@ class Scheduler:
         self.max_prefill_rows = max_prefill_rows
         self.recompute_by_decoding = recompute_by_decoding
         self.waits_for = waits_for
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
+        self.waiting: list[SequenceState] = []
+        self.running: list[SequenceState] = []
 
-    def add(self, sequence: Sequence) -> None:
+    def add(self, sequence: SequenceState) -> None:
         """Queue a new sequence (arrival order)."""
         self.waiting.append(sequence)
         self.waiting.sort(key=lambda s: s.arrival)
 
-    def remove(self, sequence: Sequence) -> None:
+    def remove(self, sequence: SequenceState) -> None:
         """Take ``sequence`` out (finished or cancelled) and release its pages at once."""
         if sequence.running:
             self.running.remove(sequence)
@@ -146,12 +150,12 @@ class Scheduler:
 
     def schedule(self) -> Plan:
         """Choose the next step's work (see the module docstring)."""
-        preempted: list[Sequence] = []
+        preempted: list[SequenceState] = []
         decode: list[Chunk] = []
         prefill: list[Chunk] = []
         for sequence in sorted(self.running, key=lambda s: s.arrival):
-            if not sequence.running:
-                continue  # preempted for an older sequence in this loop
+            if not sequence.running or sequence.missing == 0:
+                continue  # preempted for an older sequence in this loop, or its last token is still drawn
             decoding, stop = self._next_stop(sequence)
             if not decoding and len(prefill) == self.max_prefill_rows:
                 continue
@@ -164,7 +168,7 @@ class Scheduler:
         prefill = [chunk for chunk in prefill if chunk.sequence.running]
         return Plan(decode, prefill, preempted)
 
-    def _next_stop(self, sequence: Sequence) -> tuple[bool, int]:
+    def _next_stop(self, sequence: SequenceState) -> tuple[bool, int]:
         """``(decoding, stop)``: whether the sequence's next tokens go to the decoding rows, and where its
         next chunk ends. Prompt tokens are prefilled; generated tokens are decoded one a step, also when a
         preempted sequence recomputes them with ``recompute_by_decoding`` (so that they go through the
@@ -177,7 +181,7 @@ class Scheduler:
             return False, sequence.computed + min(self.chunk_size, limit - sequence.computed)
         return True, sequence.computed + 1
 
-    def _admit(self, prefill: list[Chunk], preempted: list[Sequence]) -> None:
+    def _admit(self, prefill: list[Chunk], preempted: list[SequenceState]) -> None:
         """Admit waiting sequences, fairest first (see the module docstring), into ``prefill``; fairness
         preemptions go to ``preempted``."""
         passed: set[int] = set()  # waiting for a sibling: skipped this step
@@ -220,7 +224,7 @@ class Scheduler:
         available when nobody else owns them)."""
         return self.pages.available - sum(1 for page in shared if self.pages.references(page) == 0)
 
-    def _fairness_victim(self, caller: Hashable, running: Counter) -> Sequence | None:
+    def _fairness_victim(self, caller: Hashable, running: Counter) -> SequenceState | None:
         """The sequence to preempt so that ``caller`` gets a row or pages: the newest of the caller running
         the most, when that caller runs at least two more sequences than ``caller`` (so that the move
         evens them out); None when no caller does."""
@@ -229,7 +233,9 @@ class Scheduler:
         victim = max(self.running, key=lambda s: (running[s.caller], s.arrival))
         return victim if running[victim.caller] >= running[caller] + 2 else None
 
-    def _reserve_or_preempt(self, sequence: Sequence, tokens: int, preempted: list[Sequence]) -> bool:
+    def _reserve_or_preempt(
+        self, sequence: SequenceState, tokens: int, preempted: list[SequenceState]
+    ) -> bool:
         """Reserve pages for ``tokens`` tokens of ``sequence``, preempting the newest sequences of the
         callers running the most while there are too few; False when ``sequence`` itself was preempted."""
         while True:
@@ -244,7 +250,7 @@ class Scheduler:
                 if victim is sequence:
                     return False
 
-    def _preempt(self, sequence: Sequence) -> None:
+    def _preempt(self, sequence: SequenceState) -> None:
         self.running.remove(sequence)
         self.pages.release(sequence.key)
         sequence.running = False

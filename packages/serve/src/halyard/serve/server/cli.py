@@ -89,6 +89,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "request waits for a compile",
     )
     engine.add_argument(
+        "--warmup-logprobs",
+        action="store_true",
+        help="with --warmup, also compile the programs of requests asking for top log-prob alternatives or "
+        "prompt log-probs (four times the programs)",
+    )
+    engine.add_argument(
         "--compilation-cache",
         metavar="DIR",
         default=None,
@@ -155,6 +161,7 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
             prefix_cache=not args.no_prefix_cache,
             seed=args.seed,
             warmup=args.warmup,
+            warmup_logprobs=args.warmup_logprobs,
             compilation_cache=args.compilation_cache,
         )
     except ValueError as error:

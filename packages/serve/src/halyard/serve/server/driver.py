@@ -2,8 +2,10 @@
 
 The engine is single-threaded: one background thread owns it and is the only one to call it. It runs the
 step loop while there is work and sleeps on its command queue when there is none. The event loop's side
-submits and cancels through that thread-safe queue; each step's `Update` s go back to the asyncio queue of
-the request they belong to (one ``call_soon_threadsafe`` per step, not per update). A request's queue
+submits and cancels through that thread-safe queue; each step's `Update` s go back to the event loop (one
+``call_soon_threadsafe`` per step, not per update), which gives them their text there (`Detokenizer`: the
+engine handed its text off, so its thread only steps), puts them on the asyncio queue of the request they
+belong to, and sends the engine thread a ``stop`` command for each sample a stop string ended. A request's queue
 receives its updates, then nothing once every sample has finished; if the request cannot finish (the
 server shuts down, the engine fails) it receives an `EngineUnavailable` instead.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
 import queue
 import threading
@@ -22,10 +23,12 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from halyard.serve.detokenizer import Detokenizer
 from halyard.serve.engine import Engine
 from halyard.serve.outputs import Update
 from halyard.serve.params import SamplingParams
 from halyard.serve.replicas import Replicas
+from halyard.serve.requests import new_request_id
 
 logger = logging.getLogger("halyard.serve.server")
 
@@ -52,9 +55,11 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine | Replicas):
         self.engine = engine
+        decode = engine.hand_off_text()
+        self._text = None if decode is None else Detokenizer(decode)
+        self._text_lock = threading.Lock()  # the detokenizer is shared by the event loops and `cancel`
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
-        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="halyard-serve-engine", daemon=True)
         self._closing = False
         self._submitting = threading.Lock()  # no submission slips in after the thread's last look
@@ -89,21 +94,33 @@ class AsyncEngine:
         """
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
-        request_id = f"req-{next(self._ids)}"
+        request_id = new_request_id()
         with self._submitting:
             if self._closing or self.failure is not None:
                 raise EngineUnavailable(self._unavailable_reason())
+            if self._text is not None:
+                with self._text_lock:
+                    self._text.add(request_id, params.n, params.stop)
             self._commands.put(("add", request_id, list(prompt), params, loop, updates, accepted, caller))
         try:
             await accepted
         except asyncio.CancelledError:
             self.cancel(request_id)  # the caller went away while the engine thread was adding it
             raise
+        except BaseException:
+            self._forget_text(request_id)
+            raise
         return request_id
 
     def cancel(self, request_id: str) -> None:
         """End a request and free its pages (from any thread; no update of it is delivered after this)."""
+        self._forget_text(request_id)
         self._commands.put(("cancel", request_id))
+
+    def _forget_text(self, request_id: str) -> None:
+        if self._text is not None:
+            with self._text_lock:
+                self._text.forget(request_id)
 
     def drain(self, seconds: float) -> None:
         """Refuse new requests from now on and end those still running after ``seconds`` (their callers
@@ -164,6 +181,8 @@ class AsyncEngine:
             elif kind == "cancel":
                 self._routes.pop(command[1], None)
                 self.engine.cancel(command[1])
+            elif kind == "stop_sample":
+                self.engine.stop_sample(*command[1:])
             elif kind == "drain":
                 self._drain_deadline = command[1]
             elif kind == "stop":
@@ -199,7 +218,20 @@ class AsyncEngine:
                 if route.unfinished == 0:
                     del self._routes[update.request_id]
         for loop, items in by_loop.items():
-            _call_soon(loop, _put_all, items)
+            _call_soon(loop, self._put_all, items)
+
+    def _put_all(self, items: list[tuple[asyncio.Queue, Any]]) -> None:
+        """On the event loop: give the updates their text, put them on their queues (an update of a
+        sample that a stop string already ended is dropped) and ask the engine to stop such samples."""
+        if self._text is None:
+            _put_all(items)
+            return
+        queues = {id(update): updates for updates, update in items}
+        with self._text_lock:
+            shown, stops = self._text.process([update for _, update in items])
+        for stop in stops:
+            self._commands.put(("stop_sample", *stop))
+        _put_all([(queues[id(update)], update) for update in shown])
 
     def _end_all(self) -> None:
         """Cancel every request still routed; each caller gets `EngineUnavailable`."""
@@ -208,6 +240,7 @@ class AsyncEngine:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = defaultdict(list)
         for request_id, route in list(self._routes.items()):
             by_loop[route.loop].append((route.updates, error))
+            self._forget_text(request_id)
             with contextlib.suppress(Exception):  # the engine already failed: its pages no longer matter
                 self.engine.cancel(request_id)
         self._routes.clear()

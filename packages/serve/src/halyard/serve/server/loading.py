@@ -9,6 +9,7 @@ from pathlib import Path
 from halyard.data import TokenizerSpec, load_tokenizer
 from halyard.export import import_hf
 from halyard.models import CausalLM
+from halyard.serve.requests import eos_ids_of
 from halyard.serve.server.tokenizer import TextTokenizer
 
 
@@ -51,11 +52,7 @@ def served_model(
     """
     spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else load_tokenizer(str(tokenizer))
     text = TextTokenizer(spec, chat_template)
-    eos = [int(t) for t in getattr(model.model_config, "eos_token_ids", ()) or ()]
-    tokenizer_eos = text.token_id(spec.eos_token)
-    if tokenizer_eos is not None:
-        eos.append(tokenizer_eos)
-    return ServedModel(name, model, text, tuple(dict.fromkeys(eos)))
+    return ServedModel(name, model, text, eos_ids_of(model.model_config, text.token_id(spec.eos_token)))
 
 
 def load_hf_folder(

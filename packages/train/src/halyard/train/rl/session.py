@@ -13,6 +13,7 @@ import jax
 
 from halyard.data import TokenizerSpec, load_tokenizer
 from halyard.named.nn import unfuse_multiply_add
+from halyard.serve.requests import eos_ids_of
 from halyard.shard import is_main_process
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
@@ -271,13 +272,6 @@ def _fingerprint(prompts: PromptSet) -> dict[str, Any]:
 
 
 def _eos_ids(tokenizer: TokenizerSpec, model_config: Any) -> tuple[int, ...]:
-    ids = list(getattr(model_config, "eos_token_ids", ()))
-    if tokenizer.eos_token is not None:
-        token = tokenizer.build().token_to_id(tokenizer.eos_token)
-        if token is not None:
-            ids.append(token)
-    else:
-        token = tokenizer.build().token_to_id("<|endoftext|>")
-        if token is not None:
-            ids.append(token)
-    return tuple(dict.fromkeys(ids))
+    """The model config's EOS ids, then the tokenizer's (``<|endoftext|>`` when it names none)."""
+    eos = tokenizer.eos_token if tokenizer.eos_token is not None else "<|endoftext|>"
+    return eos_ids_of(model_config, tokenizer.build().token_to_id(eos))
