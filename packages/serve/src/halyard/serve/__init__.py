@@ -13,12 +13,16 @@ from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.replicas import Replicas
 from halyard.serve.stats import EngineStats
 
+PageTable = PageAllocator
+"""The name `PageAllocator` had until 0.1.0 (kept until the next breaking release, 0.2.0)."""
+
 __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStats",
     "OutOfPages",
     "PageAllocator",
+    "PageTable",
     "ParameterError",
     "Replicas",
     "RequestOutput",
