@@ -252,6 +252,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--no-warmup", action="store_true", help="compile each step shape at first use instead"
     )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="EngineConfig.deterministic (fixed token counts)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -260,7 +263,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     engine = Engine(
         model,
-        engine_config(**size.engine, warmup=not args.no_warmup, compilation_cache=args.compilation_cache),
+        engine_config(
+            **size.engine,
+            warmup=not args.no_warmup,
+            compilation_cache=args.compilation_cache,
+            deterministic=args.deterministic,
+        ),
     )
     results: dict[str, Any] = dict(
         size=args.size, backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),

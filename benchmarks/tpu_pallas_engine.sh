@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 53: the engine with the Pallas ragged paged kernel on a one-chip TPU v5e, in one time-boxed call (LIMIT_S,
-# default 230 s). `paged_kernel("auto")` is still `blocked` there, so the engine's model is given `pallas` for
-# `auto` (ENGINE below: benchmarks/serve.py run with that one substitution):
+# default 230 s). The engine's model is given `pallas` for `auto` (ENGINE below: benchmarks/serve.py run with that
+# one substitution; since 2026-12-06 `auto` is `pallas` on a TPU anyway, so a checkout before that runs it too):
 #   1. the tiny Qwen2 engine (`serve.py --profile tpu-small`): its warm-up runs every step shape on pure
 #      padding (num_seqs 0, the step that halted the chip before the fix), then 24 requests;
 #   2. the kernel compiled for the chip against its reference (`pytest -m tpu`, test_ragged_paged_pallas.py);

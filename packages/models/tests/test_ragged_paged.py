@@ -106,7 +106,7 @@ def test_ragged_batch_refuses_what_does_not_fit():
 def test_paged_kernel_choices():
     assert isinstance(paged_kernel("auto", backend="cpu"), BlockedPagedKernel)
     assert isinstance(paged_kernel("blocked", backend="tpu"), BlockedPagedKernel)
-    # Not the pallas kernel on a TPU yet: the engine has not served with it on the chip (dispatch.py says why).
-    assert isinstance(paged_kernel("auto", backend="tpu"), BlockedPagedKernel)
+    assert type(paged_kernel("auto", backend="tpu")).__name__ == "PallasPagedKernel"
+    assert type(paged_kernel("pallas", backend="cpu")).__name__ == "PallasPagedKernel"
     with pytest.raises(ValueError, match="unknown implementation 'flash'"):
         paged_kernel("flash")

@@ -24,8 +24,8 @@ the blocked kernel on each device's share; ``context_parallel=None`` (a KV cache
 ``implementation="reference"`` never splits.
 
 An inference engine's step attends over its page pool instead (`paged_kernel`: ``blocked``, the training
-kernel's arithmetic page by page, on any backend; ``pallas`` on TPU, asked for by name; ``auto``: ``blocked`` for
-now, see `paged_kernel`), behind the interface of
+kernel's arithmetic page by page, on any backend; ``pallas``, JAX's ragged paged TPU kernel; ``auto``: ``pallas``
+on a TPU, ``blocked`` elsewhere), behind the interface of
 `halyard.models.attention.ragged_paged.RaggedPagedKernel`.
 
 Switching implementation never changes parameters: every implementation computes the same function
@@ -213,7 +213,7 @@ def paged_kernel(implementation: str = "auto", *, backend: str | None = None) ->
 
     Args:
         implementation: ``blocked`` | ``pallas`` | ``auto``.
-        backend: JAX's platform name (unused while ``auto`` is ``blocked`` everywhere).
+        backend: JAX's platform name; None: the backend the program is traced for (`target_backend`).
 
     Raises:
         ValueError: an unknown implementation, or ``pallas`` where its module is missing.
@@ -222,13 +222,13 @@ def paged_kernel(implementation: str = "auto", *, backend: str | None = None) ->
         raise ValueError(
             f"paged_kernel: unknown implementation {implementation!r}; choose one of {PAGED_IMPLEMENTATIONS}"
         )
-    del backend  # ``auto`` is ``blocked`` on every backend for now (below)
-    # ``auto`` does not pick ``pallas`` on a TPU yet. The engine's warm-up step with it halted the v5e
-    # ("Semaphore nonzero upon exit from Mosaic kernel": a step of no sequence left a page copy un-waited);
-    # `ragged_paged_pallas.kernel_sequences` fixes that, and the fixed call ran the warm-up's step and steps
-    # with empty sequences on the chip (2026-12-06, benchmarks/README.md), but the engine has not yet served
-    # with it there: ask for ``pallas`` by name until it has (issue 53).
-    if implementation in ("blocked", "auto"):
+    if implementation == "auto":
+        # Planned on a CPU for a TPU (`traced_elsewhere`): ``blocked``, as `_auto` does for splash; the
+        # interpreted Pallas kernel would hold whole-array scratch that the chip's kernel does not.
+        planned_elsewhere = backend is None and traced_elsewhere()
+        backend = target_backend() if backend is None else backend
+        implementation = "pallas" if backend == "tpu" and not planned_elsewhere else "blocked"
+    if implementation == "blocked":
         return BlockedPagedKernel()
     try:
         from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
