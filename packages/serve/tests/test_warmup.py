@@ -76,3 +76,27 @@ def test_the_server_options_set_warmup_and_the_compilation_cache(tmp_path: Path)
         parser.parse_args(["--warmup", "--warmup-logprobs", "--compilation-cache", str(tmp_path)])
     )
     assert chosen.warmup and chosen.warmup_logprobs and chosen.compilation_cache == str(tmp_path)
+
+
+def test_warmup_compiles_in_threads_and_then_compiles_nothing_in_deterministic_mode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two threads compile the two bucket shapes (4 and 5 tokens, one page bucket); deterministic mode's row
+    check then runs those programs and compiles none, and neither does a workload after."""
+    small = dict(max_context=8, num_pages=4, max_running=1, chunk_size=4, min_rows=4)
+    config = dataclasses.replace(WARM, **small, deterministic=True, compile_threads=2)
+    with caplog.at_level(logging.INFO, logger="halyard.serve.warmup"):
+        engine = Engine(tiny_model("llama"), config)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "warm-up: compiling 2 step shapes, 2 at a time" in messages
+    assert sum("compiled step shape" in m for m in messages) == 2
+    assert set(engine.runner.compiled_shapes) == set(engine.runner.bucket_shapes())
+    assert engine.stats.programs_compiled == 2 and engine.runner.row_checks
+    prompts = [[3], list(range(1, 7)), [2, 4]]
+    engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    assert engine.stats.programs_compiled == 2
+
+
+def test_compile_threads_is_checked() -> None:
+    with pytest.raises(ValueError, match="EngineConfig.compile_threads must be a positive int or None, got 0"):
+        EngineConfig(compile_threads=0)

@@ -52,6 +52,8 @@ class EngineConfig:
         warmup_logprobs: with ``warmup``, also compile the program variants of requests that ask for top
             alternatives (``top_logprobs``) or prompt log-probs, four programs per shape instead of one,
             so that no step compiles later whatever a request asks.
+        compile_threads: how many step programs warm-up compiles at once; None: the machine's cores
+            (``os.cpu_count()``).
         compilation_cache: a folder for JAX's persistent compilation cache (`halyard.shard.compilation_cache`,
             the mechanism training's ``trainer.compilation_cache`` uses): a second start loads its programs
             from there. None: no cache, unless this process set one already.
@@ -72,6 +74,7 @@ class EngineConfig:
     seed: int = 0
     warmup: bool = False
     warmup_logprobs: bool = False
+    compile_threads: int | None = None
     compilation_cache: str | None = None
 
     def __post_init__(self) -> None:
@@ -82,6 +85,12 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.compile_threads is not None and (
+            not isinstance(self.compile_threads, int) or self.compile_threads < 1
+        ):
+            raise ValueError(
+                f"EngineConfig.compile_threads must be a positive int or None, got {self.compile_threads!r}"
+            )
         if self.training_arithmetic and not self.deterministic:
             raise ValueError(
                 "EngineConfig.training_arithmetic needs deterministic=True (its programs of fixed row counts)"

@@ -119,7 +119,7 @@ class Engine:
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
         if config.warmup:
-            warm_up(self.runner, logprob_variants=config.warmup_logprobs)
+            warm_up(self.runner, logprob_variants=config.warmup_logprobs, threads=config.compile_threads)
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.programs_compiled = self.runner.programs_compiled
 

@@ -10,7 +10,8 @@ log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to 
 most one program holds), ``seqs`` follows it, and the pages a sequence can read (``seq_pages``) are
 rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``; `ModelRunner.shape_set` lists
-every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start). In deterministic mode
+every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start, several
+at once: `ModelRunner.compile_shapes`). In deterministic mode
 (``fixed_tokens``) a program has fewer tokens than the most only where `halyard.serve.row_check` showed
 that it computes every sequence as the full-size program does.
 
@@ -22,8 +23,12 @@ token in a training forward pass traced inside `batch_invariant` (``trainer.obje
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import contextvars
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -103,6 +108,7 @@ class ModelRunner:
         self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, Any] = {}
+        self._counting = threading.Lock()  # `compile_shapes`' threads add to the counters
 
     @property
     def compiled_shapes(self) -> list[ProgramShape]:
@@ -127,20 +133,53 @@ class ModelRunner:
     def _shape(self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool) -> ProgramShape:
         return ProgramShape(tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives)
 
+    def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
+        """One shape per token bucket and page bucket (each one's log-prob variants too with
+        ``logprob_variants``): every shape `shape_for` can give, and every one a row check compiles."""
+        variants = [(False, False), (False, True), (True, False), (True, True)]
+        return [
+            self._shape(tokens, pages, prompt_logprobs, alternatives)
+            for prompt_logprobs, alternatives in (variants if logprob_variants else variants[:1])
+            for tokens in _buckets(self.min_tokens, self.max_tokens)
+            for pages in _buckets(1, self.max_seq_pages)
+        ]
+
     def shape_set(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
         """Every shape `shape_for` can give without log-prob extras: one per token bucket and page bucket
         (in deterministic mode this runs the row checks, compiling what they need); with
         ``logprob_variants``, also each one's variants with prompt log-probs, top alternatives or both."""
-        variants = [(False, False), (False, True), (True, False), (True, True)]
         shapes: dict[ProgramShape, None] = {}
-        for prompt_logprobs, alternatives in variants if logprob_variants else variants[:1]:
-            for tokens in _buckets(self.min_tokens, self.max_tokens):
-                for pages in _buckets(1, self.max_seq_pages):
-                    shape = self.shape_for(
-                        tokens, pages, prompt_logprobs=prompt_logprobs, alternatives=alternatives
-                    )
-                    shapes[shape] = None
+        for bucket in self.bucket_shapes(logprob_variants=logprob_variants):
+            shape = self.shape_for(
+                bucket.tokens,
+                bucket.seq_pages,
+                prompt_logprobs=bucket.prompt_logprobs,
+                alternatives=bucket.alternatives,
+            )
+            shapes[shape] = None
         return list(shapes)
+
+    def compile_shapes(
+        self, shapes: Sequence[ProgramShape], threads: int
+    ) -> Iterator[tuple[ProgramShape, float]]:
+        """Compile the programs of ``shapes`` not compiled yet, ``threads`` at a time (XLA compiles outside
+        Python's lock, so a machine's cores compile side by side), yielding ``(shape, seconds)`` as each
+        finishes. ``compile_seconds`` grows by the wall time of the whole, not the sum of the threads'."""
+        todo = [shape for shape in dict.fromkeys(shapes) if shape not in self._programs]
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(todo) or 1))) as pool:
+            # Each thread traces in a copy of the caller's context (`compiling_for`, `batch_invariant`'s rows).
+            futures = {
+                pool.submit(contextvars.copy_context().run, self._compile, shape): shape for shape in todo
+            }
+            for future in concurrent.futures.as_completed(futures):
+                compiled, count, seconds = future.result()
+                with self._counting:
+                    self.programs_compiled += count
+                    self._programs.setdefault(futures[future], compiled)
+                yield futures[future], seconds
+        with self._counting:
+            self.compile_seconds += time.perf_counter() - started
 
     def rows_agree(self, shape: ProgramShape) -> bool:
         """Whether ``shape``'s program gives every sequence the bits the ``max_tokens`` program gives it
@@ -198,6 +237,15 @@ class ModelRunner:
         program = self._programs.get(shape)
         if program is not None:
             return program
+        compiled, count, seconds = self._compile(shape)
+        with self._counting:
+            self.compile_seconds += seconds
+            self.programs_compiled += count  # 0 when JAX had it (this process, the disk cache)
+            return self._programs.setdefault(shape, compiled)
+
+    def _compile(self, shape: ProgramShape) -> tuple[Any, int, float]:
+        """``shape``'s program compiled, the XLA compiles that took (0 when JAX had it: this process, the
+        disk cache) and the seconds."""
         started, compiles = time.perf_counter(), thread_compiles()
         example = jax.tree.map(self._placed, self.example_inputs(shape))
         with self._placement():
@@ -207,11 +255,7 @@ class ModelRunner:
                 self.model, self.paged_kv, example, invariant=self.invariant, alternatives=shape.alternatives
             )
             compiled = lowered.compile()
-        self.compile_seconds += time.perf_counter() - started
-        # 0 when JAX had it (this process, the disk cache)
-        self.programs_compiled += thread_compiles() - compiles
-        self._programs[shape] = compiled
-        return compiled
+        return compiled, thread_compiles() - compiles, time.perf_counter() - started
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""

@@ -35,7 +35,7 @@ API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
 
 ENGINE_OPTIONS = (
     "page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows", "deterministic_rows",
-    "max_n",
+    "max_n", "compile_threads",
 )  # fmt: skip
 
 logger = logging.getLogger("halyard.serve.server")
@@ -57,6 +57,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "needs; fewer cost less when few sequences run)",
         "max_n": "the most samples (n) one request may ask for, over all its prompts; a request's samples must "
         "also fit the pool together",
+        "compile_threads": "with --warmup: step programs compiled at once (default: the machine's cores)",
     }
     for name in ENGINE_OPTIONS:
         default = getattr(defaults, name)
