@@ -49,7 +49,7 @@ from benchmark_models import gpt2_config
 from scaling import QUICK, Setup  # the GPT-2 benchmark shape and its quick size
 
 from halyard.shard import Layout, MeshSpec, global_batch_from_local, use_layout
-from halyard.train.invariant import CanonicalSlices
+from halyard.train.invariant.slices import CanonicalSlices
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.optim.config import AdamWConfig
 from halyard.train.optim.schedule_config import ConstantScheduleConfig

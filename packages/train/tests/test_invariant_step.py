@@ -17,8 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from halyard.named import Axis, NamedArray
 from halyard.shard import Layout, MeshSpec
-from halyard.train.invariant import CanonicalSlices, canonical_norm, scan_tree_sum, tree_sum
-from halyard.train.invariant.trees import tree_sum_in_one_pass
+from halyard.train.invariant.norms import canonical_norm
+from halyard.train.invariant.slices import CanonicalSlices
+from halyard.train.invariant.trees import scan_tree_sum, tree_sum, tree_sum_in_one_pass
 from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 

@@ -11,13 +11,9 @@ import jax.numpy as jnp
 import optax
 
 from halyard.named import capture_reports, collect_reports
-from halyard.train.invariant import (
-    CanonicalSlices,
-    canonical_norm,
-    clip_to_norm,
-    isolated,
-    sliced_value_and_grad,
-)
+from halyard.train.invariant.norms import canonical_norm
+from halyard.train.invariant.slices import CanonicalSlices, sliced_value_and_grad
+from halyard.train.invariant.update import clip_to_norm, isolated
 from halyard.train.watch.config import WatchConfig
 from halyard.train.watch.norms import histograms, module_norms, optimizer_state_norms, top_names
 

@@ -17,30 +17,7 @@ rows of the batch has a fixed shape and a fixed order that the config alone deci
   each leaf in fixed trees (`canonical_norm`), each device the chunks of its shard;
 - the optimizer's update runs where the weights are (each FSDP device its shard) between barriers
   (`isolated`): an elementwise optimizer (AdamW, Lion) rounds the same on a shard as on the whole leaf.
+
+Its modules (`slices`, `trees`, `norms`, `update`, `view`, `gathers`) are the step's internals: import from them;
+halyard-train's public names are `halyard.train`'s.
 """
-
-from halyard.train.invariant.gathers import ShardedWeight
-from halyard.train.invariant.norms import NORM_CHUNK, canonical_norm
-from halyard.train.invariant.slices import CanonicalSlices, SliceTerm, sliced_sums, sliced_value_and_grad
-from halyard.train.invariant.trees import SMALLEST_EXCHANGED, scan_tree_sum, sum_over_devices, tree_sum
-from halyard.train.invariant.update import clip_to_norm, isolated
-from halyard.train.invariant.view import GatheredStacked, gathered_view, sharded_weights
-
-__all__ = [
-    "NORM_CHUNK",
-    "SMALLEST_EXCHANGED",
-    "CanonicalSlices",
-    "GatheredStacked",
-    "ShardedWeight",
-    "SliceTerm",
-    "canonical_norm",
-    "clip_to_norm",
-    "gathered_view",
-    "isolated",
-    "scan_tree_sum",
-    "sharded_weights",
-    "sliced_sums",
-    "sliced_value_and_grad",
-    "sum_over_devices",
-    "tree_sum",
-]

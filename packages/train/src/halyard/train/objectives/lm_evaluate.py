@@ -13,7 +13,7 @@ import numpy as np
 from halyard.data import LMDataset
 from halyard.shard import Layout, batch_share, global_batch_from_local
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
-from halyard.train.invariant import CanonicalSlices, sliced_sums
+from halyard.train.invariant.slices import CanonicalSlices, sliced_sums
 from halyard.train.objectives.lm_loss import lm_loss_fn
 from halyard.train.run_config import TrainConfig
 

@@ -6,7 +6,7 @@ import jax
 
 from halyard.shard import DCN_AXES, Layout, mesh_axis_sizes
 from halyard.train.config.schema import choice_name_of
-from halyard.train.invariant import CanonicalSlices
+from halyard.train.invariant.slices import CanonicalSlices
 from halyard.train.optim.config import OptimizerConfig
 from halyard.train.run_config import TrainConfig
 from halyard.train.user_errors import ConfigError
