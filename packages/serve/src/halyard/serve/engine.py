@@ -9,7 +9,7 @@ folds in what its sequences drew (`RequestState`), ending samples on a stop toke
 when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
 default; a server hands it off (`hand_off_text`) to run beside its event loop, off the engine's thread.
 
-In the fast mode on one device the steps are pipelined (`ModelRunner.pipelined`): `step` schedules and
+In the fast mode the steps are pipelined (`ModelRunner.pipelined`): `step` schedules and
 dispatches step k+1 while step k runs, then fetches step k's tokens. Step k+1 is scheduled before they are
 known: each token step k draws holds a `PLACEHOLDER` in its sequence, and the program of step k+1 takes it
 from step k's outputs on the device; a sample that step k ends (a stop token) has a wasted row in step

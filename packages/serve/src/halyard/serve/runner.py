@@ -96,7 +96,7 @@ class ModelRunner:
         self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
-        self.pipelined = not fixed_tokens and mesh is None
+        self.pipelined = not fixed_tokens
         """Whether its programs take the previous program's drawn tokens on the device (``fed_from``,
         ``previous``), so the engine can dispatch a step before fetching the one before it."""
         pages = model.init_pages(num_pages, page_size, kernel)
@@ -219,12 +219,19 @@ class ModelRunner:
                 output.copy_to_host_async()  # the transfer starts as soon as the program ends
         return outputs
 
-    def _placed(self, value: np.ndarray) -> jax.Array:
-        """A host input as the programs take it: on the default device, or replicated over the mesh (every
-        process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic)."""
+    def _placed(self, value: np.ndarray | jax.Array) -> jax.Array:
+        """An input as the programs take it: on the default device, or replicated over the mesh (every
+        process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic).
+        A device array (a pipelined step's ``previous`` tokens) stays on the devices."""
         if self.mesh is None:
             return jax.device_put(value)  # jnp.asarray would compile a small program per shape and dtype
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        if isinstance(value, jax.Array):
+            return (
+                value
+                if value.sharding.is_equivalent_to(replicated, value.ndim)
+                else jax.device_put(value, replicated)
+            )
         return jax.make_array_from_process_local_data(replicated, np.asarray(value))
 
     def _placement(self) -> Any:
