@@ -22,6 +22,7 @@ from trainer_fixtures import assert_bitwise_equal, fails, load_config, run_cli, 
 
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.run.setup import RunSetup
+from halyard.train.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +75,21 @@ def final_params(folder: Path) -> Any:
 
 
 def train(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: Any) -> Path:
-    """``train`` of the invariant tiny run on ``devices`` devices; returns the run's folder."""
+    """``train`` of the invariant tiny run in a fresh process of ``devices`` devices; returns the run's folder."""
     folder.mkdir(parents=True, exist_ok=True)
     config = write_config(folder / "run.yaml", folder / "run", cache_dir, **{**RUN, **sections})
     result = run_cli(["--config", str(config), *args], devices=devices)
     assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def train_here(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: Any) -> Path:
+    """The same run trained in this process (`Trainer.fit`, what ``train`` runs) on the first ``devices`` of
+    its 8 devices: no process start (imports, data, the CPU's peak) for each mesh. ``train`` in fresh
+    processes trains the 1-device reference, the killed run and its resumes, and the 2-process runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **{**RUN, **sections})
+    Trainer(load_config(config, *args), devices=jax.devices()[:devices]).fit()
     return folder
 
 
@@ -96,18 +107,17 @@ def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
     ("devices", "mesh"),
     [
         (2, []),
-        (4, []),
         (8, []),
-        (2, ["--trainer.mesh.fsdp", "2", "--trainer.mesh.data", "1", *FSDP]),
         (4, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "1", *FSDP]),
         (8, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "2", *FSDP]),
     ],
-    ids=["data2", "data4", "data8", "fsdp2", "fsdp4", "data2_fsdp4"],
+    # data 4 and fsdp 2 ran the same code as data 2 / data 8 and fsdp 4 (a row count, a shard count apart)
+    ids=["data2", "data8", "fsdp4", "data2_fsdp4"],
 )
 def test_every_split_logs_and_ends_bitwise_like_one_device(
     tmp_path: Path, cache_dir: Path, one_device: Path, devices: int, mesh: list[str]
 ) -> None:
-    run = train(tmp_path, cache_dir, devices, *mesh)
+    run = train_here(tmp_path, cache_dir, devices, *mesh)
     reference = logged(one_device / "run")
     assert len(reference) == STEPS + 1 and reference[-1][0] == "eval"
     assert all(norm > 0.25 for _, norm in reference[:STEPS])  # clipped every step
@@ -148,9 +158,9 @@ def test_killed_on_8_devices_and_resumed_on_2_devices_or_2_processes_equals_one_
 
 def test_lion_on_8_devices_is_bitwise_like_one_device(tmp_path: Path, cache_dir: Path) -> None:
     lion = {"optimizer": {"type": "lion", "learning_rate": 0.001, "max_grad_norm": 0.25}}
-    runs = [train(tmp_path / f"devices{n}", cache_dir, n, *FSDP, **lion) for n in (1, 8)]
+    runs = [train_here(tmp_path / f"devices{n}", cache_dir, n, *FSDP, **lion) for n in (1, 8)]
     # and with the weights split over 8 fsdp devices, each layer gathered inside the scan
-    runs.append(train(tmp_path / "fsdp8", cache_dir, 8, *FSDP, *FSDP_8, **lion))
+    runs.append(train_here(tmp_path / "fsdp8", cache_dir, 8, *FSDP, *FSDP_8, **lion))
     for run in runs[1:]:
         assert logged(runs[0] / "run") == logged(run / "run")
         assert_bitwise_equal(final_params(runs[0]), final_params(run))

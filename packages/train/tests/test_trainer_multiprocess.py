@@ -11,8 +11,11 @@ import signal
 import time
 from pathlib import Path
 
+import jax
 import pytest
-from trainer_fixtures import assert_trajectory_close, run_cli, start_processes, write_config
+from trainer_fixtures import assert_trajectory_close, load_config, start_processes, write_config
+
+from halyard.train.trainer.trainer import Trainer
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -32,8 +35,7 @@ def test_two_process_run_resumes_as_one_process(tmp_path: Path) -> None:
     reference = write_config(
         tmp_path / "ref.yaml", tmp_path / "ref", cache, **sections | {"checkpoint": {"every_steps": steps}}
     )
-    done = run_cli(["--config", str(reference)], devices=4)
-    assert done.returncode == 0, done.stderr[-3000:]
+    Trainer(load_config(reference), devices=jax.devices()[:4]).fit()  # in this process, on 4 of its devices
 
     # Two processes with 2 devices each train the same config until a SIGTERM (preemption) stops them.
     shared = write_config(tmp_path / "multi.yaml", tmp_path / "multi", cache, **sections)
@@ -57,9 +59,9 @@ def test_two_process_run_resumes_as_one_process(tmp_path: Path) -> None:
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 143, stderr[-3000:]
 
-    # One process with 4 devices resumes the run to the end.
-    resumed = run_cli(["--config", str(shared)], devices=4)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # One process with 4 devices (this one, 4 of its 8) resumes the run to the end.
+    resumed = Trainer(load_config(shared), devices=jax.devices()[:4]).fit()
+    assert int(resumed.state.step) == steps
     expected, got = _losses(tmp_path / "ref"), _losses(tmp_path / "multi")
     assert sorted(got) == sorted(expected) == list(range(1, steps + 1))
     # gloo's all-reduce across the processes and one process's add the 4 devices' gradients in other orders
