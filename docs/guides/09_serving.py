@@ -102,10 +102,12 @@ deterministic = EngineConfig(
 )
 target = ([3, 1, 4, 1, 5, 9, 2, 6, 11], SamplingParams(max_tokens=12, temperature=1.0, seed=3, logprobs=True))
 rng = np.random.default_rng(0)
+# Smoke size: shorter requests, each within one page: the same property with fewer programs to compile.
+prompt_lengths, new_tokens = ((2, 24), (1, 24)) if SMOKE else ((2, 60), (1, 30))
 others = [
     (
-        [int(t) for t in rng.integers(1, 11, int(rng.integers(2, 60)))],
-        SamplingParams(max_tokens=int(rng.integers(1, 30))),
+        [int(t) for t in rng.integers(1, 11, int(rng.integers(*prompt_lengths)))],
+        SamplingParams(max_tokens=int(rng.integers(*new_tokens))),
     )
     for _ in range(20)
 ]

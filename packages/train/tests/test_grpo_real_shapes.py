@@ -82,15 +82,22 @@ def _checkpoint(folder: Path, tokenizer: Path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def checkpoint_and_prompts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The checkpoint and the prompts, written once: both compute dtypes start from the same files."""
+    folder = tmp_path_factory.mktemp("real_shapes")
+    return _checkpoint(folder / "hf", _tokenizer(folder / "tokenizer")), _prompts(folder / "prompts.jsonl")
+
+
 @pytest.mark.parametrize("compute_dtype", ["bfloat16", "float32"])
 def test_the_sampler_agrees_with_the_trainer_bitwise_from_a_real_shaped_checkpoint(
-    tmp_path: Path, compute_dtype: str
+    tmp_path: Path, compute_dtype: str, checkpoint_and_prompts: tuple[Path, Path]
 ) -> None:
-    checkpoint = _checkpoint(tmp_path / "hf", _tokenizer(tmp_path / "tokenizer"))
+    checkpoint, prompts = checkpoint_and_prompts
     run_dir = tmp_path / "run"
     args = [
         "--config", "qwen2.5-0.5b-grpo-gsm8k", "--trainer.init", f"hf:{checkpoint}",
-        "--data.sources", f"[{_prompts(tmp_path / 'prompts.jsonl')}]", "--rl.rewards", "[format:paris]",
+        "--data.sources", f"[{prompts}]", "--rl.rewards", "[format:paris]",
         "--model.compute_dtype", compute_dtype, "--trainer.run_dir", str(run_dir), "--trainer.steps", "2",
         "--trainer.batch_size", "16", "--rl.group_size", "4", "--rl.max_running", "16", "--rl.max_new_tokens", "6",
         "--trainer.eval_every", "0", "--checkpoint.every_steps", "100", "--trackers", "[{type: jsonl}]",
