@@ -9,6 +9,8 @@ bound; these are:
   sums that produce them are added up in another order;
 - `decoder_terms(shape, length)`: the ``terms`` of a decoder's forward pass, reduction by reduction;
 - `FUNCTION_TERMS`: the ``terms`` one elementwise function (exp, log, tanh, sin, a square root) adds.
+- `INVERSE_FREQUENCY_TERMS`: a rotary inverse frequency's relative error in eps; `rotary_tolerance` for
+  rotated values (the angle's error times the position).
 
 Comparisons that are the same computation by construction (the same program, the same inputs) stay exact
 instead: these bound reordering, not bugs.
@@ -26,6 +28,13 @@ from numpy.typing import ArrayLike, DTypeLike
 # exact value on 10^6 float32 arguments, with this CPU's best instruction set and with --xla_cpu_max_isa=SSE4_2
 # (tanh is the worst; numpy's are within 1): one such function in a chain adds at most this many terms.
 FUNCTION_TERMS = 4
+
+
+# A rotary inverse frequency's relative error, float32 against float32 in another implementation (or the
+# exact value): the base's power (an exp and a log; a dynamic scaling's base is another power, at most ~1.2
+# times its own base's error), the reciprocal, and a scaling's quotient and blend (llama3's smooth factor or
+# yarn's ramp err by a few eps of the frequency itself): 4 functions' and 4 roundings' worth.
+INVERSE_FREQUENCY_TERMS = 4 * FUNCTION_TERMS + 4
 
 
 def summation_tolerance(values: ArrayLike, terms: int, dtype: DTypeLike = np.float32) -> float:
@@ -132,12 +141,12 @@ def rotary_tolerance(values: ArrayLike, positions: ArrayLike, rotated: ArrayLike
 
     An angle is a position times an inverse frequency (at most 1): a power of the base (an exp and a log; a
     dynamic scaling's base is another power), a quotient and a scaling's blend (a product and a sum), so the
-    angle's relative error is within ``4 * FUNCTION_TERMS + 4`` eps, and a rotated value moves by ``|value|``
+    angle's relative error is within `INVERSE_FREQUENCY_TERMS` eps, and a rotated value moves by ``|value|``
     times the angle's error; cos or sin and the rotation's two products and sum add their own.
     """
     angle = float(np.max(np.abs(np.asarray(positions, np.float64)), initial=0.0))
     magnitude = float(np.max(np.abs(np.asarray(values, np.float64)), initial=0.0))
-    return summation_tolerance(magnitude * angle, 4 * FUNCTION_TERMS + 4) + summation_tolerance(
+    return summation_tolerance(magnitude * angle, INVERSE_FREQUENCY_TERMS) + summation_tolerance(
         rotated, FUNCTION_TERMS + 3
     )
 
@@ -153,7 +162,7 @@ def referee_terms(config: Any, length: int) -> int:
     """The ``terms`` of a decoder's logits computed by two implementations (Halyard's JAX against transformers'
     torch, or lm-eval's model on it): `decoder_terms`, and what each computes on its own: every layer's MLP
     activation (one function), the rotary angles ``position * inverse frequency`` (an angle up to ``length``
-    with `rotary_tolerance`'s relative error, ``4 * FUNCTION_TERMS + 4`` eps, moves q and k by their size
+    with `rotary_tolerance`'s relative error, `INVERSE_FREQUENCY_TERMS` eps, moves q and k by their size
     times the angle's error, in every layer; learned positions have none, the bound counts them anyway) and
     a final soft-cap's tanh.
 
@@ -161,5 +170,5 @@ def referee_terms(config: Any, length: int) -> int:
         config: the model's `halyard.models.DecoderConfig`.
         length: the most positions one sequence has (the largest position, the most keys of a query).
     """
-    rotary = 2 * (length * (4 * FUNCTION_TERMS + 4) + FUNCTION_TERMS + 3)
+    rotary = 2 * (length * INVERSE_FREQUENCY_TERMS + FUNCTION_TERMS + 3)
     return decoder_terms(config, length) + config.shape.layers * (FUNCTION_TERMS + rotary) + FUNCTION_TERMS

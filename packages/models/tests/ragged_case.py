@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from float_tolerance import attention_terms
 
 PAGE_SIZE = 8
 HEAD_SIZE = 64  # below the kernel's 128 lanes: the padding to 128 is part of what is tested
@@ -129,8 +130,9 @@ def dense_reference(
 
 
 def reference_terms() -> int:
-    """The reductions along one output value (`float_tolerance.summation_tolerance`'s ``terms``): the
-    logit's dot product, the softmax's sum and the weighted values (up to the longest sequence's keys each),
-    and one for each rounding of an exp or tanh."""
+    """The reductions along one output value (`float_tolerance.summation_tolerance`'s ``terms``):
+    `float_tolerance.attention_terms` over the longest sequence's keys (the logit's dot product, a soft-cap's
+    tanh and the softmax's exp, the softmax's sum and the weighted values), its pages the key blocks of an
+    online softmax (one a page at most)."""
     longest = max(kv_len for _, kv_len, _ in SEQUENCES)
-    return HEAD_SIZE + 2 * longest + 2
+    return attention_terms(HEAD_SIZE, longest, key_blocks=-(-longest // PAGE_SIZE))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from family_checks import referee_logits_tolerance
 from hf_weights import halyard_from_torch
 
 from halyard.models.attention import AttentionMask
@@ -27,7 +28,7 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
     return ids, attention_mask
 
 
-def _compare(hf_model: Any, model: Any, *, atol: float = 1e-4) -> None:
+def _compare(hf_model: Any, model: Any) -> None:
     ids, attention_mask = _batch()
     with torch.no_grad():
         expected = hf_model(
@@ -40,7 +41,8 @@ def _compare(hf_model: Any, model: Any, *, atol: float = 1e-4) -> None:
     logits = jax.jit(lambda m, t, k: m(t, mask=k))(model, tokens, mask).unwrap("batch", "pos", "vocab")
     valid = attention_mask.astype(bool)
     assert np.abs(expected).max() > 0.05, "logits too small for a meaningful comparison"
-    np.testing.assert_allclose(np.asarray(logits)[valid], expected[valid], atol=atol, rtol=1e-4)
+    bound = referee_logits_tolerance(model, expected[valid], SEQ)
+    np.testing.assert_allclose(np.asarray(logits)[valid], expected[valid], atol=bound, rtol=0)
 
 
 def _hf(config: Any, cls: Any) -> Any:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from float_tolerance import rotary_tolerance
+from float_tolerance import FUNCTION_TERMS, INVERSE_FREQUENCY_TERMS, rotary_tolerance, summation_tolerance
 from hypothesis import given, settings
 from transformers import Gemma3TextConfig, LlamaConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
@@ -21,6 +21,7 @@ from halyard.models.rotary import RotaryConfig, apply_rotary, inverse_frequencie
 from halyard.named import named
 
 HEAD_SIZE = 16
+EPS = float(np.finfo(np.float32).eps)
 MAX_POSITION = 64
 THETA = 500.0
 
@@ -118,8 +119,13 @@ def test_hf_round_trip_and_export_loads_in_transformers(name: str) -> None:
         warnings.simplefilter("ignore")
         embedding = LlamaRotaryEmbedding(hf_config)
     inv_freq, attention_factor = inverse_frequencies(config, HEAD_SIZE, max_position=MAX_POSITION)
-    np.testing.assert_allclose(inv_freq, embedding.inv_freq.numpy(), rtol=1e-6)
-    assert attention_factor == pytest.approx(embedding.attention_scaling)
+    # float32 frequencies from XLA's power and torch's (relative); the attention factor in float64 on both
+    # sides (a log, products, a sum, a quotient of two such)
+    np.testing.assert_allclose(
+        inv_freq, embedding.inv_freq.numpy(), rtol=INVERSE_FREQUENCY_TERMS * EPS, atol=0
+    )
+    factor_bound = summation_tolerance(embedding.attention_scaling, 2 * FUNCTION_TERMS + 6, np.float64)
+    assert attention_factor == pytest.approx(embedding.attention_scaling, rel=0, abs=factor_bound)
 
 
 def test_partial_rotation_matches_numpy_and_leaves_the_rest() -> None:
@@ -164,18 +170,35 @@ def test_scores_depend_only_on_relative_position(
     query = named(jnp.asarray(rng.normal(size=(1, HEAD_SIZE)), jnp.float32), ("pos", "head_size"))
     key = named(jnp.asarray(rng.normal(size=(1, HEAD_SIZE)), jnp.float32), ("pos", "head_size"))
 
+    q_norm, k_norm = float(jnp.linalg.norm(query.array)), float(jnp.linalg.norm(key.array))
+
     def score(offset: int) -> float:
         q = apply_rotary(query, named(jnp.asarray([query_position + offset]), "pos"), config, max_position=64)
         k = apply_rotary(key, named(jnp.asarray([key_position + offset]), "pos"), config, max_position=64)
-        assert np.isclose(float(jnp.linalg.norm(q.array)), float(jnp.linalg.norm(query.array)), rtol=1e-5)
+        # A rotation keeps each pair's length whatever its angle's error: only cos and sin's own errors (and
+        # the rotation's products and sum) scale it, then both norms' squares and roots.
+        bound = summation_tolerance(q_norm, FUNCTION_TERMS + 3) + 2 * summation_tolerance(
+            q_norm, HEAD_SIZE + FUNCTION_TERMS
+        )
+        assert float(jnp.linalg.norm(q.array)) == pytest.approx(q_norm, rel=0, abs=bound)
         return float(jnp.sum(q.array * k.array))
 
-    assert np.isclose(score(0), score(shift), rtol=1e-3, atol=1e-3)
+    # Each pair's score is |q_pair| |k_pair| cos(the angles' difference): an angle errs by its position times
+    # an inverse frequency (at most 1) times INVERSE_FREQUENCY_TERMS eps, moving the score by at most its
+    # pair's |q| |k| times that; cos and sin's own errors and the dot's HEAD_SIZE roundings add theirs. Over
+    # the pairs |q_pair| |k_pair| sums to at most |q| |k|; two scores, each within this of the exact.
+    def score_tolerance(offset: int) -> float:
+        angles = (query_position + offset + key_position + offset) * INVERSE_FREQUENCY_TERMS
+        return summation_tolerance(q_norm * k_norm, angles + 2 * (FUNCTION_TERMS + 3) + HEAD_SIZE)
+
+    bound = score_tolerance(0) + score_tolerance(shift)
+    assert score(0) == pytest.approx(score(shift), rel=0, abs=bound)
 
 
 def test_inverse_frequencies_of_default_rope() -> None:
     inv_freq, attention_factor = inverse_frequencies(RotaryConfig(theta=10000.0), 8, max_position=16)
-    np.testing.assert_allclose(inv_freq, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
+    # 10000 to the powers 0, 1/4, 1/2, 3/4 (exact exponents) and the reciprocal, in float32
+    np.testing.assert_allclose(inv_freq, [1.0, 0.1, 0.01, 0.001], rtol=(FUNCTION_TERMS + 1) * EPS, atol=0)
     assert attention_factor == 1.0
 
 

@@ -10,15 +10,38 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from float_tolerance import FUNCTION_TERMS, decoder_terms, summation_tolerance
 from test_sft_trainer import make_tokenizer
-from trainer_fixtures import load_config, write_config
+from trainer_fixtures import TINY, load_config, write_config
 
+from halyard.models import LlamaConfig
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.cli import main
 from halyard.train.config.errors import ConfigError
 from halyard.train.trainer.trainer import Trainer
 
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+BETA, PAIRS = 0.5, TINY["trainer"]["batch_size"]  # dpo_config_file's beta, a step's pairs
+MODEL = LlamaConfig(**{name: value for name, value in TINY["model"].items() if name != "type"})
+SEQ_LEN = TINY["data"]["seq_len"]
+# A reply's summed log-probability from another program: the forward pass, the vocabulary's log-softmax and
+# the sum over the row's positions.
+LOGP_TERMS = decoder_terms(MODEL, SEQ_LEN) + MODEL.vocab_size + SEQ_LEN
+
+
+def assert_first_step_at_the_reference(first: dict) -> None:
+    """Step 1 is computed with the weights the reference holds, so there is no margin yet and the loss is
+    log 2, up to summation order: the policy's log-probabilities come from the step's program (under the
+    gradient), the reference's from the one before it. Each pair's reward ``beta * (pi - ref)`` is within
+    ``beta`` times `LOGP_TERMS` at the log-probability's size (negative, so the mean of the sizes is the size
+    of the logged mean); the margins add the chosen's and the rejected's; -log sigmoid's slope at 0 is 1/2,
+    then its own function's error and the mean over the pairs."""
+    margin = BETA * sum(
+        summation_tolerance(first[f"logps/{side}"], LOGP_TERMS + 2) for side in ("chosen", "rejected")
+    )
+    assert first["rewards/margins"] == pytest.approx(0.0, rel=0, abs=margin)
+    loss = margin / 2 + summation_tolerance(math.log(2), FUNCTION_TERMS + PAIRS + 2)
+    assert first["loss"] == pytest.approx(math.log(2), rel=0, abs=loss)
 
 
 def preference_records(count: int, seed: int = 0) -> list[dict]:
@@ -82,13 +105,20 @@ def test_a_dpo_run_through_the_cli_learns_the_preference(dpo_run) -> None:
     for row in steps:
         assert all(name in row for name in (*REWARD_METRICS, "logps/chosen", "logps/rejected")), sorted(row)
     first, last = steps[0], steps[-1]
-    # Step 1 is computed with the weights the reference holds: no margin yet, the loss is log 2.
-    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)
-    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-4)
+    assert_first_step_at_the_reference(first)
     assert last["loss"] < first["loss"] - 0.05
     assert last["rewards/margins"] > 0.1 and last["rewards/accuracies"] > 0.6
+    # The mean margin against the difference of the mean rewards: the pairs' sums in float32 at the sizes of
+    # the rewards. Rewards may have either sign, but log-probabilities are negative: a side's mean |reward|
+    # is at most beta (|mean pi| + |mean ref|), and the reference's mean is the policy's minus reward / beta.
+    sizes = [
+        BETA * (abs(last[f"logps/{side}"]) + abs(last[f"logps/{side}"] - last[f"rewards/{side}"] / BETA))
+        for side in ("chosen", "rejected")
+    ]
     assert last["rewards/margins"] == pytest.approx(
-        last["rewards/chosen"] - last["rewards/rejected"], abs=1e-5
+        last["rewards/chosen"] - last["rewards/rejected"],
+        rel=0,
+        abs=summation_tolerance(2 * sum(sizes), PAIRS + 1),
     )
     evaluated = [row for row in rows if "eval_loss" in row]
     assert len(evaluated) == 1 and evaluated[0]["eval_loss"] < math.log(2)

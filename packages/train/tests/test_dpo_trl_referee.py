@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import FUNCTION_TERMS, referee_terms, summation_tolerance
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from tokenizers import models as tokenizer_models
@@ -32,25 +33,28 @@ VOCAB = 48
 EOS = 1
 WIDTH = 12  # seq_len + 1
 BETA = 0.3
+CONFIG = model_config(
+    "llama",
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    max_position=32,
+)
+# A reply's summed log-probability in JAX and in torch: each computes the forward pass (and its rotary
+# angles) itself, then the vocabulary's log-softmax and the sum over the row's positions.
+LOGP_TERMS = referee_terms(CONFIG, WIDTH) + VOCAB + WIDTH
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The policy and reference weights as Halyard models and as exported transformers folders."""
     folder = tmp_path_factory.mktemp("dpo-referee")
-    config = model_config(
-        "llama",
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        max_position=32,
-    )
     out: dict[str, Any] = {"folder": folder}
     for name, seed in (("policy", 1), ("reference", 0)):
-        out[name] = init_model(config, jax.random.PRNGKey(seed))
+        out[name] = init_model(CONFIG, jax.random.PRNGKey(seed))
         export_hf(out[name], folder / name, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=0)
     return out
 
@@ -147,11 +151,38 @@ def test_loss_and_gradients_equal_trl(
     expected_loss, expected_metrics, expected_grads = trl_loss_and_grads(trl_trainer, batch)
     loss, metrics, grads = halyard_loss_and_grads(models, batch, beta=BETA, label_smoothing=label_smoothing)
     assert abs(loss - np.log(2)) > 1e-3  # the policy is not the reference: a real margin is compared
-    np.testing.assert_allclose(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    bounds = metric_bounds(models, batch, pairs)
+    # -log sigmoid's slope is below 1 in the margin; then its own function and the mean over the pairs
+    loss_bound = bounds["rewards/margins"] + summation_tolerance(expected_loss, FUNCTION_TERMS + pairs + 2)
+    np.testing.assert_allclose(loss, expected_loss, atol=loss_bound, rtol=0)
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
-        np.testing.assert_allclose(metrics[name], expected_metrics[name], atol=1e-5, err_msg=name)
+        bound = bounds[name]
+        np.testing.assert_allclose(metrics[name], expected_metrics[name], atol=bound, rtol=0, err_msg=name)
     ours = exported_grads(grads, models["folder"] / f"grads-{loss_type}")
     assert set(ours) == set(expected_grads)
+    # Each tensor's gradient at the largest one's size (assert_loss_and_grads_close's reason): the forward
+    # and backward through the same sums, the sigmoid's factor, the sum over the pairs' rows.
+    scale = max(float(np.abs(expected).max()) for expected in expected_grads.values())
+    grad_bound = summation_tolerance(scale, 2 * LOGP_TERMS + FUNCTION_TERMS + 2 * pairs)
     for name, expected in expected_grads.items():
         assert np.abs(expected).max() > 0, name
-        np.testing.assert_allclose(ours[name], expected, atol=1e-5, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(ours[name], expected, atol=grad_bound, rtol=0, err_msg=name)
+
+
+def metric_bounds(models: dict[str, Any], batch: dict[str, np.ndarray], pairs: int) -> dict[str, float]:
+    """How far the mean rewards of ``batch`` may differ between Halyard and TRL: ``beta`` times the policy's
+    and the reference's summed log-probabilities' bounds (`LOGP_TERMS` at their sizes: log-probabilities are
+    negative, so the mean of their sizes is the size of their mean), with the difference, the product and
+    the mean; the margins add the chosen and the rejected; the accuracies, a share of the pairs, differ by
+    its rounding in float32 (TRL's mean) against Python's division."""
+    batch_jax = {key: jnp.asarray(value) for key, value in batch.items()}
+    bounds = {}
+    for side in ("chosen", "rejected"):
+        sizes = [
+            float(np.abs(np.mean(reference_logprobs(models[name], batch_jax)[f"reference_{side}_logps"])))
+            for name in ("policy", "reference")
+        ]
+        bounds[f"rewards/{side}"] = BETA * summation_tolerance(sum(sizes), LOGP_TERMS + 3 + pairs)
+    bounds["rewards/margins"] = bounds["rewards/chosen"] + bounds["rewards/rejected"]
+    bounds["rewards/accuracies"] = summation_tolerance(1, 1)
+    return bounds

@@ -187,8 +187,9 @@ def test_each_source_is_validated_on_its_own(runs: dict[str, Any]) -> None:
         alone, _ = Evaluator(split, config, trainer.mesh, trainer.layout, data.tokenizer_path).evaluate(
             runs["whole"].state.params
         )
-        assert last[f"eval/{name}/loss"] == pytest.approx(alone["eval_loss"], rel=1e-6)
-        assert last[f"eval/{name}/bits_per_byte"] == pytest.approx(alone["eval_bits_per_byte"], rel=1e-6)
+        # the same program on the same weights: an Evaluator of the run's config, mesh and layout
+        assert last[f"eval/{name}/loss"] == alone["eval_loss"]
+        assert last[f"eval/{name}/bits_per_byte"] == alone["eval_bits_per_byte"]
     losses = sorted(last[f"eval/{name}/loss"] for name in ("web", "code"))
     assert losses[0] <= last["eval_loss"] <= losses[1]
 
@@ -227,7 +228,8 @@ def test_the_saved_config_reads_back_and_halyard_eval_splits_by_source(
     assert eval_main(["--run", config.trainer.run_dir]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("eval_loss", "eval/web/loss", "eval/code/bits_per_byte"):
-        assert printed[key] == pytest.approx(runs["whole"].last_metrics[key], rel=1e-6)
+        # the same program on the same weights: the last checkpoint on the run's mesh and layout
+        assert printed[key] == runs["whole"].last_metrics[key]
 
 
 def test_changed_weights_are_refused_on_resume_unless_allowed(
@@ -292,15 +294,16 @@ def test_two_processes_build_a_share_of_every_source_and_train_like_one(
         assert stdout.count("(1 of 2 shards on this process)") == 2, stdout[-2000:]
     logged = [json.loads(line) for line in (tmp_path / "two-hosts" / "metrics.jsonl").open()]
     by_step = {record["step"]: record for record in logged if "loss" in record}
-    for expected in runs["whole"].history:
+    for updates, expected in enumerate(runs["whole"].history):
         got = by_step[expected["step"]]
         for key in ("loss", "train/web/loss", "train/code/loss", "train/web/tokens"):
-            bound = summation_tolerance(np.nan_to_num(expected[key]), STEP_TERMS)
+            # this step's sums and those of the updates behind it, as on the FSDP mesh above
+            bound = summation_tolerance(np.nan_to_num(expected[key]), (updates + 1) * STEP_TERMS)
             np.testing.assert_allclose(
                 float(got[key]), expected[key], atol=bound, rtol=0, err_msg=key
             )  # "NaN"
     evaluated = [record for record in logged if "eval_loss" in record][-1]
     for key in ("eval_loss", "eval/web/loss", "eval/code/loss", "eval/web/bits_per_byte"):
         expected = runs["whole"].last_metrics[key]
-        bound = summation_tolerance(expected, STEP_TERMS)
+        bound = summation_tolerance(expected, (len(runs["whole"].history) + 1) * STEP_TERMS)
         np.testing.assert_allclose(evaluated[key], expected, atol=bound, rtol=0, err_msg=key)

@@ -178,7 +178,8 @@ def test_loss_and_gradient_equal_trl(name: str) -> None:
     if options.scale != "batch":  # with batch scaling TRL logs whether the batch's std is 0
         # TRL does not count a group with fewer than two scored rewards; Halyard flags it (nothing to learn).
         scored = np.sum(~np.isnan(case.rewards), axis=1)
-        assert zero_std == pytest.approx(np.mean(ours["all_equal"] & (scored >= 2))) and zero_std > 0
+        share = np.mean(ours["all_equal"] & (scored >= 2))  # TRL's in float32: one rounding of a share
+        assert zero_std == pytest.approx(share, rel=0, abs=summation_tolerance(share, 1)) and zero_std > 0
         np.testing.assert_array_equal(ours["all_equal"][scored < 2], True)
     shared = set(trl_metrics) - NOT_FROM_THE_LOSS
     assert shared <= set(ours["metrics"]), sorted(shared - set(ours["metrics"]))

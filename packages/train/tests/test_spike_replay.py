@@ -101,7 +101,7 @@ def test_the_spike_is_logged_at_the_planted_documents_steps_naming_it(spiked_run
         for line in (spiked_run / "metrics.jsonl").read_text().splitlines()
     }
     for spike in spikes:  # the trackers have the spike at its step (metrics.jsonl although log_every is 10)
-        assert lines[spike["step"]]["spike/zscore"] == pytest.approx(spike["zscore"])
+        assert lines[spike["step"]]["spike/zscore"] == spike["zscore"]  # one Python float, in both files
         assert lines[spike["step"]]["loss"] == spike["loss"]
 
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from float_tolerance import FUNCTION_TERMS, summation_tolerance
 
 from halyard.train.watch.config import SpikeConfig, WatchConfig
 from halyard.train.watch.host import flatten_arrays, worst_rows
@@ -21,8 +22,14 @@ def test_a_loss_far_above_the_recent_steps_is_a_spike_and_stays_out_of_the_windo
     assert all(test.check(step, loss) is None for step, loss in enumerate(losses[4:], 5))
     recent = list(test.recent)
     zscore, mean, std = test.check(13, 3.5)
-    assert mean == pytest.approx(np.mean(recent)) and std == pytest.approx(np.std(recent))
-    assert zscore == pytest.approx((3.5 - mean) / std) and zscore > 4
+    # float64 throughout: fsum's mean against numpy's pairwise one (10 additions, the division); the std's
+    # deviations round at the losses' size (3, where the std is 0.01), then their 10 squares and the root
+    assert mean == pytest.approx(np.mean(recent), rel=0, abs=summation_tolerance(recent, 11, np.float64))
+    deviation = summation_tolerance(recent, 13, np.float64) + summation_tolerance(
+        std, 12 + FUNCTION_TERMS, np.float64
+    )
+    assert std == pytest.approx(np.std(recent), rel=0, abs=deviation)
+    assert zscore == (3.5 - mean) / std and zscore > 4  # the test's own operations on the same floats
     assert list(test.recent) == recent  # the spike is not part of the next steps' baseline
     assert test.check(14, 3.5) is not None  # so the next one is found too
     assert test.check(15, math.nan) is None and test.check(16, 2.0) is None  # low losses are no spikes
