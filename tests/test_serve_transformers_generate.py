@@ -49,6 +49,13 @@ FAMILIES: dict[str, tuple[Any, dict[str, Any]]] = {
 }
 
 
+CONFIG = EngineConfig(
+    page_size=8, num_pages=32, max_context=32, max_running=4, chunk_size=16, max_prefill_rows=2, min_rows=36
+)
+"""Every step in a program of the most tokens a step holds (4 + 2 x 16), reading at most 4 pages (the longest
+prompt and its new tokens: 30): a family compiles one program per page bucket, not one per token bucket too."""
+
+
 def _hf_folder(family: str, folder: Path) -> Any:
     config_class, arguments = FAMILIES[family]
     config = config_class(**COMMON, **arguments)
@@ -69,9 +76,7 @@ def _hf_folder(family: str, folder: Path) -> Any:
 def test_greedy_generation_equals_transformers(family: str, tmp_path: Path) -> None:
     hf_model = _hf_folder(family, tmp_path)
     _, model = import_hf(tmp_path)
-    engine = Engine(
-        model, EngineConfig(page_size=8, num_pages=32, max_running=4, chunk_size=16, max_prefill_rows=2)
-    )
+    engine = Engine(model, CONFIG)
     outputs = engine.generate(
         PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     )

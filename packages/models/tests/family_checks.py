@@ -85,7 +85,10 @@ def assert_generation_matches_forward(model: Any, *, new_tokens: int = 5) -> Non
     over each prompt + its generated tokens, to the summation order of the forward pass (the cached steps
     add the same terms in other orders: `summation_tolerance` of `decoder_terms`)."""
     prompts = [[5, 9, 2, 7, 1, 3, 8], [3], [8, 8, 4]]
-    generated = [paged_greedy(model, prompt, new_tokens) for prompt in prompts]
+    longest = max(map(len, prompts))
+    # every step one program: the longest prompt's step (and a padding token), a pool of its pages
+    shape = dict(step_tokens=longest + 1, pool_pages=-(-(longest + new_tokens) // 4))
+    generated = [paged_greedy(model, prompt, new_tokens, page_size=4, **shape) for prompt in prompts]
     sequences = [prompt + tokens for prompt, (tokens, _) in zip(prompts, generated)]
     # right padding changes no earlier position (causal), so one forward serves every sequence
     padded = np.zeros((len(prompts), max(map(len, sequences))), np.int32)

@@ -18,18 +18,28 @@ def _step(model: CausalLM, tokens: jax.Array, pages, batch):
     return model.logits(hidden).unwrap("pos", "vocab"), pages.without_step()
 
 
-def _run(model: CausalLM, pages, chunks: list[list[int]], starts: list[int], tables, page_size: int):
-    """One flat step of ``chunks`` (sequence ``i``'s tokens from position ``starts[i]``) and one padding
-    token; returns ``(each chunk's logits, the pool)``."""
+def _run(
+    model: CausalLM,
+    pages,
+    chunks: list[list[int]],
+    starts: list[int],
+    tables,
+    page_size: int,
+    tokens: int | None = None,
+    table_pages: int | None = None,
+):
+    """One flat step of ``chunks`` (sequence ``i``'s tokens from position ``starts[i]``) and padding tokens
+    (one, or up to ``tokens``), the tables padded to ``table_pages`` pages (default: the longest table's);
+    returns ``(each chunk's logits, the pool)``."""
     q_lens = [len(chunk) for chunk in chunks]
-    total = sum(q_lens) + 1
-    pages_needed = max(len(table) for table in tables)
+    total = max(sum(q_lens) + 1, tokens or 0)
+    pages_needed = max([len(table) for table in tables] + [table_pages or 0])
     batch = ragged_batch(
         q_lens, [s + q for s, q in zip(starts, q_lens)], tables,
         page_size=page_size, tokens=total, seqs=len(chunks) + 1, pages=pages_needed,
     )  # fmt: skip
     flat = np.zeros((total,), np.int32)
-    flat[: total - 1] = np.concatenate(chunks)
+    flat[: sum(q_lens)] = np.concatenate(chunks)
     logits, pages = _step(model, flat, pages, batch)
     logits, pieces, start = np.asarray(logits), [], 0
     for q_len in q_lens:
@@ -63,9 +73,20 @@ def paged_logits(
 
 
 def paged_greedy(
-    model: CausalLM, prompt: list[int], new_tokens: int, *, page_size: int = 4
+    model: CausalLM,
+    prompt: list[int],
+    new_tokens: int,
+    *,
+    page_size: int = 4,
+    step_tokens: int | None = None,
+    pool_pages: int | None = None,
 ) -> tuple[list[int], np.ndarray]:
     """Greedy continuation through the pages: the prompt in one chunk, then one token a step.
+
+    Args:
+        step_tokens, pool_pages: every step padded to ``step_tokens`` tokens, in a pool of ``pool_pages``
+            pages that every table is padded to (one compiled step for prompts of several lengths);
+            default: the fewest this prompt needs.
 
     Returns:
         ``(the generated tokens, the logits each was chosen from [new_tokens, vocab])``.
@@ -73,11 +94,11 @@ def paged_greedy(
     total = len(prompt) + new_tokens
     per_row = -(-total // page_size)
     table = list(range(per_row))[::-1]  # pages in reverse pool order
-    pages = model.init_pages(per_row, page_size)
+    pages = model.init_pages(max(per_row, pool_pages or 0), page_size)
     tokens, chosen_from = list(prompt), []
     chunk, start = list(prompt), 0
     for _ in range(new_tokens):
-        (logits,), pages = _run(model, pages, [chunk], [start], [table], page_size)
+        (logits,), pages = _run(model, pages, [chunk], [start], [table], page_size, step_tokens, pool_pages)
         last = logits[-1]
         chosen_from.append(last)
         start += len(chunk)

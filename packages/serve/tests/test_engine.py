@@ -11,8 +11,12 @@ from halyard.serve import Engine, EngineConfig, ParameterError, RequestOutput, S
 from halyard.serve.detokenizer import Detokenizer
 
 SMALL = EngineConfig(
-    page_size=8, num_pages=48, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
+    page_size=8, num_pages=48, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2, min_rows=36
 )
+"""Every step in a program of the most tokens a step holds (4 + 2 x 16): the tests compile one program per
+page bucket and log-prob variant, not one per token bucket too (each is a second or more of a test's time;
+the smaller token buckets run in the pipelined test below and in test_warmup.py)."""
+LLAMA = tiny_model("llama")
 PROMPTS = [[5, 9, 2, 7, 1], [3], list(range(1, 30)), [8, 8, 4, 60, 2, 2, 2, 2, 2, 11]]
 
 
@@ -32,7 +36,7 @@ def test_greedy_tokens_and_logprobs_equal_the_full_forward(family: str) -> None:
 
 
 def test_prompt_logprobs_and_top_alternatives_equal_the_full_forward() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     engine = Engine(model, SMALL)
     prompt = list(range(3, 40))  # three chunks of 16
     (output,) = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=True, top_logprobs=3))
@@ -53,7 +57,7 @@ def test_prompt_logprobs_and_top_alternatives_equal_the_full_forward() -> None:
 
 
 def test_stop_tokens_eos_and_max_tokens_end_a_sample_with_their_reason() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     greedy, _ = greedy_reference(model, PROMPTS[0], 6)
     stop_at = greedy[3]
     first = greedy.index(stop_at)
@@ -78,7 +82,7 @@ def test_stop_tokens_eos_and_max_tokens_end_a_sample_with_their_reason() -> None
 
 
 def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     greedy, _ = greedy_reference(model, PROMPTS[2], 8)
 
     def decode(ids: list[int]) -> str:
@@ -100,7 +104,7 @@ def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> 
 
 
 def test_text_handed_off_shows_the_same_outputs_though_stop_strings_are_found_a_step_late() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     greedy, _ = greedy_reference(model, PROMPTS[2], 8)
 
     def decode(ids: list[int]) -> str:
@@ -135,7 +139,7 @@ def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
     to program on the device): with so few pages that sequences are preempted while their last token is
     still being drawn, and stop tokens that end samples with a step already dispatched after them, every
     sample is the full forward's greedy continuation."""
-    model = tiny_model("llama")
+    model = LLAMA
     engine = Engine(
         model, EngineConfig(page_size=8, num_pages=12, max_context=96, max_running=4, chunk_size=8)
     )
@@ -155,7 +159,7 @@ def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
 
 
 def test_cancelling_a_request_frees_its_pages_at_once() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     engine = Engine(model, SMALL)
     keep = engine.add_request(PROMPTS[2], SamplingParams(max_tokens=40, temperature=0.0))
     cancel = engine.add_request(PROMPTS[3], SamplingParams(max_tokens=40, n=3, temperature=1.0, seed=1))
@@ -177,7 +181,7 @@ def test_cancelling_a_request_frees_its_pages_at_once() -> None:
 
 
 def test_n_samples_share_the_prompt_pages_and_draw_different_continuations() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     engine = Engine(model, SMALL)
     prompt = list(range(1, 21))  # two full pages of 8 and a partial one
     engine.add_request(prompt, SamplingParams(max_tokens=30, n=3, temperature=1.0, seed=3))
@@ -192,7 +196,7 @@ def test_n_samples_share_the_prompt_pages_and_draw_different_continuations() -> 
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
-    model = tiny_model("llama")
+    model = LLAMA
     target = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=True)
     alone = Engine(model, SMALL).generate([PROMPTS[2]], target)[0].samples[0]
     crowd = (
@@ -228,7 +232,7 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
 def test_bad_requests_get_an_error_naming_the_parameter(
     prompt: list[int], params: SamplingParams, parameter: str
 ) -> None:
-    engine = Engine(tiny_model("llama"), SMALL)
+    engine = Engine(LLAMA, SMALL)
     with pytest.raises(ParameterError) as error:
         engine.add_request(prompt, params)
     assert error.value.parameter == parameter and str(error.value).startswith(parameter)
@@ -251,7 +255,7 @@ def test_a_request_of_many_samples_does_not_keep_a_small_one_waiting() -> None:
     """12 samples of 24 tokens fill the 4 rows three times over; a one-sample request that comes after
     them runs at once (a big sample is preempted for it) and takes the steps it takes alone. Requests of
     one caller count as one."""
-    model = tiny_model("llama")
+    model = LLAMA
     small = SamplingParams(max_tokens=6, temperature=0.0)
     alone = Engine(model, SMALL)
     steps_alone = _steps_until_finished(alone, alone.add_request(PROMPTS[0], small))
@@ -290,7 +294,7 @@ def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
 
 
 def test_weights_handed_over_in_memory_generate_as_the_new_weights_do() -> None:
-    old, new = tiny_model("llama", seed=0), tiny_model("llama", seed=5)
+    old, new = LLAMA, tiny_model("llama", seed=5)
     engine = Engine(old, SMALL)
     engine.generate(
         [PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -5,9 +5,11 @@ the READMEs' python blocks, a unix socket, tensor parallel and replicas."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import io
 import re
 import time
@@ -18,10 +20,26 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from server_fixtures import API_KEY, MAX_N, MESSAGES, MODEL_NAME, PROMPT, ServerProcess, post, start_server
+from server_fixtures import (
+    API_KEY,
+    ENGINE_OPTIONS,
+    MAX_N,
+    MESSAGES,
+    MODEL_NAME,
+    PROMPT,
+    ServerProcess,
+    post,
+    start_server,
+)
 
-from halyard.serve import EngineConfig
-from halyard.serve.server import OptionError, build_engine, create_app, load_hf_folder
+from halyard.serve.server import (
+    OptionError,
+    add_server_arguments,
+    build_engine,
+    create_app,
+    engine_config_of,
+    load_hf_folder,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -237,9 +255,10 @@ def test_a_server_on_a_unix_socket_answers_as_on_a_port(
     client: openai.OpenAI, folder: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """``--uds PATH`` (a machine that allows no TCP socket, such as the one-chip TPU v5e): the openai client,
-    through an httpx transport on the socket, gets the TCP server's greedy text; Ctrl-C exits with code 0."""
+    through an httpx transport on the socket, gets the TCP server's greedy text; Ctrl-C exits with code 0.
+    (The shared server's pool: the same programs, which this server finds in the compilation cache.)"""
     socket = tmp_path_factory.mktemp("uds") / "server.sock"
-    server = start_server(folder, socket.parent / "server.log", uds=socket)
+    server = start_server(folder, socket.parent / "server.log", "--num-pages", "160", uds=socket)
     try:
         assert socket.is_socket() and "on unix socket" in server.output()
         http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)))
@@ -262,15 +281,12 @@ def test_tensor_parallel_and_replicas_answer_as_one_device(
     from starlette.testclient import TestClient
 
     served = load_hf_folder(folder, name=MODEL_NAME)
-    config = EngineConfig(
-        page_size=8,
-        num_pages=40,
-        max_context=96,
-        max_running=8,
-        chunk_size=16,
-        max_prefill_rows=2,
-        deterministic=True,
-    )
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    config = engine_config_of(parser.parse_args(ENGINE_OPTIONS))  # the servers' options: 40 pages
+    # every step in the program of the most tokens: deterministic mode gives the bits the row-checked smaller
+    # programs give, and no row check compiles its probe programs (twice with replicas)
+    config = dataclasses.replace(config, min_rows=config.step_budget()[1])
     app = create_app(served, config, tensor=tensor, replicas=replicas)
     prompts = [PROMPT, "how are you", "the one"]
     with TestClient(app) as local:

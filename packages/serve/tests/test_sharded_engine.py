@@ -3,6 +3,8 @@ the page pool split on kv heads) continues prompts with the single-device engine
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -12,17 +14,18 @@ from halyard.serve import Engine, EngineConfig, Replicas, SamplingParams
 from halyard.shard import Layout, MeshSpec
 
 CONFIG = EngineConfig(
-    page_size=8, num_pages=32, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2
+    page_size=8, num_pages=32, max_context=96, max_running=4, chunk_size=16, max_prefill_rows=2, min_rows=36
 )
+"""Every step in a program of the most tokens a step holds (4 + 2 x 16): one program per page bucket for
+each engine and placement (and no row checks in deterministic mode), not one per token bucket too."""
+MODEL = tiny_model("llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64)
 PROMPTS = [[5, 9, 2, 7, 1, 33, 60, 12], [3], list(range(1, 30))]
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, seed=5, logprobs=True)
 
 
 @pytest.mark.parametrize("tensor", [4])
 def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
-    model = tiny_model(
-        "llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64
-    )
+    model = MODEL
     alone = Engine(model, CONFIG).generate(PROMPTS, PARAMS)
     mesh = MeshSpec(data=1, tensor=tensor).build(jax.devices()[:tensor])
     layout = Layout.tensor_parallel(min_shard=1)
@@ -40,18 +43,8 @@ def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
 
 
 def test_data_parallel_replicas_spread_requests_and_draw_what_one_engine_draws() -> None:
-    model = tiny_model(
-        "llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64
-    )
-    config = EngineConfig(
-        page_size=8,
-        num_pages=32,
-        max_context=96,
-        max_running=4,
-        chunk_size=16,
-        max_prefill_rows=2,
-        deterministic=True,
-    )
+    model = MODEL
+    config = dataclasses.replace(CONFIG, deterministic=True)
     alone = Engine(model, config).generate(PROMPTS * 2, PARAMS)
     replicas = Replicas(model, 2, config, devices_per_replica=2)
     try:
