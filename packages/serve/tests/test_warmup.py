@@ -98,5 +98,7 @@ def test_warmup_compiles_in_threads_and_then_compiles_nothing_in_deterministic_m
 
 
 def test_compile_threads_is_checked() -> None:
-    with pytest.raises(ValueError, match="EngineConfig.compile_threads must be a positive int or None, got 0"):
+    with pytest.raises(
+        ValueError, match="EngineConfig.compile_threads must be a positive int or None, got 0"
+    ):
         EngineConfig(compile_threads=0)
