@@ -13,6 +13,7 @@ from tiny_models import tiny_model
 
 from halyard.serve import Engine, EngineConfig, SamplingParams
 from halyard.serve.server import add_server_arguments, engine_config_of
+from halyard.serve.server.placement import OptionError
 
 WARM = EngineConfig(
     page_size=8, num_pages=12, max_context=16, max_running=2, chunk_size=8, max_prefill_rows=1, warmup=True
@@ -76,6 +77,10 @@ def test_the_server_options_set_warmup_and_the_compilation_cache(tmp_path: Path)
         parser.parse_args(["--warmup", "--warmup-logprobs", "--compilation-cache", str(tmp_path)])
     )
     assert chosen.warmup and chosen.warmup_logprobs and chosen.compilation_cache == str(tmp_path)
+    assert plain.compile_threads is None
+    assert engine_config_of(parser.parse_args(["--warmup", "--compile-threads", "3"])).compile_threads == 3
+    with pytest.raises(OptionError, match="^--compile-threads must be a positive int or None, got 0$"):
+        engine_config_of(parser.parse_args(["--compile-threads", "0"]))
 
 
 def test_warmup_compiles_in_threads_and_then_compiles_nothing_in_deterministic_mode(
