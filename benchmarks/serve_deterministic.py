@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,11 +45,12 @@ TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, lo
 COST_GOAL = 1.3
 
 
-def config(chunk_size: int, num_pages: int = 160, deterministic: bool = True) -> Any:
-    """test_deterministic.py's engine: pages of 64, context 256, 64 rows, decoding programs of 32."""
+def config(chunk_size: int, num_pages: int = 160, deterministic: bool = True, warmup: bool = False) -> Any:
+    """test_deterministic.py's engine: pages of 64, context 256, 64 rows, decoding programs of 32; ``warmup``:
+    every step program compiled at the start, side by side (`EngineConfig.compile_threads`)."""
     return engine_config(
         page_size=64, num_pages=num_pages, max_context=256, max_running=64, chunk_size=chunk_size,
-        max_prefill_rows=4, deterministic=deterministic, deterministic_rows=32,
+        max_prefill_rows=4, deterministic=deterministic, deterministic_rows=32, warmup=warmup,
     )  # fmt: skip
 
 
@@ -119,7 +121,9 @@ def timed_workload(engine: Engine, requests: list[tuple[list[int], int]]) -> flo
     return time.perf_counter() - started
 
 
-def checks(model: CausalLM, vocab: int) -> list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]]:
+def checks(
+    model: CausalLM, vocab: int, warmup: bool
+) -> list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]]:
     """The checks in order, each a function of the state so far (engines, the target alone) to its result."""
     prompt = np.random.default_rng(0).integers(0, vocab, 100).tolist()
 
@@ -127,7 +131,7 @@ def checks(model: CausalLM, vocab: int) -> list[tuple[str, Callable[[dict[str, A
         """The deterministic engine of prefill chunks of ``chunk`` tokens (built at first use)."""
         engines = state.setdefault("engines", {})
         if chunk not in engines:
-            engines[chunk] = Engine(model, config(chunk))
+            engines[chunk] = Engine(model, config(chunk, warmup=warmup))
         return engines[chunk]
 
     def alone(state: dict[str, Any]) -> dict[str, Any]:
@@ -155,12 +159,12 @@ def checks(model: CausalLM, vocab: int) -> list[tuple[str, Callable[[dict[str, A
         )
 
     def preempted(state: dict[str, Any]) -> dict[str, Any]:
-        small = Engine(model, config(64, num_pages=6))
+        small = Engine(model, config(64, num_pages=6, warmup=warmup))
         result = compare(run_target(small, prompt, others(6, 5, vocab), 4), state["alone"])
         return dict(result, preemptions=small.stats.preemptions)
 
     def fast_mode(state: dict[str, Any]) -> dict[str, Any]:
-        state["fast"] = Engine(model, config(64, deterministic=False))
+        state["fast"] = Engine(model, config(64, deterministic=False, warmup=warmup))
         fast_alone = run_target(state["fast"], prompt, [], 0)
         return dict(
             compare(run_target(state["fast"], prompt, others(20, 20, vocab), 7), fast_alone), informative=True
@@ -173,7 +177,7 @@ def checks(model: CausalLM, vocab: int) -> list[tuple[str, Callable[[dict[str, A
             for _ in range(32)
         ]
         fast, deterministic = (
-            state.get("fast") or Engine(model, config(64, deterministic=False)),
+            state.get("fast") or Engine(model, config(64, deterministic=False, warmup=warmup)),
             engine(state, 64),
         )
         first = {
@@ -229,17 +233,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", default="bfloat16", help="the parameters' dtype (model.param_dtype)")
     parser.add_argument("--limit", type=float, default=240.0, help="no check starts after this many seconds")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--warmup", action=argparse.BooleanOptionalAction, default=None,
+        help="compile each engine's step programs at its start, side by side (default: with --size tpu)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    warmup = args.size == "tpu" if args.warmup is None else args.warmup
     started = time.perf_counter()
     model = make_model(args.size, args.dtype)
     vocab = model.unembedding.axis_size("vocab")
     results: dict[str, Any] = dict(
-        size=args.size, dtype=args.dtype, backend=jax.default_backend(), jax=jax.__version__, checks={}, skipped=[],
+        size=args.size, dtype=args.dtype, warmup=warmup, backend=jax.default_backend(), jax=jax.__version__, checks={}, skipped=[],
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )  # fmt: skip
     state: dict[str, Any] = {}
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    for name, check in checks(model, vocab):
+    for name, check in checks(model, vocab, warmup):
         if time.perf_counter() - started > args.limit or (name != "alone" and "alone" not in state):
             results["skipped"].append(name)
             continue

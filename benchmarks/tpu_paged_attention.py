@@ -14,6 +14,8 @@ elements, plus the queries read and the outputs written) at 819 GB/s, the v5e's 
 
     python3 benchmarks/tpu_paged_attention.py                       # on the TPU: JSON to $OUT, or results/
     python3 benchmarks/tpu_paged_attention.py --page-size 16 64 --context 512 2048
+    python3 benchmarks/tpu_paged_attention.py --page-size 256 --context 2048 --no-blocked \
+        --kv-pages-per-block 1 2 4 8 --queries-per-block 8 32 128   # a block-size sweep: a row each
     python3 benchmarks/tpu_paged_attention.py --smoke               # tiny, on CPU (interpreted): the code path
 """
 
@@ -112,10 +114,12 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
     from halyard.models.attention.ragged_paged_pallas import PallasPagedKernel
 
     vmem = None if args.vmem_limit_mib is None else args.vmem_limit_mib * 2**20
-    chosen: dict[str, Any] = {
-        "pallas": PallasPagedKernel(args.kv_pages_per_block, args.queries_per_block, vmem)
-    }
-    if hasattr(paged, "BlockedPagedKernel") and not args.smoke:
+    chosen: dict[str, Any] = {}
+    for kv_pages in args.kv_pages_per_block or [None]:
+        for queries in args.queries_per_block or [None]:
+            name = "pallas" if kv_pages is None and queries is None else f"pallas kv{kv_pages} q{queries}"
+            chosen[name] = PallasPagedKernel(kv_pages, queries, vmem)
+    if hasattr(paged, "BlockedPagedKernel") and not (args.smoke or args.no_blocked):
         chosen["blocked"] = paged.BlockedPagedKernel()
     return chosen
 
@@ -130,8 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--kv-pages-per-block", type=int, help="the Pallas kernel's; default: JAX's table")
-    parser.add_argument("--queries-per-block", type=int, help="the Pallas kernel's; default: JAX's table")
+    parser.add_argument(
+        "--kv-pages-per-block",
+        type=int,
+        nargs="+",
+        help="the Pallas kernel's (several: each); default: JAX's table",
+    )
+    parser.add_argument(
+        "--queries-per-block",
+        type=int,
+        nargs="+",
+        help="the Pallas kernel's (several: each); default: JAX's table",
+    )
+    parser.add_argument("--no-blocked", action="store_true", help="the Pallas kernel only")
     parser.add_argument("--vmem-limit-mib", type=int, help="the Pallas kernel's VMEM limit; default: XLA's")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls after the compiling one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, the kernel interpreted")

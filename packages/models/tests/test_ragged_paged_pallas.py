@@ -43,6 +43,7 @@ from halyard.models.attention.pallas_paged_layout import RowLayout, padded_query
 from halyard.models.attention.ragged_paged_pallas import (
     POOL_AXES,
     PallasPagedKernel,
+    decode_blocks,
     kernel_sequences,
     kv_pages_in_vmem,
     pallas_unsupported_reason,
@@ -378,3 +379,12 @@ def test_write_stores_interleaved_keys_and_values_in_the_layers_slots_only() -> 
     expected[STEP_LAYER, step.slots[real], 0] = keys[real].reshape(-1, 128)
     expected[STEP_LAYER, step.slots[real], 1] = values[real].reshape(-1, 128)
     np.testing.assert_array_equal(np.asarray(written.pages.array).reshape(expected.shape), expected)
+
+
+def test_a_decode_program_gets_blocks_of_eight_queries_and_a_sequences_pages_in_one_copy() -> None:
+    # 128 rows of one token each over 8 pages: a block brings all 8 (4 when only 4 fit), 8 queries a block
+    assert decode_blocks(128, 128, 8, 8) == (8, 8)
+    assert decode_blocks(128, 128, 8, 4) == (4, 8)
+    assert decode_blocks(8 * 16, 16, 3, 8) == (3, 8)  # 8 tokens a sequence on average: still decode
+    assert decode_blocks(8 * 16 + 1, 16, 3, 8) is None  # more: a prefill program, JAX's table decides
+    assert decode_blocks(1, 1, 8, 0) == (1, 8)  # a page a block at least

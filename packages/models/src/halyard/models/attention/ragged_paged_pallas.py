@@ -46,6 +46,11 @@ POOL_AXES = ("layers", "page", "page_slot", "kv_combined", "head_lanes")
 KV_BUFFER_BYTES = 8 * 2**20
 """VMEM for a block's double buffer of pages when the block sizes come from JAX's table (see
 `kv_pages_in_vmem`); with ``vmem_limit_bytes`` given, half of it."""
+DECODE_QUERIES_PER_BLOCK = 8
+"""Queries per block in a decode program (`decode_blocks`): the fewest the TPU tiles (8 sublanes)."""
+DECODE_KV_BUFFER_BYTES = 16 * 2**20
+"""VMEM for a decode program's double buffer of pages: its query blocks are small, so the pages may take twice
+`KV_BUFFER_BYTES` (the v5e's sweep in benchmarks/README.md compiled 8 pages of 256 tokens a block)."""
 INTERPRET_BLOCKS = (4, 16)
 """``(num_kv_pages_per_block, num_queries_per_block)`` off TPU, where the tuned table has no entry."""
 
@@ -186,7 +191,9 @@ class PallasPagedKernel:
             raise ValueError(f"PallasPagedKernel.attend: {reason}")
         interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
         queries = layout.kernel_queries(query)
-        kv_pages_per_block, queries_per_block = self._blocks(queries, pool, page_table.shape[1], interpret)
+        kv_pages_per_block, queries_per_block = self._blocks(
+            queries, pool, (page_table.shape[0], page_table.shape[1]), interpret
+        )
         padded = _round_up(tokens, queries_per_block)
         queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
         # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
@@ -218,31 +225,66 @@ class PallasPagedKernel:
         return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
 
     def _blocks(
-        self, queries: jax.Array, pool: PallasPool, pages_per_seq: int, interpret: bool
+        self, queries: jax.Array, pool: PallasPool, table_shape: tuple[int, int], interpret: bool
     ) -> tuple[int, int]:
-        """``(num_kv_pages_per_block, num_queries_per_block)`` for this call (see the attributes)."""
+        """``(num_kv_pages_per_block, num_queries_per_block)`` for this call (see the attributes): a decode
+        program's from `decode_blocks`, others' from JAX's table; ``table_shape`` is the page table's."""
         kv_pages, queries_per_block = self.num_kv_pages_per_block, self.num_queries_per_block
+        sequences, pages_per_seq = table_shape
         if kv_pages is None or queries_per_block is None:
             if interpret:
                 tuned = INTERPRET_BLOCKS
             else:
-                from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
-
                 _, _, page_size, combined, lanes = pool.pages.array.shape
                 dtype = pool.pages.dtype
-                # the table's key, as the kernel forms it when it is given no block sizes
-                heads, combined_heads = kernel.get_min_heads_per_blk(
-                    queries.shape[1], combined, queries.dtype, dtype
-                )
-                tuned = kernel.get_tuned_block_sizes(
-                    queries.dtype, dtype, heads, combined_heads // 2, lanes, page_size, queries.shape[0],
-                    pages_per_seq,
-                )  # fmt: skip
-                budget = KV_BUFFER_BYTES if self.vmem_limit_bytes is None else self.vmem_limit_bytes // 2
-                tuned = (min(tuned[0], kv_pages_in_vmem(page_size, combined, lanes, dtype, budget)), tuned[1])
+                half = None if self.vmem_limit_bytes is None else self.vmem_limit_bytes // 2
+                fit = kv_pages_in_vmem(page_size, combined, lanes, dtype, half or DECODE_KV_BUFFER_BYTES)
+                decode = decode_blocks(queries.shape[0], sequences, pages_per_seq, fit)
+                tuned = decode or self._tuned(queries, pool, pages_per_seq, half or KV_BUFFER_BYTES)
             kv_pages = tuned[0] if kv_pages is None else kv_pages
             queries_per_block = tuned[1] if queries_per_block is None else queries_per_block
         return min(kv_pages, pages_per_seq), min(queries_per_block, _round_up(queries.shape[0], 8))
+
+    @staticmethod
+    def _tuned(queries: jax.Array, pool: PallasPool, pages_per_seq: int, budget: int) -> tuple[int, int]:
+        """JAX's tuned ``(num_kv_pages_per_block, num_queries_per_block)``, the pages at most what fits
+        ``budget`` bytes of VMEM double-buffered."""
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
+
+        _, _, page_size, combined, lanes = pool.pages.array.shape
+        dtype = pool.pages.dtype
+        # the table's key, as the kernel forms it when it is given no block sizes
+        heads, combined_heads = kernel.get_min_heads_per_blk(queries.shape[1], combined, queries.dtype, dtype)
+        tuned = kernel.get_tuned_block_sizes(
+            queries.dtype,
+            dtype,
+            heads,
+            combined_heads // 2,
+            lanes,
+            page_size,
+            queries.shape[0],
+            pages_per_seq,
+        )
+        return min(tuned[0], kv_pages_in_vmem(page_size, combined, lanes, dtype, budget)), tuned[1]
+
+
+def decode_blocks(tokens: int, sequences: int, pages_per_seq: int, fit_pages: int) -> tuple[int, int] | None:
+    """``(num_kv_pages_per_block, num_queries_per_block)`` of a decode program, or None for another.
+
+    The kernel computes each sequence of a query block against all of the block's queries (the others
+    masked), so a block of 32 queries over 32 decoding rows does 32 times the work it needs. A program of at
+    most `DECODE_QUERIES_PER_BLOCK` tokens per sequence on average (``tokens / sequences``, its static shape:
+    decode rows, a few tokens of prefill beside them) gets blocks of that many queries, and each sequence's
+    pages in as few copies as fit (``fit_pages``, at most ``pages_per_seq``). The block-size sweep on a v5e
+    that chose this: benchmarks/README.md, "TPU paged attention".
+
+    Args:
+        tokens, sequences, pages_per_seq: the program's token count, sequence rows and page-table width.
+        fit_pages: the most pages a block's double buffer holds in VMEM (`kv_pages_in_vmem`).
+    """
+    if tokens > DECODE_QUERIES_PER_BLOCK * max(sequences, 1):
+        return None
+    return max(1, min(pages_per_seq, fit_pages)), DECODE_QUERIES_PER_BLOCK
 
 
 def kernel_sequences(
