@@ -19,7 +19,6 @@ from trainer_fixtures import (
     fails,
     load_config,
     one_device_run,
-    run_cli,
     run_losses,
     save_tiny_hf_llama,
     start_processes,
@@ -158,8 +157,11 @@ def test_the_long_context_config_fits_128k_tokens_of_llama_8b_on_8_h200(
     )
 
 
-def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Path, cache_dir: Path) -> None:
-    # At smoke size: the tiny Llama's folder, 64-token sequences split over 4 devices x fsdp 2.
+def test_the_long_context_config_trains_from_a_hugging_face_folder(
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # At smoke size: the tiny Llama's folder, 64-token sequences split over 4 devices x fsdp 2, trained by
+    # `train_main` in this process (what `train` runs), on its 8 devices: no process start.
     hf = save_tiny_hf_llama(tmp_path / "hf")
     data = TINY["data"] | {"cache_dir": str(cache_dir), "seq_len": 64, "validation_fraction": 0}
     argv = [
@@ -174,7 +176,7 @@ def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Pat
     argv += ["--trainer.mesh.sequence", "4", "--trainer.batch_size", "4", "--trainer.accumulation", "2"]
     argv += ["--trainer.steps", "2", "--trainer.progress", "false", "--trainer.min_shard", "0"]
     argv += ["--trainer.eval_every", "0", "--checkpoint.every_steps", "2", "--trainer.plot", "false"]
-    result = run_cli(argv)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "finished at step 2" in result.stdout, result.stdout[-2000:]
+    assert train_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 2" in out, out[-2000:]
     assert len(run_losses(tmp_path / "run")) == 2
