@@ -20,6 +20,13 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Helpers every package's tests share (float_tolerance.py: tolerances derived from the arithmetic).
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests", "support"))
+# Identical programs (the same tiny model in many trainer tests and their subprocesses) compile once, in one
+# folder for the test workers and the processes they start. Set before the import below, which imports jax:
+# jax reads JAX_COMPILATION_CACHE_DIR when it is imported, and a worker that missed it kept no cache until its
+# first Trainer set its own default (~/.cache/halyard/jax, which no subprocess reads).
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache", "jax-compilation")
+)
 # XLA's CPU runtime gets 4 threads per simulated device (PJRT_NPROC), here before any test touches a device and
 # for every process the tests start: with its default of one thread per device, a program with independent
 # collectives (tensor parallelism's all-reduces beside an all-gather over the data axis) deadlocked a test
@@ -36,10 +43,6 @@ sys.dont_write_bytecode = False
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-# Identical programs (the same tiny model in many trainer tests and their subprocesses) compile once.
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache", "jax-compilation")
-)
 # The `train` / `halyard` subprocesses store every program that took 0.05 s or more to compile: each
 # starts cold and compiles the same few dozen small programs (the orbax slices of a checkpoint save, the
 # optimizer's initialisation) that earlier subprocesses compiled (about 10% of their CPU time). The test

@@ -19,7 +19,6 @@ from trainer_fixtures import (
     fails,
     load_config,
     one_device_run,
-    run_cli,
     run_losses,
     save_tiny_hf_llama,
     start_processes,
@@ -46,25 +45,12 @@ def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> lis
     return run_losses(one_device_run(tmp_path_factory.mktemp("one_device"), cache_dir, **RUN))
 
 
-@pytest.mark.parametrize(
-    "mesh",
-    [
-        ["--trainer.mesh.sequence", "4", "--model.context_parallel", "ring"],
-        ["--trainer.mesh.sequence", "2", "--trainer.mesh.fsdp", "2", "--trainer.mesh.tensor", "2",
-         "--trainer.mesh.data", "1", "--trainer.layout", "fsdp_tensor", "--trainer.min_shard", "1"],
-        ["--trainer.mesh.sequence", "2", "--model.context_parallel", "ulysses"],
-    ],
-    ids=["ring_sequence4_data2", "all_gather_sequence2_fsdp2_tensor2", "ulysses_sequence2_data4"],
-)  # fmt: skip
-def test_a_split_sequence_trains_like_one_device(
-    tmp_path: Path,
-    cache_dir: Path,
-    one_device: list[float],
-    mesh: list[str],
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
+RING = ["--trainer.mesh.sequence", "4", "--model.context_parallel", "ring"]
+
+
+def train_recording(config: Path, mesh: list[str]) -> list[tuple[str, int]]:
+    """`train_main` of ``config`` on ``mesh`` in this process; the (implementation, devices) of every
+    context-parallel attention it traced."""
     traced: list[tuple[str, int]] = []
     real = dispatch.context_parallel_attention
 
@@ -73,28 +59,58 @@ def test_a_split_sequence_trains_like_one_device(
         traced.append((chosen, split.size))
         return real(flat, split, implementation=implementation, **kwargs)
 
-    monkeypatch.setattr(dispatch, "context_parallel_attention", recording)
-    assert train_main(["--config", str(config), *mesh]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dispatch, "context_parallel_attention", recording)
+        assert train_main(["--config", str(config), *mesh]) == 0
+    return traced
+
+
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[Path, list[tuple[str, int]]]:
+    """The run split over ring sequence 4 x data 2, trained through `train` (checkpoints at 10 and 20): its
+    folder and what it traced. The ring split's test checks it, the resume test resumes to its bits."""
+    folder = tmp_path_factory.mktemp("ring")
+    config = write_config(folder / "run.yaml", folder / "run", cache_dir, **RUN)
+    return folder / "run", train_recording(config, RING)
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        RING,
+        ["--trainer.mesh.sequence", "2", "--trainer.mesh.fsdp", "2", "--trainer.mesh.tensor", "2",
+         "--trainer.mesh.data", "1", "--trainer.layout", "fsdp_tensor", "--trainer.min_shard", "1"],
+        ["--trainer.mesh.sequence", "2", "--model.context_parallel", "ulysses"],
+    ],
+    ids=["ring_sequence4_data2", "all_gather_sequence2_fsdp2_tensor2", "ulysses_sequence2_data4"],
+)  # fmt: skip
+def test_a_split_sequence_trains_like_one_device(
+    tmp_path: Path, cache_dir: Path, one_device: list[float], mesh: list[str], request: pytest.FixtureRequest
+) -> None:
+    if mesh == RING:
+        run_dir, traced = request.getfixturevalue("ring_run")
+    else:
+        run_dir = tmp_path / "run"
+        traced = train_recording(write_config(tmp_path / "run.yaml", run_dir, cache_dir, **RUN), mesh)
     implementation, size = request.node.callspec.id.split("_sequence")[0], int(mesh[1])
     assert traced and set(traced) == {(implementation, size)}, traced
-    split = run_losses(tmp_path / "run")
+    split = run_losses(run_dir)
     assert len(split) == len(one_device) == STEPS
     assert_trajectory_close(split, one_device)
     assert split[-1] < split[0]
 
 
 def test_a_context_parallel_run_resumes_bitwise_and_restores_without_the_split(
-    tmp_path: Path, cache_dir: Path, one_device: list[float]
+    tmp_path: Path, cache_dir: Path, one_device: list[float], ring_run: tuple[Path, list[tuple[str, int]]]
 ) -> None:
-    ring = ["--trainer.mesh.sequence", "4", "--model.context_parallel", "ring"]
-    whole = load_config(write_config(tmp_path / "whole.yaml", tmp_path / "whole", cache_dir, **RUN), *ring)
-    reference = Trainer(whole).fit()
-    split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir, **RUN), *ring)
+    whole = ring_run[0]
+    reference = Trainer(load_config(whole.parent / "run.yaml", *RING)).restore_state(STEPS)
+    split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir, **RUN), *RING)
     with pytest.raises(SystemExit):
         Trainer(split, preemption=StopAfter(10)).fit()
     resumed = Trainer(split).fit()
-    assert_bitwise_equal(reference.state.params, resumed.state.params)
-    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in reference.history][10:]
+    assert_bitwise_equal(reference.params, resumed.state.params)
+    assert [h["loss"] for h in resumed.history] == run_losses(whole)[10:]
     # The step-10 checkpoint on a mesh without a sequence split (8 data-parallel devices).
     moved = write_config(tmp_path / "moved.yaml", tmp_path / "moved", cache_dir, **RUN)
     checkpoint = step_directory(tmp_path / "split" / "checkpoints", 10)
@@ -158,8 +174,11 @@ def test_the_long_context_config_fits_128k_tokens_of_llama_8b_on_8_h200(
     )
 
 
-def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Path, cache_dir: Path) -> None:
-    # At smoke size: the tiny Llama's folder, 64-token sequences split over 4 devices x fsdp 2.
+def test_the_long_context_config_trains_from_a_hugging_face_folder(
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # At smoke size: the tiny Llama's folder, 64-token sequences split over 4 devices x fsdp 2, trained by
+    # `train_main` in this process (what `train` runs), on its 8 devices: no process start.
     hf = save_tiny_hf_llama(tmp_path / "hf")
     data = TINY["data"] | {"cache_dir": str(cache_dir), "seq_len": 64, "validation_fraction": 0}
     argv = [
@@ -174,7 +193,7 @@ def test_the_long_context_config_trains_from_a_hugging_face_folder(tmp_path: Pat
     argv += ["--trainer.mesh.sequence", "4", "--trainer.batch_size", "4", "--trainer.accumulation", "2"]
     argv += ["--trainer.steps", "2", "--trainer.progress", "false", "--trainer.min_shard", "0"]
     argv += ["--trainer.eval_every", "0", "--checkpoint.every_steps", "2", "--trainer.plot", "false"]
-    result = run_cli(argv)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "finished at step 2" in result.stdout, result.stdout[-2000:]
+    assert train_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 2" in out, out[-2000:]
     assert len(run_losses(tmp_path / "run")) == 2

@@ -38,6 +38,9 @@ RUN = {
 FSDP = ["--trainer.layout", "fsdp", "--trainer.min_shard", "1"]
 # Weights split over 8 fsdp devices (the layout alone, on the default data-parallel mesh, splits nothing).
 FSDP_8 = ["--trainer.mesh.fsdp", "8", "--trainer.mesh.data", "1"]
+# 8 devices, each pair of data replicas holding its fsdp shard of the weights: a split of its own, and the mesh
+# the killed run is written on (its `train` process loads the split's programs from the compilation cache).
+DATA2_FSDP4 = ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "2", *FSDP]
 # The 8-device run is killed right after its step-10 checkpoint is complete (kill -9: no cleanup).
 KILL_AT_10 = """
 import os, signal, sys
@@ -86,7 +89,7 @@ def train(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: A
 def train_here(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: Any) -> Path:
     """The same run trained in this process (`Trainer.fit`, what ``train`` runs) on the first ``devices`` of
     its 8 devices: no process start (imports, data, the CPU's peak) for each mesh. ``train`` in fresh
-    processes trains the 1-device reference, the killed run and its resumes, and the 2-process runs."""
+    processes trains the 1-device reference, the killed run, its resume on 2 processes, and the 2-process runs."""
     folder.mkdir(parents=True, exist_ok=True)
     config = write_config(folder / "run.yaml", folder / "run", cache_dir, **{**RUN, **sections})
     Trainer(load_config(config, *args), devices=jax.devices()[:devices]).fit()
@@ -109,7 +112,7 @@ def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
         (2, []),
         (8, []),
         (4, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "1", *FSDP]),
-        (8, ["--trainer.mesh.fsdp", "4", "--trainer.mesh.data", "2", *FSDP]),
+        (8, DATA2_FSDP4),
     ],
     # data 4 and fsdp 2 ran the same code as data 2 / data 8 and fsdp 4 (a row count, a shard count apart)
     ids=["data2", "data8", "fsdp4", "data2_fsdp4"],
@@ -126,12 +129,11 @@ def test_every_split_logs_and_ends_bitwise_like_one_device(
 
 
 def test_killed_on_8_devices_and_resumed_on_2_devices_or_2_processes_equals_one_device(
-    tmp_path: Path, cache_dir: Path, one_device: Path
+    tmp_path: Path, cache_dir: Path, one_device: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = write_config(tmp_path / "run.yaml", tmp_path / "run", cache_dir, **RUN)
-    eight_devices = ["--config", str(config), *FSDP, "--trainer.mesh.fsdp", "8", "--trainer.mesh.data", "1"]
     killed = subprocess.run(
-        [sys.executable, "-c", KILL_AT_10, *eight_devices],
+        [sys.executable, "-c", KILL_AT_10, "--config", str(config), *DATA2_FSDP4],
         capture_output=True,
         text=True,
         timeout=600,
@@ -139,17 +141,21 @@ def test_killed_on_8_devices_and_resumed_on_2_devices_or_2_processes_equals_one_
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert len(logged(tmp_path / "run")) == 10
-    # The same killed run, copied, resumes on 2 processes of 2 devices each.
+    # The same killed run, copied, resumes on 2 processes of 4 devices each (data 8: the program of
+    # test_two_processes_of_four_devices_log_like_one_device[data8], loaded from the compilation cache).
     copy = tmp_path / "on_two_processes"
     shutil.copytree(tmp_path / "run", copy / "run")
     copied = write_config(copy / "run.yaml", copy / "run", cache_dir, **RUN)
-    resumed = run_cli(["--config", str(config)], devices=2)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    note = "resuming on data=2 (the checkpoint was written on fsdp=8): trainer.invariant keeps every step bitwise"
-    assert note in resumed.stdout
+    # Resumed on 2 of this process's devices (`Trainer.fit`, what ``train`` runs): the data 2 split's programs.
+    Trainer(load_config(config), devices=jax.devices()[:2]).fit()
+    note = (
+        "resuming on data=2 (the checkpoint was written on data=2 x fsdp=4): "
+        "trainer.invariant keeps every step bitwise"
+    )
+    assert note in capsys.readouterr().out
     assert logged(tmp_path / "run") == logged(one_device / "run")
     assert_bitwise_equal(final_params(tmp_path), final_params(one_device))
-    for process in start_processes(["--config", str(copied)], processes=2, devices=2):
+    for process in start_processes(["--config", str(copied), *FSDP], processes=2, devices=4):
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]
     assert logged(copy / "run") == logged(one_device / "run")
