@@ -137,7 +137,9 @@ plan = [
     "H200",
 ]
 plan += ["--trainer.init", "scratch"]
-env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+# 8 simulated devices; any other XLA flags of this process carry over.
+flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+env = dict(os.environ, XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=8", *flags]))
 for sequence in ["8"] if SMOKE else ["8", "1"]:
     split = ["--trainer.mesh.sequence", sequence] + (
         [] if sequence == "8" else ["--trainer.accumulation", "1"]
