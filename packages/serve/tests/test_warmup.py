@@ -107,3 +107,26 @@ def test_compile_threads_is_checked() -> None:
         ValueError, match="EngineConfig.compile_threads must be a positive int or None, got 0"
     ):
         EngineConfig(compile_threads=0)
+
+
+def test_token_buckets_are_the_programs_below_the_most_and_bad_ones_are_refused() -> None:
+    """``token_buckets=(2,)``: a step of at most 2 tokens runs in a program of 2, a larger one at the most
+    (10); in deterministic mode warm-up compiles those two (one page bucket) and row-checks the smaller, and a
+    workload of prefill chunks and decoding rows compiles nothing more."""
+    fast = Engine(tiny_model("llama"), dataclasses.replace(WARM, token_buckets=(2,), warmup=False))
+    assert [fast.runner.shape_for(tokens, 1).tokens for tokens in (1, 2, 3, 10)] == [2, 2, 10, 10]
+    small = dict(max_context=8, num_pages=4, token_buckets=(2,), deterministic=True)
+    engine = Engine(tiny_model("llama"), dataclasses.replace(WARM, **small))
+    assert sorted(s.tokens for s in engine.runner.compiled_shapes) == [2, 10]
+    assert engine.stats.programs_compiled == 2 and len(engine.runner.row_checks) == 1
+    prompts = [[3], [1, 2, 3, 4], [5, 9, 2]]
+    engine.generate(prompts, SamplingParams(max_tokens=3, temperature=0.8, seed=1, n=2, ignore_eos=True))
+    assert engine.stats.programs_compiled == 2, engine.runner.compiled_shapes
+    for bad in ((2, 2), (0,), (4, 1), (1.5,), [True], 3):
+        with pytest.raises(
+            ValueError, match="^EngineConfig.token_buckets must be ascending positive ints, got"
+        ):
+            dataclasses.replace(WARM, token_buckets=bad)
+    with pytest.raises(ValueError, match="^EngineConfig takes token_buckets or min_rows, not both$"):
+        dataclasses.replace(WARM, token_buckets=(4,), min_rows=2)
+    assert dataclasses.replace(WARM, token_buckets=[1, 4]).token_buckets == (1, 4)

@@ -27,6 +27,12 @@ class EngineConfig:
         max_prefill_rows: the most sequences prefilled in one step.
         min_rows: programs are compiled for token counts that are powers of two from this one up to the
             most one step holds (`step_budget`).
+        token_buckets: the token counts of the step programs below the most one step holds
+            (`step_budget`), ascending, instead of ``min_rows``' powers of two: a step runs in the smallest
+            that holds its tokens (in deterministic mode, the smallest whose row check passed), else in a
+            program of the most. Empty: ``min_rows``' powers of two. An RL engine sets its decoding rows'
+            buckets alone, so steps with prefill chunks run at the most and it compiles (and row-checks)
+            fewer programs.
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
             it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
             comes from the cache. XLA's CPU kernels may round a row differently at different row counts, so
@@ -66,6 +72,7 @@ class EngineConfig:
     chunk_size: int = 128
     max_prefill_rows: int = 4
     min_rows: int = 1
+    token_buckets: tuple[int, ...] = ()
     deterministic: bool = False
     deterministic_rows: int = 32
     training_arithmetic: bool = False
@@ -85,6 +92,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "token_buckets", _checked_buckets(self.token_buckets))
+        if self.token_buckets and self.min_rows != 1:
+            raise ValueError("EngineConfig takes token_buckets or min_rows, not both")
         if self.compile_threads is not None and (
             not isinstance(self.compile_threads, int) or self.compile_threads < 1
         ):
@@ -145,3 +155,14 @@ class EngineConfig:
         most ``deterministic_rows`` sequences go into one program (a step runs as many as it needs)."""
         seqs = min(self.deterministic_rows, self.max_running) if self.deterministic else self.max_running
         return seqs, seqs + self.max_prefill_rows * self.chunk_size
+
+
+def _checked_buckets(buckets: object) -> tuple[int, ...]:
+    """``buckets`` as a tuple; raises `ValueError` unless they are ascending positive ints."""
+    values = list(buckets) if isinstance(buckets, (tuple, list)) else None
+    if values is None or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 1 and (i == 0 or b > values[i - 1])
+        for i, b in enumerate(values)
+    ):
+        raise ValueError(f"EngineConfig.token_buckets must be ascending positive ints, got {buckets!r}")
+    return tuple(values)

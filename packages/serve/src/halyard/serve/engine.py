@@ -99,6 +99,7 @@ class Engine:
             max_tokens=max_tokens,
             max_seqs=max_seqs,
             min_tokens=config.min_rows,
+            token_buckets=config.token_buckets,
             fixed_tokens=config.deterministic,
             invariant=config.training_arithmetic,
             mesh=mesh,

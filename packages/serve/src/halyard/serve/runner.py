@@ -6,9 +6,9 @@ prefill chunks side by side, `halyard.models.attention.ragged_paged`) against th
 donated to the program and so written in place, then the paged kernel attends), then, per sequence, the
 logits of its last token and the next token drawn from them (`halyard.serve.sampler`), and optionally the
 top alternatives of the drawn tokens and the log-probability of every fed token's successor (prompt
-log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to a power of two (up to the
-most one program holds), ``seqs`` follows it, and the pages a sequence can read (``seq_pages``) are
-rounded up to powers of two, so a long-running engine compiles each shape once and never again
+log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to a bucket (a power of two, or
+one of ``token_buckets``; at most the most one program holds), ``seqs`` follows it, and the pages a
+sequence can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``; `ModelRunner.shape_set` lists
 every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start, several
 at once: `ModelRunner.compile_shapes`). In deterministic mode
@@ -61,6 +61,8 @@ class ModelRunner:
         max_seqs: the most sequences of one program.
         min_tokens: the smallest token count a program is compiled for (token counts are powers of two
             from it, then ``max_tokens``).
+        token_buckets: the token counts of programs below ``max_tokens``, ascending, instead of
+            ``min_tokens``' powers of two (empty: those).
         fixed_tokens: deterministic mode: a program has ``max_tokens`` tokens, or fewer only where
             `rows_agree` showed that fewer give every sequence the same bits.
         invariant: trace the programs inside `batch_invariant` (see the module docstring).
@@ -79,6 +81,7 @@ class ModelRunner:
         max_tokens: int,
         max_seqs: int,
         min_tokens: int = 1,
+        token_buckets: Sequence[int] = (),
         fixed_tokens: bool = False,
         invariant: bool = False,
         kernel: str = "auto",
@@ -93,6 +96,12 @@ class ModelRunner:
         self.max_seq_pages = max_seq_pages
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.min_tokens = min_tokens
+        self.token_sizes = (
+            [*(size for size in token_buckets if size < max_tokens), max_tokens]
+            if token_buckets
+            else _buckets(min_tokens, max_tokens)
+        )
+        """The token counts of this runner's programs, ascending (the last is ``max_tokens``)."""
         self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
@@ -118,17 +127,16 @@ class ModelRunner:
     def shape_for(
         self, tokens: int, seq_pages: int, *, prompt_logprobs: bool = False, alternatives: bool = False
     ) -> ProgramShape:
-        """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to a
-        power of two from ``min_tokens`` (at most ``max_tokens``); with ``fixed_tokens``, the smallest such
-        count whose program computes every sequence as the ``max_tokens`` program does (`rows_agree`)."""
+        """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
+        next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
+        sequence as the ``max_tokens`` program does (`rows_agree`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
-        size = min(round_up_power_of_two(tokens, self.min_tokens), self.max_tokens)
-        while self.fixed_tokens and size < self.max_tokens:
+        sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
+        for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
             shape = self._shape(size, pages, prompt_logprobs, alternatives)
-            if self.rows_agree(shape):
+            if not self.fixed_tokens or self.rows_agree(shape):
                 return shape
-            size = min(size * 2, self.max_tokens)
-        return self._shape(size, pages, prompt_logprobs, alternatives)
+        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives)
 
     def _shape(self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool) -> ProgramShape:
         return ProgramShape(tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives)
@@ -140,7 +148,7 @@ class ModelRunner:
         return [
             self._shape(tokens, pages, prompt_logprobs, alternatives)
             for prompt_logprobs, alternatives in (variants if logprob_variants else variants[:1])
-            for tokens in _buckets(self.min_tokens, self.max_tokens)
+            for tokens in self.token_sizes
             for pages in _buckets(1, self.max_seq_pages)
         ]
 

@@ -5,6 +5,12 @@ Before each batch of rollouts the trainer's current weights are handed to the en
 and the time it takes is reported). Each prompt is one request of ``rl.group_size`` samples, which share the
 prompt's pages; its seed is a pure function of the run's seed, the rollout's index and the prompt's position,
 so a resumed run samples exactly what the uninterrupted one did (with the engine's deterministic mode).
+
+In deterministic mode the engine's step programs are those of `decode_buckets` (the decoding rows) and one
+of the most tokens a step holds, which runs every step with prefill chunks: each program below the most
+costs a compile and a row check (`halyard.serve.row_check`) against the full-size one, which compiles
+whether a step uses it or not, so fewer buckets start a run sooner, while decoding steps, most of a
+rollout's, keep programs of their size.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from halyard.models import CausalLM
+from halyard.named.nn import ROW_BLOCK
 from halyard.serve import Engine, EngineConfig, SamplingParams
 from halyard.shard import Layout
 from halyard.train.rl.config import RlConfig
@@ -50,6 +57,19 @@ class Sampled:
     handover_seconds: float
     sampling_seconds: float
     generated_tokens: int
+
+
+def decode_buckets(max_running: int) -> tuple[int, ...]:
+    """The token counts of a deterministic RL engine's step programs below its most (`EngineConfig.
+    token_buckets`): powers of two from `ROW_BLOCK` (the training arithmetic computes its products in blocks
+    of as many rows, so a smaller program costs as much) below ``max_running``, then ``max_running`` (every
+    running completion's decoding token)."""
+    sizes = []
+    size = ROW_BLOCK
+    while size < max_running:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_running)
 
 
 def rollout_seed(seed: int, rollout: int, position: int) -> int:
@@ -99,6 +119,7 @@ class Rollouts:
             # One decoding program of every running row: rollouts fill the batch, so one dispatch a step.
             deterministic_rows=config.max_running,
             training_arithmetic=config.deterministic,  # the trainer's arithmetic: log-probs bitwise
+            token_buckets=decode_buckets(config.max_running) if config.deterministic else (),
             prefix_cache=True,
         )
         self.engine = Engine(
