@@ -10,14 +10,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0 compiles them in
 # about two thirds of the time. Values differ from an optimized build in the last bits only (summation
 # order), which checks at float32 noise level compare within one program or against a reference kernel.
-# XLA's older (LLVM IR) fusion emitters, instead of the MLIR ones, halve that again: a small Llama's train
-# step 8.0 -> 3.5 s, its init 3.5 -> 1.6 s, a serving engine's first programs 9.1 -> 4.7 s of CPU, the
-# steps as fast, the same losses and sampled tokens (issue 50).
 # Helpers that start subprocesses with their own XLA_FLAGS append HALYARD_TEST_XLA_COMPILE_FLAGS.
 os.environ.setdefault(
     "HALYARD_TEST_XLA_COMPILE_FLAGS",
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false",
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + os.environ["HALYARD_TEST_XLA_COMPILE_FLAGS"]
