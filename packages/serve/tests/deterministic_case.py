@@ -22,12 +22,20 @@ TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, lo
 
 
 def config(
-    chunk_size: int, num_pages: int = 160, decode_rows: int = 32, training_arithmetic: bool = False
+    chunk_size: int,
+    num_pages: int = 160,
+    decode_rows: int = 32,
+    training_arithmetic: bool = False,
+    prefill_rows: int = 4,
+    min_rows: int = 1,
 ) -> EngineConfig:
-    """A deterministic engine of pages of 64 (the training kernel's block) for `MODEL`."""
+    """A deterministic engine of pages of 64 (the training kernel's block) for `MODEL`: ``chunk_size``,
+    ``num_pages``, ``decode_rows``, ``training_arithmetic``, ``prefill_rows`` and ``min_rows`` are
+    `EngineConfig`'s ``chunk_size``, ``num_pages``, ``deterministic_rows``, ``training_arithmetic``,
+    ``max_prefill_rows`` and ``min_rows``."""
     return EngineConfig(
         page_size=64, num_pages=num_pages, max_context=256, max_running=64, chunk_size=chunk_size,
-        max_prefill_rows=4, deterministic=True, deterministic_rows=decode_rows,
+        max_prefill_rows=prefill_rows, min_rows=min_rows, deterministic=True, deterministic_rows=decode_rows,
         training_arithmetic=training_arithmetic,
     )  # fmt: skip
 
