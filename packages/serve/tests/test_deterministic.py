@@ -34,7 +34,9 @@ PLAIN_FORWARD_BOUND = 2e-4
 def engines() -> dict[int, Engine]:
     """Deterministic engines by chunk size, built when a test first asks (not when a worker collects the file:
     each of the suite's worker processes collects every file)."""
-    return {64: Engine(MODEL, config(64)), 128: Engine(MODEL, config(128))}
+    # Chunks of 128 two at a time: programs of the chunk-64 engine's sizes (32 rows and 256 prefill tokens),
+    # compiled once for both.
+    return {64: Engine(MODEL, config(64)), 128: Engine(MODEL, config(128, prefill_rows=2))}
 
 
 def _others(count: int, seed: int) -> list[tuple[list[int], SamplingParams]]:
@@ -52,15 +54,41 @@ def _others(count: int, seed: int) -> list[tuple[list[int], SamplingParams]]:
     ]
 
 
+def _ending_with_the_target(seed: int) -> list[tuple[list[int], SamplingParams]]:
+    """20 other requests for the target at position 7 of an engine that prefills one chunk of 64 a step: prompts
+    of one chunk (the target's takes two), so request i draws its first token at step i (i + 2 after the
+    target) and, here, its last with the target's last, at step 31. Every step then runs a program of 128
+    tokens (a chunk and the decoding rows), or of 32 after the last chunk (all 21 decoding): few programs to
+    compile, where a crowd of other lengths makes one for every count of rows as its requests end."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            [int(t) for t in rng.integers(0, VOCAB, 64)],
+            SamplingParams(
+                max_tokens=32 - (i if i < 7 else i + 2),
+                temperature=float(rng.uniform(0, 1.5)),
+                top_k=int(rng.integers(0, 50)),
+            ),
+        )
+        for i in range(20)
+    ]
+
+
 def _run(
-    engine: Engine, others: list[tuple[list[int], SamplingParams]], position: int, cold: bool = True
+    engine: Engine,
+    others: list[tuple[list[int], SamplingParams]],
+    position: int,
+    cold: bool = True,
+    held: int = 0,
 ) -> SampleOutput:
+    """The target's sample among ``others`` at ``position`` (from a cold prefix cache with ``cold``); the
+    requests' pages are freed after (``held``: pages owned outside the engine's requests)."""
     if cold:
         engine.pages.clear_cache()
     requests = list(others)
     requests.insert(position, (TARGET_PROMPT, TARGET))
     outputs = engine.generate([prompt for prompt, _ in requests], [params for _, params in requests])
-    assert engine.pages.in_use == 0
+    assert engine.pages.in_use == held
     return outputs[position].samples[0]
 
 
@@ -95,10 +123,18 @@ def test_bitwise_with_the_prompt_from_the_prefix_cache(
     _assert_bitwise(_run(engine, _others(5, seed=99), 3, cold=False), alone)
 
 
-def test_bitwise_when_preempted_and_recomputed(alone: SampleOutput) -> None:
-    engine = Engine(MODEL, config(64, num_pages=6))
+def test_bitwise_when_preempted_and_recomputed(engines: dict[int, Engine], alone: SampleOutput) -> None:
+    """The requests get 6 of the pool's pages, as in a pool of 6 (an owner outside the scheduler holds the
+    rest): the engine's programs are those of the other tests (a pool of another size compiles its own)."""
+    engine = engines[64]
+    engine.pages.clear_cache()
+    engine.pages.add("held")
+    engine.pages.reserve("held", (engine.pages.available - 6) * engine.pages.page_size)
     before = engine.stats.preemptions
-    _assert_bitwise(_run(engine, _others(6, seed=5), 4), alone)
+    try:
+        _assert_bitwise(_run(engine, _others(6, seed=5), 4, held=engine.pages.in_use), alone)
+    finally:
+        engine.pages.release("held")
     assert engine.stats.preemptions > before
 
 
@@ -148,7 +184,7 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise(
     bound = logprob_tolerance(MODEL, [TARGET_PROMPT + list(alone.token_ids)])
     np.testing.assert_allclose(fast_alone.logprobs, alone.logprobs, atol=bound, rtol=0)
     assert min(shape.tokens for shape in fast.runner.compiled_shapes) == 1  # alone: one token a step
-    among = _run(fast, _others(20, seed=20), 7)
+    among = _run(fast, _ending_with_the_target(seed=20), 7)
     np.testing.assert_allclose(among.logprobs[:5], fast_alone.logprobs[:5], atol=bound, rtol=0)
     assert not np.array_equal(np.float32(among.logprobs[:5]), np.float32(fast_alone.logprobs[:5]))
     # deterministic: programs of at most deterministic_rows sequences, the full-size one among them
