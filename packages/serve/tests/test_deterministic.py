@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from deterministic_case import (
-    MODEL,
     TARGET,
     TARGET_PROMPT,
     VOCAB,
     config,
+    model,
 )
 from tiny_models import forward_logprobs, logprob_tolerance
 
@@ -36,7 +36,7 @@ def engines() -> dict[int, Engine]:
     each of the suite's worker processes collects every file)."""
     # Chunks of 128 two at a time: programs of the chunk-64 engine's sizes (32 rows and 256 prefill tokens),
     # compiled once for both.
-    return {64: Engine(MODEL, config(64)), 128: Engine(MODEL, config(128, prefill_rows=2))}
+    return {64: Engine(model(), config(64)), 128: Engine(model(), config(128, prefill_rows=2))}
 
 
 def _others(count: int, seed: int) -> list[tuple[list[int], SamplingParams]]:
@@ -141,7 +141,7 @@ def test_bitwise_when_preempted_and_recomputed(engines: dict[int, Engine], alone
 def test_the_training_forward_agrees_within_the_stated_bound(alone: SampleOutput) -> None:
     sequence = TARGET_PROMPT + alone.token_ids
     padded = sequence + [0] * (192 - len(sequence))  # a whole number of the kernel's 64-token blocks
-    rows = forward_logprobs(MODEL, padded)
+    rows = forward_logprobs(model(), padded)
     training = [rows[len(TARGET_PROMPT) - 1 + i, token] for i, token in enumerate(alone.token_ids)]
     assert np.abs(np.float32(training) - np.float32(alone.logprobs)).max() <= PLAIN_FORWARD_BOUND
 
@@ -170,9 +170,9 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise(
 ) -> None:
     """Outside deterministic mode a request alone and the same request among others agree to rounding, and
     differ in their last bits: XLA rounds them differently at this model's width, so the bitwise tests above
-    test something (if this fails because they became equal, widen `MODEL`)."""
+    test something (if this fails because they became equal, widen `model`)."""
     fast = Engine(
-        MODEL,
+        model(),
         EngineConfig(
             page_size=64, num_pages=160, max_context=256, max_running=64, chunk_size=64, max_prefill_rows=1
         ),  # programs of at most 64 + 64 tokens: fewer token buckets to compile than with 4 prefill rows
@@ -181,7 +181,7 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise(
     fast_alone = output.samples[0]
     assert fast_alone.token_ids == alone.token_ids
     # another program's sums over the same sequence (tiny_models.logprob_tolerance)
-    bound = logprob_tolerance(MODEL, [TARGET_PROMPT + list(alone.token_ids)])
+    bound = logprob_tolerance(model(), [TARGET_PROMPT + list(alone.token_ids)])
     np.testing.assert_allclose(fast_alone.logprobs, alone.logprobs, atol=bound, rtol=0)
     assert min(shape.tokens for shape in fast.runner.compiled_shapes) == 1  # alone: one token a step
     among = _run(fast, _ending_with_the_target(seed=20), 7)

@@ -22,12 +22,12 @@ UNFUSED = unfuse_multiply_add()  # before JAX starts its backend (the imports be
 
 import numpy as np  # noqa: E402
 from deterministic_case import (  # noqa: E402
-    MODEL,
     TARGET,
     TARGET_PROMPT,
     VOCAB,
     config,
     invariant_forward_difference,
+    model,
 )
 
 from halyard.serve import Engine, SamplingParams  # noqa: E402
@@ -41,7 +41,7 @@ if __name__ == "__main__":
     # programs of 1 or 2 tokens are where fused multiply-adds differed (1.8e-5).
     differences, alone = {}, {}
     for rows in (32, 64):
-        engine = Engine(MODEL, config(128, decode_rows=rows, training_arithmetic=True, prefill_rows=1))
+        engine = Engine(model(), config(128, decode_rows=rows, training_arithmetic=True, prefill_rows=1))
         (output,) = engine.generate([TARGET_PROMPT], TARGET)
         alone[rows] = output.samples[0]
         differences[rows] = invariant_forward_difference(alone[rows])
