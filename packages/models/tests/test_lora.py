@@ -4,6 +4,7 @@ placements giving the single-device loss and gradients (8 simulated CPU devices)
 
 from __future__ import annotations
 
+import functools
 import math
 
 import equinox as eqx
@@ -19,7 +20,7 @@ from float_tolerance import (
 )
 from tiny import VOCAB, random_tokens, tiny
 
-from halyard.models import LmBatch
+from halyard.models import CausalLM, LmBatch
 from halyard.models.lora import (
     RANK,
     TARGET_MODULES,
@@ -40,7 +41,6 @@ from halyard.shard import Layout, MeshSpec, init_sharded, use_layout
 
 ALL = tuple(TARGET_MODULES)
 BATCH = LmBatch.from_tokens(np.random.default_rng(0).integers(0, VOCAB, size=(8, 9)))
-BASE = tiny("llama").init(jax.random.key(0))
 
 
 def _random_b(adapters: dict[str, LoraAdapter], seed: int = 3) -> dict[str, LoraAdapter]:
@@ -52,9 +52,20 @@ def _random_b(adapters: dict[str, LoraAdapter], seed: int = 3) -> dict[str, Lora
     }  # fmt: skip
 
 
-ADAPTERS = _random_b(
-    init_lora(BASE, LoraConfig(rank=4, alpha=12.0, target_modules=ALL), key=jax.random.key(1))
-)
+@functools.cache
+def _base() -> CausalLM:
+    """The tests' llama, built at the first call (not when a test worker collects the file)."""
+    return tiny("llama").init(jax.random.key(0))
+
+
+@functools.cache
+def _adapters() -> dict[str, LoraAdapter]:
+    """Rank-4 adapters on every target of `_base` (B random), built at the first call."""
+    return _random_b(
+        init_lora(_base(), LoraConfig(rank=4, alpha=12.0, target_modules=ALL), key=jax.random.key(1))
+    )
+
+
 # The adapters' own sums (over the rank, in every adapted projection of every layer) beside the model's.
 ADAPTER_TERMS = 4 * len(ALL) * tiny("llama").shape.layers
 TRAIN_TERMS = training_terms(tiny("llama"), 8, 9) + 2 * ADAPTER_TERMS
@@ -83,7 +94,7 @@ def test_a_lora_linear_adds_x_a_b_times_alpha_over_rank() -> None:
 
 def test_fresh_adapters_follow_peft_init_and_leave_the_model_unchanged() -> None:
     adapters = init_lora(
-        BASE, LoraConfig(rank=8, target_modules=("q_proj", "down_proj")), key=jax.random.key(1)
+        _base(), LoraConfig(rank=8, target_modules=("q_proj", "down_proj")), key=jax.random.key(1)
     )
     q, down = adapters["q_proj"], adapters["down_proj"]
     assert [a.name for a in q.lora_a.axes] == ["layers", "embed", RANK]
@@ -97,21 +108,21 @@ def test_fresh_adapters_follow_peft_init_and_leave_the_model_unchanged() -> None
         assert not np.asarray(adapter.lora_b.array).any()
     assert not np.array_equal(q.lora_a.array[0], q.lora_a.array[1]), "each layer draws its own A"
     tokens = random_tokens(2, 7)
-    np.testing.assert_array_equal(with_lora(BASE, adapters)(tokens).array, BASE(tokens).array)
+    np.testing.assert_array_equal(with_lora(_base(), adapters)(tokens).array, _base()(tokens).array)
 
 
 def test_merging_removing_and_reading_adapters() -> None:
-    model = with_lora(BASE, ADAPTERS)
+    model = with_lora(_base(), _adapters())
     tokens = random_tokens(2, 7)
     logits = np.asarray(model(tokens).array)
-    assert np.abs(logits - np.asarray(BASE(tokens).array)).max() > 0.1
+    assert np.abs(logits - np.asarray(_base()(tokens).array)).max() > 0.1
     merged = merge_lora(model)
     assert type(merged.layers.stacked.attention.q_proj) is Linear
     # merged, the adapters' products are added to the weights before the sums instead of after them
     atol = summation_tolerance(logits, decoder_terms(tiny("llama"), 7) + ADAPTER_TERMS)
     np.testing.assert_allclose(np.asarray(merged(tokens).array), logits, atol=atol, rtol=0)
-    np.testing.assert_array_equal(without_lora(model)(tokens).array, BASE(tokens).array)
-    assert sorted(lora_params(model)) == sorted(ALL) and lora_params(BASE) == {}
+    np.testing.assert_array_equal(without_lora(model)(tokens).array, _base()(tokens).array)
+    assert sorted(lora_params(model)) == sorted(ALL) and lora_params(_base()) == {}
 
 
 def test_a_target_the_family_lacks_is_one_line_listing_the_valid_ones() -> None:
@@ -141,27 +152,28 @@ def _flat(tree) -> list[np.ndarray]:
 
 
 def test_unrolled_and_rematerialised_layers_give_the_scanned_loss_and_gradients() -> None:
-    loss, grads = _loss_and_grads(BASE, ADAPTERS)
+    loss, grads = _loss_and_grads(_base(), _adapters())
     assert all(np.abs(g).max() > 0 for g in _flat(grads)), "every A and B gets a gradient"
     for changes in (dict(scan_layers=False), dict(remat="full")):
         other = tiny("llama", **changes).init(jax.random.key(0))
-        other_loss, other_grads = _loss_and_grads(other, ADAPTERS)
+        other_loss, other_grads = _loss_and_grads(other, _adapters())
         assert_loss_and_grads_close((other_loss, _flat(other_grads)), (loss, _flat(grads)), TRAIN_TERMS)
 
 
 def test_dropout_masks_come_from_the_key() -> None:
-    adapters = {n: LoraAdapter(a.lora_a, a.lora_b, a.alpha, 0.5) for n, a in ADAPTERS.items()}
+    base = _base()
+    adapters = {n: LoraAdapter(a.lora_a, a.lora_b, a.alpha, 0.5) for n, a in _adapters().items()}
     loss = jax.jit(_adapter_loss)
-    first, again = loss(BASE, adapters, key=jax.random.key(7)), loss(BASE, adapters, key=jax.random.key(7))
-    other = loss(BASE, adapters, key=jax.random.key(8))
-    without_keys = loss(BASE, adapters)  # evaluation: no keys, no dropout
+    first, again = loss(base, adapters, key=jax.random.key(7)), loss(base, adapters, key=jax.random.key(7))
+    other = loss(base, adapters, key=jax.random.key(8))
+    without_keys = loss(base, adapters)  # evaluation: no keys, no dropout
     assert float(first) == float(again)
     assert float(first) != float(other) and float(first) != float(without_keys)
     # without keys no dropout is traced: the same program as the adapters without dropout, bit for bit
-    assert float(without_keys) == float(loss(BASE, ADAPTERS))
+    assert float(without_keys) == float(loss(base, _adapters()))
     keyed = with_dropout_keys(adapters, jax.random.key(7))["q_proj"]
     assert keyed.dropout_key is not None and keyed.dropout_key.shape[0] == 2  # one key per layer
-    assert with_dropout_keys(ADAPTERS, jax.random.key(7))["q_proj"].dropout_key is None  # rate 0: none
+    assert with_dropout_keys(_adapters(), jax.random.key(7))["q_proj"].dropout_key is None  # rate 0: none
 
 
 def _mesh(**sizes: int) -> jax.sharding.Mesh:
@@ -175,12 +187,12 @@ def _mesh(**sizes: int) -> jax.sharding.Mesh:
 def test_sharded_adapters_give_the_single_device_loss_and_gradients(
     layout_name: str, mesh_sizes: dict
 ) -> None:
-    expected_loss, expected_grads = _loss_and_grads(BASE, ADAPTERS)
+    expected_loss, expected_grads = _loss_and_grads(_base(), _adapters())
     layout = Layout.preset(layout_name, min_shard=0, tolerance=1.0)
     mesh = _mesh(**mesh_sizes)
     base = init_sharded(tiny("llama").init, layout, mesh, jax.random.key(0))
-    shardings = layout.shardings(ADAPTERS, mesh)
-    adapters = jax.device_put(ADAPTERS, shardings)
+    shardings = layout.shardings(_adapters(), mesh)
+    adapters = jax.device_put(_adapters(), shardings)
     for name, adapter in adapters.items():  # lora_rank is never split; A and B follow the base weight
         for array in (adapter.lora_a, adapter.lora_b):
             assert array.array.sharding.spec[array.axis_index(RANK)] is None, name

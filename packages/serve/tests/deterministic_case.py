@@ -3,31 +3,49 @@ a process of its own, training_forward_check.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 from tiny_models import tiny_model
 
+from halyard.models import CausalLM
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve import EngineConfig, SampleOutput, SamplingParams
 
 VOCAB = 1024
-MODEL = tiny_model(
-    "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=VOCAB
-)
-"""Wide enough that XLA's CPU matmuls round a row differently at different row counts (at width 64 they do
-not, and no test could fail): `test_fast_mode_agrees_to_rounding_but_not_bitwise` checks that."""
+
+
+@functools.cache
+def model() -> CausalLM:
+    """The tests' model (built at the first call, not when a test worker collects the file), wide enough that
+    XLA's CPU matmuls round a row differently at different row counts (at width 64 they do not, and no test
+    could fail): `test_fast_mode_agrees_to_rounding_but_not_bitwise` checks that."""
+    return tiny_model(
+        "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=VOCAB
+    )
+
+
 TARGET_PROMPT = [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, 100)]
 TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
 
 
 def config(
-    chunk_size: int, num_pages: int = 160, decode_rows: int = 32, training_arithmetic: bool = False
+    chunk_size: int,
+    num_pages: int = 160,
+    decode_rows: int = 32,
+    training_arithmetic: bool = False,
+    prefill_rows: int = 4,
+    min_rows: int = 1,
 ) -> EngineConfig:
-    """A deterministic engine of pages of 64 (the training kernel's block) for `MODEL`."""
+    """A deterministic engine of pages of 64 (the training kernel's block) for `model`: ``chunk_size``,
+    ``num_pages``, ``decode_rows``, ``training_arithmetic``, ``prefill_rows`` and ``min_rows`` are
+    `EngineConfig`'s ``chunk_size``, ``num_pages``, ``deterministic_rows``, ``training_arithmetic``,
+    ``max_prefill_rows`` and ``min_rows``."""
     return EngineConfig(
         page_size=64, num_pages=num_pages, max_context=256, max_running=64, chunk_size=chunk_size,
-        max_prefill_rows=4, deterministic=True, deterministic_rows=decode_rows,
+        max_prefill_rows=prefill_rows, min_rows=min_rows, deterministic=True, deterministic_rows=decode_rows,
         training_arithmetic=training_arithmetic,
     )  # fmt: skip
 
@@ -35,7 +53,7 @@ def config(
 @jax.jit
 def _invariant_logprobs(tokens: jax.Array) -> jax.Array:
     with batch_invariant():
-        logits = MODEL(named(tokens, ("batch", "pos"))).unwrap("batch", "pos", "vocab")
+        logits = model()(named(tokens, ("batch", "pos"))).unwrap("batch", "pos", "vocab")
         return row_log_softmax(logits)
 
 

@@ -3,10 +3,13 @@ log-probs, stop conditions, cancellation, the n samples of a prompt, and the err
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from tiny_models import VOCAB, forward_logprobs, greedy_reference, logprob_tolerance, tiny_model
 
+from halyard.models import CausalLM
 from halyard.serve import Engine, EngineConfig, ParameterError, RequestOutput, SampleOutput, SamplingParams
 from halyard.serve.detokenizer import Detokenizer
 
@@ -16,7 +19,14 @@ SMALL = EngineConfig(
 """Every step in a program of the most tokens a step holds (4 + 2 x 16): the tests compile one program per
 page bucket and log-prob variant, not one per token bucket too (each is a second or more of a test's time;
 the smaller token buckets run in the pipelined test below and in test_warmup.py)."""
-LLAMA = tiny_model("llama")
+
+
+@functools.cache
+def _llama() -> CausalLM:
+    """The tests' llama, built at the first call (not when a test worker collects the file)."""
+    return tiny_model("llama")
+
+
 PROMPTS = [[5, 9, 2, 7, 1], [3], list(range(1, 30)), [8, 8, 4, 60, 2, 2, 2, 2, 2, 11]]
 
 
@@ -36,7 +46,7 @@ def test_greedy_tokens_and_logprobs_equal_the_full_forward(family: str) -> None:
 
 
 def test_prompt_logprobs_and_top_alternatives_equal_the_full_forward() -> None:
-    model = LLAMA
+    model = _llama()
     engine = Engine(model, SMALL)
     prompt = list(range(3, 40))  # three chunks of 16
     (output,) = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=True, top_logprobs=3))
@@ -57,7 +67,7 @@ def test_prompt_logprobs_and_top_alternatives_equal_the_full_forward() -> None:
 
 
 def test_stop_tokens_eos_and_max_tokens_end_a_sample_with_their_reason() -> None:
-    model = LLAMA
+    model = _llama()
     greedy, _ = greedy_reference(model, PROMPTS[0], 6)
     stop_at = greedy[3]
     first = greedy.index(stop_at)
@@ -82,7 +92,7 @@ def test_stop_tokens_eos_and_max_tokens_end_a_sample_with_their_reason() -> None
 
 
 def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> None:
-    model = LLAMA
+    model = _llama()
     greedy, _ = greedy_reference(model, PROMPTS[2], 8)
 
     def decode(ids: list[int]) -> str:
@@ -104,7 +114,7 @@ def test_stop_strings_cut_the_text_and_streaming_never_shows_a_stop_string() -> 
 
 
 def test_text_handed_off_shows_the_same_outputs_though_stop_strings_are_found_a_step_late() -> None:
-    model = LLAMA
+    model = _llama()
     greedy, _ = greedy_reference(model, PROMPTS[2], 8)
 
     def decode(ids: list[int]) -> str:
@@ -139,7 +149,7 @@ def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
     to program on the device): with so few pages that sequences are preempted while their last token is
     still being drawn, and stop tokens that end samples with a step already dispatched after them, every
     sample is the full forward's greedy continuation."""
-    model = LLAMA
+    model = _llama()
     engine = Engine(
         model, EngineConfig(page_size=8, num_pages=12, max_context=96, max_running=4, chunk_size=8)
     )
@@ -159,7 +169,7 @@ def test_a_pipelined_engine_under_preemption_draws_the_greedy_tokens() -> None:
 
 
 def test_cancelling_a_request_frees_its_pages_at_once() -> None:
-    model = LLAMA
+    model = _llama()
     engine = Engine(model, SMALL)
     keep = engine.add_request(PROMPTS[2], SamplingParams(max_tokens=40, temperature=0.0))
     cancel = engine.add_request(PROMPTS[3], SamplingParams(max_tokens=40, n=3, temperature=1.0, seed=1))
@@ -181,7 +191,7 @@ def test_cancelling_a_request_frees_its_pages_at_once() -> None:
 
 
 def test_n_samples_share_the_prompt_pages_and_draw_different_continuations() -> None:
-    model = LLAMA
+    model = _llama()
     engine = Engine(model, SMALL)
     prompt = list(range(1, 21))  # two full pages of 8 and a partial one
     engine.add_request(prompt, SamplingParams(max_tokens=30, n=3, temperature=1.0, seed=3))
@@ -196,7 +206,7 @@ def test_n_samples_share_the_prompt_pages_and_draw_different_continuations() -> 
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
-    model = LLAMA
+    model = _llama()
     target = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=True)
     alone = Engine(model, SMALL).generate([PROMPTS[2]], target)[0].samples[0]
     crowd = (
@@ -232,7 +242,7 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_among_others() -> None:
 def test_bad_requests_get_an_error_naming_the_parameter(
     prompt: list[int], params: SamplingParams, parameter: str
 ) -> None:
-    engine = Engine(LLAMA, SMALL)
+    engine = Engine(_llama(), SMALL)
     with pytest.raises(ParameterError) as error:
         engine.add_request(prompt, params)
     assert error.value.parameter == parameter and str(error.value).startswith(parameter)
@@ -255,7 +265,7 @@ def test_a_request_of_many_samples_does_not_keep_a_small_one_waiting() -> None:
     """12 samples of 24 tokens fill the 4 rows three times over; a one-sample request that comes after
     them runs at once (a big sample is preempted for it) and takes the steps it takes alone. Requests of
     one caller count as one."""
-    model = LLAMA
+    model = _llama()
     small = SamplingParams(max_tokens=6, temperature=0.0)
     alone = Engine(model, SMALL)
     steps_alone = _steps_until_finished(alone, alone.add_request(PROMPTS[0], small))
@@ -294,7 +304,7 @@ def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
 
 
 def test_weights_handed_over_in_memory_generate_as_the_new_weights_do() -> None:
-    old, new = LLAMA, tiny_model("llama", seed=5)
+    old, new = _llama(), tiny_model("llama", seed=5)
     engine = Engine(old, SMALL)
     engine.generate(
         [PROMPTS[2]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -4,12 +4,14 @@ the page pool split on kv heads) continues prompts with the single-device engine
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 import pytest
 from tiny_models import logprob_tolerance, tiny_model
 
+from halyard.models import CausalLM
 from halyard.serve import Engine, EngineConfig, Replicas, SamplingParams
 from halyard.shard import Layout, MeshSpec
 
@@ -18,14 +20,23 @@ CONFIG = EngineConfig(
 )
 """Every step in a program of the most tokens a step holds (4 + 2 x 16): one program per page bucket for
 each engine and placement (and no row checks in deterministic mode), not one per token bucket too."""
-MODEL = tiny_model("llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64)
+
+
+@functools.cache
+def _model() -> CausalLM:
+    """The tests' model, built at the first call (not when a test worker collects the file)."""
+    return tiny_model(
+        "llama", hidden_size=64, num_heads=8, num_kv_heads=4, intermediate_size=128, vocab_size=64
+    )
+
+
 PROMPTS = [[5, 9, 2, 7, 1, 33, 60, 12], [3], list(range(1, 30))]
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, seed=5, logprobs=True)
 
 
 @pytest.mark.parametrize("tensor", [4])
 def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
-    model = MODEL
+    model = _model()
     alone = Engine(model, CONFIG).generate(PROMPTS, PARAMS)
     mesh = MeshSpec(data=1, tensor=tensor).build(jax.devices()[:tensor])
     layout = Layout.tensor_parallel(min_shard=1)
@@ -43,7 +54,7 @@ def test_tensor_parallel_engine_equals_one_device(tensor: int) -> None:
 
 
 def test_data_parallel_replicas_spread_requests_and_draw_what_one_engine_draws() -> None:
-    model = MODEL
+    model = _model()
     config = dataclasses.replace(CONFIG, deterministic=True)
     alone = Engine(model, config).generate(PROMPTS * 2, PARAMS)
     replicas = Replicas(model, 2, config, devices_per_replica=2)
