@@ -388,3 +388,20 @@ def test_a_decode_program_gets_blocks_of_eight_queries_and_a_sequences_pages_in_
     assert decode_blocks(8 * 16, 16, 3, 8) == (3, 8)  # 8 tokens a sequence on average: still decode
     assert decode_blocks(8 * 16 + 1, 16, 3, 8) is None  # more: a prefill program, JAX's table decides
     assert decode_blocks(1, 1, 8, 0) == (1, 8)  # a page a block at least
+
+
+def test_the_compiled_kernels_blocks_for_a_decode_program_come_from_decode_blocks() -> None:
+    # what attend gives the kernel on a TPU (interpret=False), for 128 rows of one token over 8 pages of 256
+    kernel = PallasPagedKernel()
+    pool = kernel.init_pool(1, 1024, 256, 2, 64, jnp.bfloat16)
+    queries = jnp.zeros((128, 14, 128), jnp.bfloat16)
+    fit = kv_pages_in_vmem(
+        *pool.pages.array.shape[2:], jnp.bfloat16, ragged_paged_pallas.DECODE_KV_BUFFER_BYTES
+    )
+    assert (
+        kernel._blocks(queries, pool, (128, 8), interpret=False) == decode_blocks(128, 128, 8, fit) == (8, 8)
+    )
+    assert PallasPagedKernel(2, 16)._blocks(queries, pool, (128, 8), interpret=False) == (
+        2,
+        16,
+    )  # given: kept
