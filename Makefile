@@ -80,7 +80,7 @@ stress: $(STAMP)
 # The family and engine parity files with each instruction set XLA's CPU backend may pick kernels for: this
 # CPU's best, AVX2 (no AVX-512) and AVX (no FMA either).
 parity-isa: $(STAMP)
-	tools/stress_suite.sh --files parity --hogs 0 --rounds 1 --isa default,AVX2,AVX
+	tools/stress_suite.sh --files parity --hogs 0 --rounds 1 --isa native,AVX2,AVX
 
 wheels: $(STAMP)
 	$(PY) tools/wheelhouse.py --out dist

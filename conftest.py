@@ -7,13 +7,24 @@ import os
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0 compiles them in
-# about two thirds of the time. Values differ from an optimized build in the last bits only (summation
-# order), which checks at float32 noise level compare within one program or against a reference kernel.
+# Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0, with its older loop
+# emitters instead of the fusion emitters, compiles them in a fraction of the time of its defaults.
+# Values differ from an optimized build in the last bits only (summation order), which checks at float32 noise
+# level compare within one program or against a reference kernel. Without fused multiply-adds
+# (`--xla_cpu_max_isa=AVX`, what `train` sets for trainer.invariant and rl.deterministic): the older emitters
+# contract a multiply and an add where both land in one fused loop, which differs between a 1-device and an
+# 8-device program, so the bitwise tests across device counts test the run a user starts.
+# HALYARD_TEST_ISA chooses another cap (AVX2, ...), or `native` for none (make parity-isa).
 # Helpers that start subprocesses with their own XLA_FLAGS append HALYARD_TEST_XLA_COMPILE_FLAGS.
+os.environ.setdefault("HALYARD_TEST_ISA", "AVX")
 os.environ.setdefault(
     "HALYARD_TEST_XLA_COMPILE_FLAGS",
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+    + (
+        ""
+        if os.environ["HALYARD_TEST_ISA"] == "native"
+        else f" --xla_cpu_max_isa={os.environ['HALYARD_TEST_ISA']}"
+    ),
 )
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + os.environ["HALYARD_TEST_XLA_COMPILE_FLAGS"]

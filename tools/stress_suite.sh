@@ -6,9 +6,10 @@
 #
 #   tools/stress_suite.sh                    5 rounds of the stress files, 2 hogs, 3 xdist workers (make stress)
 #   tools/stress_suite.sh --rounds 2 --workers 0   2 rounds in one process (no xdist)
-#   tools/stress_suite.sh --files parity --hogs 0 --isa default,AVX2,AVX --rounds 1
+#   tools/stress_suite.sh --files parity --hogs 0 --isa native,AVX2,AVX --rounds 1
 #                                            the family and engine parity files once per instruction set
-#                                            XLA's CPU backend may use (make parity-isa)
+#                                            XLA's CPU backend may use (make parity-isa); default: the
+#                                            suite's own (conftest.py: AVX), native: this CPU's best
 #   tools/stress_suite.sh -- -k replicas     arguments after -- go to pytest
 #
 # Logs: one per round and instruction set in --logs (default .stress/), kept for reading afterwards.
@@ -96,12 +97,12 @@ failed=0
 runs=0
 for round in $(seq 1 "$ROUNDS"); do
     for isa in ${ISAS//,/ }; do
-        flags=$BASE_XLA_FLAGS
-        [[ $isa != default ]] && flags="$flags --xla_cpu_max_isa=$isa"
+        isa_env=()
+        [[ $isa != default ]] && isa_env=(HALYARD_TEST_ISA="$isa")
         log="$LOGS/round-$round-$isa.log"
         start=$(date +%s)
         status=0
-        XLA_FLAGS=$flags "$PYTHON" -m pytest -q "${PYTEST_RUN[@]}" -p tools.pytest_crash_report \
+        env "${isa_env[@]}" XLA_FLAGS="$BASE_XLA_FLAGS" "$PYTHON" -m pytest -q "${PYTEST_RUN[@]}" -p tools.pytest_crash_report \
             "${SELECTED[@]}" "$@" >"$log" 2>&1 || status=$?
         summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log" | tail -1 || true)
         runs=$((runs + 1))

@@ -181,10 +181,12 @@ def test_a_failing_engine_answers_every_caller() -> None:
 
 
 def test_training_arithmetic_option_implies_deterministic_and_says_when_xla_started_too_early(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--training-arithmetic`` (halyard-serve and halyard serve): deterministic mode with the trainer's
-    arithmetic; in a process whose XLA already runs with fused multiply-adds (this one) it says so."""
+    arithmetic; in a process whose XLA already runs with fused multiply-adds it says so (the suite's processes
+    run without: here XLA_FLAGS reads as a user's who did not ask, after XLA started)."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
     plain = engine_config_of(parser.parse_args([]))

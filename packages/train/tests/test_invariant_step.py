@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 from float_tolerance import FUNCTION_TERMS, summation_tolerance
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -26,17 +26,29 @@ from halyard.train.run.mesh_record import METADATA_KEY, resume_note
 from halyard.train.step import init_state, make_train_step
 
 
+def flushed(value: np.float32) -> np.float32:
+    """``value`` as XLA's CPU runtime reads and writes it: subnormal floats are zero (flush to zero, denormals
+    are zero), with their sign."""
+    return np.float32(np.copysign(0.0, value)) if 0 < abs(value) < np.finfo(np.float32).tiny else value
+
+
 def pairwise_reference(values: np.ndarray) -> np.ndarray:
-    """Adjacent pairs, level by level, an odd last element carried up (numpy float32)."""
+    """Adjacent pairs, level by level, an odd last element carried up unchanged (numpy float32, each addition
+    as XLA's CPU runtime computes it: subnormal operands and results are zero)."""
     level = list(values)
     while len(level) > 1:
-        pairs = [np.float32(level[i] + level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        pairs = [
+            flushed(np.float32(flushed(level[i]) + flushed(level[i + 1])))
+            for i in range(0, len(level) - 1, 2)
+        ]
         level = pairs + ([level[-1]] if len(level) % 2 else [])
     return np.asarray(level[0])
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=33))
+@example([0.0, 2.802596928649634e-45])  # a subnormal term: flushed to zero by XLA's CPU runtime
+@example([1.1754944e-38, -1.1754942e-38, 0.0])  # a subnormal partial sum, carried up beside a zero
 def test_tree_sum_adds_in_the_documented_order(values: list[float]) -> None:
     array = np.asarray(values, np.float32)
     assert np.asarray(tree_sum(jnp.asarray(array))).tobytes() == pairwise_reference(array).tobytes()

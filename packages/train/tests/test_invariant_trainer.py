@@ -77,12 +77,16 @@ def final_params(folder: Path) -> Any:
     return CheckpointManager(folder / "run" / "checkpoints").restore(None, abstract, shardings).state.params
 
 
-def train(folder: Path, cache_dir: Path, devices: int, *args: str, **sections: Any) -> Path:
-    """``train`` of the invariant tiny run in a fresh process of ``devices`` devices; returns the run's folder."""
+def train(
+    folder: Path, cache_dir: Path, devices: int, *args: str, native_isa: bool = False, **sections: Any
+) -> Path:
+    """``train`` of the invariant tiny run in a fresh process of ``devices`` devices; returns the run's folder.
+    ``native_isa``: XLA_FLAGS without the tests' cap on the instruction set, as a user starts it."""
     folder.mkdir(parents=True, exist_ok=True)
     config = write_config(folder / "run.yaml", folder / "run", cache_dir, **{**RUN, **sections})
-    result = run_cli(["--config", str(config), *args], devices=devices)
+    result = run_cli(["--config", str(config), *args], devices=devices, native_isa=native_isa)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "fused multiply-adds" not in result.stdout, result.stdout[-2000:]
     return folder
 
 
@@ -103,7 +107,10 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    return train(tmp_path_factory.mktemp("one_device"), cache_dir, 1)
+    """The reference, started as a user starts `train`: with fused multiply-adds unless the command turns them
+    off for trainer.invariant (XLA contracts a multiply and an add where both land in one fused loop, which
+    differs between a 1-device and an 8-device program); the other runs are the tests' processes, without."""
+    return train(tmp_path_factory.mktemp("one_device"), cache_dir, 1, native_isa=True)
 
 
 @pytest.mark.parametrize(

@@ -85,15 +85,26 @@ def load_config(path: Path, *overrides: str) -> TrainConfig:
 
 
 def run_cli(
-    args: list[str], *, devices: int = 8, timeout: float = 600, optimized: bool = False, **popen: Any
+    args: list[str],
+    *,
+    devices: int = 8,
+    timeout: float = 600,
+    optimized: bool = False,
+    native_isa: bool = False,
+    **popen: Any,
 ) -> subprocess.CompletedProcess:
     """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices.
 
     ``optimized``: XLA's backend optimisations on, as for users, instead of the tests' -O0
     (HALYARD_TEST_XLA_COMPILE_FLAGS). For runs whose programs run long (many steps, large logits): -O0
-    compiles faster but its programs run up to twice as slow.
+    compiles faster but its programs run up to twice as slow. ``native_isa``: the CPU's own instruction set, as
+    for users, instead of the tests' cap without fused multiply-adds (the command sets what it needs itself).
     """
     compile_flags = "" if optimized else os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
+    if native_isa:
+        compile_flags = " ".join(
+            flag for flag in compile_flags.split() if not flag.startswith("--xla_cpu_max_isa=")
+        )
     env = dict(
         os.environ,
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {compile_flags}",

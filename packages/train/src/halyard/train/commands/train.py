@@ -32,8 +32,11 @@ def train_command(argv: Sequence[str], *, preemption: PreemptionFlag | None = No
     config = parse_config(TrainConfig, resolve_config_paths(argv), prog="train")
     if preemption is not None and preemption.requested:  # before the processes join: this process alone
         stop_run(preemption, "before the run started; nothing was written", report=True)
-    if config.trainer.objective == "grpo" and config.rl.deterministic:
-        unfuse_multiply_add()  # before XLA starts: sampler and trainer log-probs bitwise (batch_invariant)
+    if config.trainer.invariant or (config.trainer.objective == "grpo" and config.rl.deterministic):
+        # Before XLA starts: a multiply and an add contracted into one fused multiply-add where both land in
+        # one fused loop, which differs between a 1-device and an 8-device program (trainer.invariant) and
+        # between the sampler's and the trainer's programs (rl.deterministic).
+        unfuse_multiply_add()
     try:
         initialize()  # alone, unless the environment names several processes (halyard.shard.cluster)
     except ValueError as error:  # HALYARD_* coordinates incomplete or not integers, HALYARD_CLUSTER unknown

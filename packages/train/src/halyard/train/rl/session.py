@@ -12,7 +12,6 @@ from typing import Any
 import jax
 
 from halyard.data import TokenizerSpec, load_tokenizer
-from halyard.named.nn import unfuse_multiply_add
 from halyard.serve.requests import eos_ids_of
 from halyard.shard import is_main_process
 from halyard.train.checkpoint.manager import CheckpointManager
@@ -30,6 +29,7 @@ from halyard.train.rl.rewards.scoring import RewardSet, load_rewards
 from halyard.train.rl.rollouts import Rollouts
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
+from halyard.train.run.unfused import fused_multiply_add_note
 from halyard.train.step import TrainState
 from halyard.train.trainer.initial_state import initial_state
 from halyard.train.trainer.metrics_log import MetricsLog
@@ -151,13 +151,12 @@ def start_rl_session(
     """
     config = setup.config
     rl = config.rl
-    if rl.deterministic and not unfuse_multiply_add() and is_main_process():
-        print(
-            "rl.deterministic: XLA runs with fused multiply-adds in this process (it started before "
-            "halyard.named.nn.unfuse_multiply_add() could ask otherwise, or this is no x86 CPU), so the "
-            "sampler's and the trainer's log-probabilities agree to rounding only; the train command asks in time",
-            flush=True,
+    if rl.deterministic:
+        note = fused_multiply_add_note(
+            "rl.deterministic", "the sampler's and the trainer's log-probabilities agree to rounding only"
         )
+        if note is not None and is_main_process():
+            print(note, flush=True)
     rewards = load_rewards(rl.rewards, rl.weights)
     tokenizer, prompts, held_out, width = _prompts(setup, run_dir)
     manager = CheckpointManager(

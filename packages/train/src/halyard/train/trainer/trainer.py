@@ -30,6 +30,7 @@ from halyard.train.plot import write_run_plot
 from halyard.train.rl.fit import fit_rl
 from halyard.train.run.setup import RunSetup
 from halyard.train.run.sources import load_lora_base
+from halyard.train.run.unfused import fused_multiply_add_note
 from halyard.train.run_config import TrainConfig
 from halyard.train.step import TrainState
 from halyard.train.trainer.interruption import (
@@ -134,6 +135,7 @@ class Trainer:
                 stop_run(preemption, "before the run started; nothing was written", main=is_main_process())
             check_init_source(self.config, self.run_dir / "checkpoints")
             self._say_what_the_learning_rate_does()
+            self._say_whether_fused_multiply_adds_break_invariance()
             if self.config.trainer.objective == "grpo":
                 state, log = fit_rl(self.setup, self.run_dir, self.clock, preemption, goodput, cache_at_start)
                 return self._result(state, log, None)
@@ -170,6 +172,16 @@ class Trainer:
     def _say_what_the_learning_rate_does(self) -> None:
         """Continuing a finished run: one line on the learning rate of the added steps (trainer.continue_schedule)."""
         note = self.setup.schedule_note()
+        if note is not None and is_main_process():
+            print(note, flush=True)
+
+    def _say_whether_fused_multiply_adds_break_invariance(self) -> None:
+        """trainer.invariant in a process whose CPU programs have fused multiply-adds: one line."""
+        if not self.config.trainer.invariant:
+            return
+        note = fused_multiply_add_note(
+            "trainer.invariant", "steps on another device count or sharding may differ in their last bits"
+        )
         if note is not None and is_main_process():
             print(note, flush=True)
 
