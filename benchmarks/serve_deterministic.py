@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--warmup", action=argparse.BooleanOptionalAction, default=None,
         help="compile each engine's step programs at its start, side by side (default: with --size tpu)",
     )  # fmt: skip
+    parser.add_argument("--only", nargs="+", default=None, help="run these checks alone (after `alone`)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     warmup = args.size == "tpu" if args.warmup is None else args.warmup
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     state: dict[str, Any] = {}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for name, check in checks(model, vocab, warmup):
+        if args.only is not None and name not in (*args.only, "alone"):
+            results.setdefault("not_asked", []).append(name)
+            continue
         if time.perf_counter() - started > args.limit or (name != "alone" and "alone" not in state):
             results["skipped"].append(name)
             continue

@@ -4,13 +4,15 @@
 XLA's CPU kernels pick their blocking and summation order from an operation's shape, so a token's numbers
 can depend on how many tokens share its program. Deterministic mode runs its steps in programs of a fixed
 size; a program of fewer tokens is only used once it has been shown to compute its sequences exactly as
-the full-size one does: both run the same random probe (decoding tokens and prefill chunks of random
-sequences over random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences; the full
-program holds more sequences after them, which store nothing), and every output of every probe sequence
-and every page it stores must agree bit for bit. XLA fixes a kernel's summation order when it compiles,
-by shape, not by value, and another order shows in the last bits of random rows, so one probe per shape
-settles it; the answer is kept. The probe reads the pool's pages as they are (zeros in a fresh engine, the
-keys of earlier requests later), and a size that disagrees for one page count is not tried for another.
+the full-size one does: both run random probes (decoding tokens and prefill chunks of random sequences over
+random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences; the full program holds more
+sequences after them, which store nothing), and every output of every probe sequence and every page it
+stores must agree bit for bit. XLA fixes a kernel's summation order when it compiles, by shape, not by value.
+In float32 another order shows in the last bits of nearly every random row; in bfloat16 the rounding of the
+compute dtype hides it in most rows (a 1-token program of a bfloat16 Qwen2 differed from the full one in about
+a quarter of random rows), so the probes go on until `PROBE_ROWS` sequences were compared. The answer is kept.
+The probes read the pool's pages as they are (zeros in a fresh engine, the keys of earlier requests later),
+and a size that disagrees for one page count is not tried for another.
 """
 
 from __future__ import annotations
@@ -27,19 +29,23 @@ from halyard.serve.program import ProgramShape, StepInputs
 from halyard.serve.sampler import RowSettings
 
 PROBE_SEED = 20261205
-"""The probe's fixed seed: every process of a multi-process engine builds the same probe."""
+"""The first probe's fixed seed (the next ones count up from it): every process of a multi-process engine
+builds the same probes."""
+PROBE_ROWS = 32
+"""Sequences a row check compares at least, over as many probes as that takes (a 1-token program: 32)."""
 
 
 def probe_inputs(
-    full: ProgramShape, small: ProgramShape, page_size: int, num_pages: int, vocab: int
+    full: ProgramShape, small: ProgramShape, page_size: int, num_pages: int, vocab: int, probe: int = 0
 ) -> tuple[StepInputs, StepInputs, np.ndarray]:
     """Random inputs of ``small`` and of ``full`` (see the module docstring): ``small``'s sequences come
     first in ``full``'s, each sequence in ``small`` leaves at least one token and one slot of padding.
+    ``probe`` numbers the probe (its seed is ``PROBE_SEED + probe``).
 
     Returns:
         ``(small's inputs, full's inputs, the pages small's sequences read and write)``.
     """
-    rng = np.random.default_rng(PROBE_SEED)
+    rng = np.random.default_rng(PROBE_SEED + probe)
     capacity = full.seq_pages * page_size
     first = _lengths(rng, max(1, small.tokens - 1), max(1, small.seqs - 1), capacity)
     in_small = len(first)

@@ -43,7 +43,7 @@ from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.compile_events import thread_compiles
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
-from halyard.serve.row_check import probe_inputs, results_agree, written_pages
+from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
 from halyard.serve.sampler import RowSettings, draw
 from halyard.shard import Layout, use_layout
 
@@ -198,12 +198,16 @@ class ModelRunner:
         if shape.tokens in disagreed:
             return False  # this many tokens disagreed over other pages: taken to disagree here too (safe)
         full = self._shape(self.max_tokens, shape.seq_pages, shape.prompt_logprobs, shape.alternatives)
-        small_inputs, full_inputs, pages = probe_inputs(
-            full, shape, self.page_size, self.num_pages, self.vocab_size
-        )
-        small = self._results(shape, small_inputs, pages)
-        self.row_checks[shape] = results_agree(small, self._results(full, full_inputs, pages), small_inputs)
-        return self.row_checks[shape]
+        agrees, compared, probe = True, 0, 0
+        while agrees and compared < PROBE_ROWS:
+            small_inputs, full_inputs, pages = probe_inputs(
+                full, shape, self.page_size, self.num_pages, self.vocab_size, probe
+            )
+            small = self._results(shape, small_inputs, pages)
+            agrees = results_agree(small, self._results(full, full_inputs, pages), small_inputs)
+            compared, probe = compared + int(small_inputs.batch.num_seqs), probe + 1
+        self.row_checks[shape] = agrees
+        return agrees
 
     def _results(self, shape: ProgramShape, inputs: StepInputs, pages: np.ndarray) -> tuple:
         """What ``shape``'s program computes for ``inputs`` from a copy of the pool: ``(the pool's ``pages``
