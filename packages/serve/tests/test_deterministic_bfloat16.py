@@ -2,8 +2,9 @@
 the same alone and among other requests. The rounding to bfloat16 hides most of what another program's
 summation order changes, so a program of fewer tokens that computes a row differently shows it in a fraction
 of random rows only (about a quarter for a 1-token program here): the row checks compare `PROBE_ROWS`
-sequences (`halyard.serve.row_check.PROBE_ROWS`) before they admit a program size, where one probe of one sequence let the 1-token program through
-and the target's log-probs then differed at 7 of its 24 tokens."""
+sequences (`halyard.serve.row_check`) before they admit a program size. With one sequence compared, the
+1-token program got through and this test failed for 2 of 5 probe seeds tried (at first sight, the target's
+log-probs differed at 7 of its 24 tokens)."""
 
 from __future__ import annotations
 

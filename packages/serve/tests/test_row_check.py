@@ -17,7 +17,8 @@ def _results(pages: np.ndarray, token: np.ndarray, next_logprob: np.ndarray) -> 
 
 
 def test_one_bit_anywhere_in_the_compared_sequences_is_a_disagreement() -> None:
-    small_inputs, _, _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    (group, *_), _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    small_inputs = group.inputs
     seqs = int(small_inputs.batch.num_seqs)
     tokens = int(small_inputs.batch.cu_q_lens[seqs])
     rng = np.random.default_rng(0)
@@ -40,7 +41,8 @@ def test_one_bit_anywhere_in_the_compared_sequences_is_a_disagreement() -> None:
 
 
 def test_the_probe_mixes_padding_chunks_greedy_and_every_filter_within_the_pages() -> None:
-    small, full, pages = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    (group, *_), full = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    small, pages = group.inputs, group.pages
     seqs = int(small.batch.num_seqs)
     assert 1 <= seqs < SMALL.seqs and small.batch.cu_q_lens[seqs] < SMALL.tokens  # padding left over
     assert int(full.batch.num_seqs) > seqs  # the full program holds more sequences ...
@@ -55,5 +57,50 @@ def test_the_probe_mixes_padding_chunks_greedy_and_every_filter_within_the_pages
     settings = full.settings
     assert (settings.temperature == 0).any() and (settings.top_k > 0).any()
     assert (settings.top_p < 1).any() and (settings.min_p > 0).any()
-    again, _, _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
-    assert np.array_equal(again.tokens, small.tokens)  # every process builds the same probe
+    (again, *_), _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    assert np.array_equal(again.inputs.tokens, small.tokens)  # every process builds the same probe
+
+
+def test_one_full_run_holds_several_groups_on_pages_of_their_own() -> None:
+    decoding = ProgramShape(tokens=1, seqs=1, seq_pages=2, prompt_logprobs=True)
+    groups, full = probe_inputs(FULL, decoding, page_size=16, num_pages=64, vocab=50, rows=6)
+    assert len(groups) == 6  # six 1-token runs against one full-size run
+    owned = [set(group.pages.tolist()) for group in groups]
+    assert sum(map(len, owned)) == len(set().union(*owned))  # no page is two groups'
+    stored_until = 0
+    for group in groups:
+        small = group.inputs
+        seqs = int(small.batch.num_seqs)
+        tokens = int(small.batch.cu_q_lens[seqs])
+        assert group.first_seq == stored_until and group.first_token == full.batch.cu_q_lens[group.first_seq]
+        here = slice(group.first_token, group.first_token + tokens)
+        assert np.array_equal(full.tokens[here], small.tokens[:tokens])
+        assert np.array_equal(full.next_tokens[here], small.next_tokens[:tokens])
+        assert np.array_equal(full.batch.positions[here], small.batch.positions[:tokens])
+        assert full.settings.seed[group.first_seq].tolist() == small.settings.seed[0].tolist()
+        table = full.batch.page_table[group.first_seq : group.first_seq + seqs]
+        assert np.array_equal(table, small.batch.page_table[:seqs])
+        assert (full.batch.slots[here] >= 0).all()  # every group's sequences store what they compute
+        stored_until += seqs
+    stored = full.batch.slots[: full.batch.cu_q_lens[int(full.batch.num_seqs)]]
+    assert (stored[full.batch.cu_q_lens[stored_until] :] == -1).all()  # the rest store nothing
+    (alone,), _ = probe_inputs(FULL, decoding, page_size=16, num_pages=1, vocab=50, rows=6)
+    assert int(alone.inputs.batch.num_seqs) == 1  # a pool too small for a second group: one
+
+
+def test_a_group_compared_at_its_place_in_the_full_programs_outputs() -> None:
+    rng = np.random.default_rng(1)
+    pages, token = rng.normal(size=(2, 3, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    prompt = rng.normal(size=32).astype(np.float32)
+    groups, _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=64, vocab=50, rows=8)
+    group = groups[-1]
+    seqs = int(group.inputs.batch.num_seqs)
+    tokens = int(group.inputs.batch.cu_q_lens[seqs])
+    full = _results(pages, token, prompt)
+    placed = (group.first_seq, group.first_token)
+    mine = (
+        token[group.first_seq : group.first_seq + seqs],
+        prompt[group.first_token : group.first_token + tokens],
+    )
+    assert results_agree(_results(pages, *mine), full, group.inputs, *placed)
+    assert group.first_seq > 0 and not results_agree(_results(pages, *mine), full, group.inputs)

@@ -5,19 +5,22 @@ XLA's CPU kernels pick their blocking and summation order from an operation's sh
 can depend on how many tokens share its program. Deterministic mode runs its steps in programs of a fixed
 size; a program of fewer tokens is only used once it has been shown to compute its sequences exactly as
 the full-size one does: both run random probes (decoding tokens and prefill chunks of random sequences over
-random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences; the full program holds more
-sequences after them, which store nothing), and every output of every probe sequence and every page it
-stores must agree bit for bit. XLA fixes a kernel's summation order when it compiles, by shape, not by value.
-In float32 another order shows in the last bits of nearly every random row; in bfloat16 the rounding of the
-compute dtype hides it in most rows (a 1-token program of a bfloat16 Qwen2 differed from the full one in about
-a quarter of random rows), so the probes go on until `PROBE_ROWS` sequences were compared. The answer is kept.
-The probes read the pool's pages as they are (zeros in a fresh engine, the keys of earlier requests later),
-and a size that disagrees for one page count is not tried for another.
+random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences), and every output of every probe
+sequence and every page it stores must agree bit for bit. One run of the full program holds several runs of
+the smaller one side by side, each group of sequences on pages of its own and at its own place in the batch
+(as a request sits anywhere among others), then sequences that store nothing. XLA fixes a kernel's summation
+order when it compiles, by shape, not by value. In float32 another order shows in the last bits of nearly
+every random row; in bfloat16 the rounding of the compute dtype hides it in most rows (a 1-token program of a
+bfloat16 Qwen2 differed from the full one in about a quarter of random rows), so the probes go on until
+`PROBE_ROWS` sequences were compared. The answer is kept. The probes read the pool's pages as they are (zeros
+in a fresh engine, the keys of earlier requests later), and a size that disagrees for one page count is not
+tried for another.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,26 +35,73 @@ PROBE_SEED = 20261205
 """The first probe's fixed seed (the next ones count up from it): every process of a multi-process engine
 builds the same probes."""
 PROBE_ROWS = 32
-"""Sequences a row check compares at least, over as many probes as that takes (a 1-token program: 32)."""
+"""Sequences a row check compares at least, over as many probes as that takes (a 1-token program: 32 runs of
+it beside as few runs of the full program as hold 32 groups)."""
+
+
+class ProbeGroup(NamedTuple):
+    """One run of the smaller program in a probe.
+
+    Attributes:
+        inputs: the smaller program's inputs.
+        pages: the pages its sequences read and write (no other group's sequence writes them).
+        first_seq, first_token: where its sequences and tokens sit in the full program's batch.
+    """
+
+    inputs: StepInputs
+    pages: np.ndarray
+    first_seq: int
+    first_token: int
 
 
 def probe_inputs(
-    full: ProgramShape, small: ProgramShape, page_size: int, num_pages: int, vocab: int, probe: int = 0
-) -> tuple[StepInputs, StepInputs, np.ndarray]:
-    """Random inputs of ``small`` and of ``full`` (see the module docstring): ``small``'s sequences come
-    first in ``full``'s, each sequence in ``small`` leaves at least one token and one slot of padding.
-    ``probe`` numbers the probe (its seed is ``PROBE_SEED + probe``).
+    full: ProgramShape,
+    small: ProgramShape,
+    page_size: int,
+    num_pages: int,
+    vocab: int,
+    probe: int = 0,
+    rows: int = 1,
+) -> tuple[list[ProbeGroup], StepInputs]:
+    """Random inputs of ``full`` and of ``small`` (see the module docstring). ``full`` holds groups of
+    sequences, each one run of ``small`` leaving at least one token and one slot of it as padding, until they
+    hold ``rows`` sequences or the next group does not fit (the first always does); then sequences that store
+    nothing. Each group reads and writes pages of its own (while the pool has enough), so its sequences see
+    the same pages alone in ``small`` as among the others in ``full``. ``probe`` numbers the probe (its seed
+    is ``PROBE_SEED + probe``).
 
     Returns:
-        ``(small's inputs, full's inputs, the pages small's sequences read and write)``.
+        ``(the groups, full's inputs)``.
     """
     rng = np.random.default_rng(PROBE_SEED + probe)
     capacity = full.seq_pages * page_size
-    first = _lengths(rng, max(1, small.tokens - 1), max(1, small.seqs - 1), capacity)
-    in_small = len(first)
-    q_lens = first + _lengths(rng, full.tokens - sum(first), full.seqs - in_small, capacity)
-    kv_lens = [int(rng.integers(q, capacity + 1)) for q in q_lens]
-    tables = [rng.integers(0, num_pages, -(-kv // page_size)).tolist() for kv in kv_lens]
+    unused = rng.permutation(num_pages).tolist()  # pages no group has taken yet
+    q_lens: list[int] = []
+    kv_lens: list[int] = []
+    tables: list[list[int]] = []
+    groups: list[tuple[int, list[int]]] = []  # each group's first sequence and its pages
+    while len(q_lens) < rows or not groups:
+        lengths = _lengths(rng, max(1, small.tokens - 1), max(1, small.seqs - 1), capacity)
+        kvs = [int(rng.integers(q, capacity + 1)) for q in lengths]
+        counts = [-(-kv // page_size) for kv in kvs]
+        fits = len(q_lens) + len(lengths) <= full.seqs and sum(q_lens) + sum(lengths) <= full.tokens
+        if groups and (not fits or sum(counts) > len(unused)):
+            break
+        owned = (
+            unused[: sum(counts)] if sum(counts) <= len(unused) else rng.integers(0, num_pages, sum(counts))
+        )
+        del unused[: sum(counts)]  # a pool too small for the first group: its pages repeat, and it is alone
+        groups.append((len(q_lens), sorted({int(page) for page in owned})))
+        for q_len, kv_len, count in zip(lengths, kvs, counts, strict=True):
+            q_lens.append(q_len)
+            kv_lens.append(kv_len)
+            tables.append([int(page) for page in owned[:count]])
+            owned = owned[count:]
+    stored = len(q_lens)
+    for q_len in _lengths(rng, full.tokens - sum(q_lens), full.seqs - stored, capacity):
+        kv_lens.append(int(rng.integers(q_len, capacity + 1)))
+        q_lens.append(q_len)
+        tables.append(rng.integers(0, num_pages, -(-kv_lens[-1] // page_size)).tolist())
     tokens = [rng.integers(0, vocab, q).astype(np.int32) for q in q_lens]
     cycle = np.arange(len(q_lens)) % 4  # greedy; sampled; sampled with top-k and top-p; sampled with min-p
     settings = RowSettings(
@@ -63,29 +113,42 @@ def probe_inputs(
         sample=np.zeros(len(q_lens), np.int32),
         position=np.asarray(kv_lens, np.int32),
     )
-    following = rng.integers(-1, vocab, full.tokens).astype(np.int32)
+    following = rng.integers(-1, vocab, full.tokens + small.tokens).astype(np.int32)
 
-    def inputs(shape: ProgramShape, count: int) -> StepInputs:
+    def inputs(shape: ProgramShape, first: int, count: int, storing: int) -> StepInputs:
+        """``shape``'s inputs of sequences ``first`` to ``first + count``, the first ``storing`` of them
+        storing their keys and values."""
+        chosen = slice(first, first + count)
         batch = ragged_batch(
-            q_lens[:count], kv_lens[:count], tables[:count],
+            q_lens[chosen], kv_lens[chosen], tables[chosen],
             page_size=page_size, tokens=shape.tokens, seqs=shape.seqs, pages=shape.seq_pages,
         )  # fmt: skip
         slots = batch.slots.copy()
-        slots[batch.cu_q_lens[in_small] :] = PADDING_SLOT  # only small's sequences store
+        slots[batch.cu_q_lens[storing] :] = PADDING_SLOT
         flat = np.zeros((shape.tokens,), np.int32)
-        flat[: batch.cu_q_lens[count]] = np.concatenate(tokens[:count])
+        flat[: batch.cu_q_lens[count]] = np.concatenate(tokens[chosen])
         padded = []
         for field, fill in zip(settings, (0, 0, 1, 0, 0, 0, 0)):
             column = np.full((shape.seqs, *field.shape[1:]), fill, field.dtype)
-            column[:count] = field[:count]
+            column[:count] = field[chosen]
             padded.append(column)
         last = np.zeros((shape.seqs,), np.int32)
         last[:count] = batch.cu_q_lens[1 : count + 1] - 1
-        next_tokens = following[: shape.tokens] if shape.prompt_logprobs else None
+        start = sum(q_lens[:first])
+        next_tokens = following[start : start + shape.tokens] if shape.prompt_logprobs else None
         return StepInputs(flat, batch._replace(slots=slots), last, RowSettings(*padded), next_tokens)
 
-    read = sorted({page for table in tables[:in_small] for page in table})
-    return inputs(small, in_small), inputs(full, len(q_lens)), np.asarray(read, np.int32)
+    bounds = [first for first, _ in groups] + [stored]
+    runs = [
+        ProbeGroup(
+            inputs(small, first, end - first, end - first),
+            np.asarray(pages, np.int32),
+            first,
+            sum(q_lens[:first]),
+        )
+        for (first, pages), end in zip(groups, bounds[1:], strict=True)
+    ]
+    return runs, inputs(full, 0, len(q_lens), stored)
 
 
 def _lengths(rng: np.random.Generator, tokens: int, seqs: int, capacity: int) -> list[int]:
@@ -113,13 +176,16 @@ def _take_pages(array: jax.Array, pages: jax.Array, axis: int) -> jax.Array:
     return jnp.take(array, pages, axis=axis)
 
 
-def results_agree(small: tuple, full: tuple, small_inputs: StepInputs) -> bool:
+def results_agree(
+    small: tuple, full: tuple, small_inputs: StepInputs, first_seq: int = 0, first_token: int = 0
+) -> bool:
     """Whether a program's results for the probe's sequences equal the full-size program's bit for bit.
 
     Args:
-        small, full: each program's ``(written pages, outputs)`` (`written_pages`; outputs sequences
-            first, or tokens first for prompt log-probs; None where not computed).
+        small, full: each program's ``(written pages, outputs)`` (`written_pages` of the group's pages;
+            outputs sequences first, or tokens first for prompt log-probs; None where not computed).
         small_inputs: the smaller program's inputs (how many sequences and tokens are compared).
+        first_seq, first_token: where those sequences and tokens sit in the full program's outputs.
     """
     (small_pages, small_outputs), (full_pages, full_outputs) = small, full
     for a, b in zip(small_pages, full_pages, strict=True):
@@ -130,8 +196,9 @@ def results_agree(small: tuple, full: tuple, small_inputs: StepInputs) -> bool:
     for index, (a, b) in enumerate(zip(small_outputs, full_outputs, strict=True)):
         if a is None:
             continue
-        count = seqs if index < 5 else tokens  # the drawn tokens' fields, then the prompt log-probs'
-        here, there = np.asarray(a)[:count], np.ascontiguousarray(np.asarray(b)[:count])
+        count, first = (seqs, first_seq) if index < 5 else (tokens, first_token)  # drawn tokens', prompt's
+        here = np.asarray(a)[:count]
+        there = np.ascontiguousarray(np.asarray(b)[first : first + count])
         if here.shape != there.shape or here.tobytes() != there.tobytes():
             return False
     return True

@@ -200,23 +200,31 @@ class ModelRunner:
         full = self._shape(self.max_tokens, shape.seq_pages, shape.prompt_logprobs, shape.alternatives)
         agrees, compared, probe = True, 0, 0
         while agrees and compared < PROBE_ROWS:
-            small_inputs, full_inputs, pages = probe_inputs(
-                full, shape, self.page_size, self.num_pages, self.vocab_size, probe
+            groups, full_inputs = probe_inputs(
+                full, shape, self.page_size, self.num_pages, self.vocab_size, probe, PROBE_ROWS - compared
             )
-            small = self._results(shape, small_inputs, pages)
-            agrees = results_agree(small, self._results(full, full_inputs, pages), small_inputs)
-            compared, probe = compared + int(small_inputs.batch.num_seqs), probe + 1
+            full_pages, full_outputs = self._results(full, full_inputs, [group.pages for group in groups])
+            for group, pages in zip(groups, full_pages, strict=True):
+                (small_pages,), small_outputs = self._results(shape, group.inputs, [group.pages])
+                first = (group.first_seq, group.first_token)
+                agrees = results_agree(
+                    (small_pages, small_outputs), (pages, full_outputs), group.inputs, *first
+                )
+                compared += int(group.inputs.batch.num_seqs)
+                if not agrees:
+                    break
+            probe += 1
         self.row_checks[shape] = agrees
         return agrees
 
-    def _results(self, shape: ProgramShape, inputs: StepInputs, pages: np.ndarray) -> tuple:
-        """What ``shape``'s program computes for ``inputs`` from a copy of the pool: ``(the pool's ``pages``
-        after it, its outputs)``; the engine's pool is left as it was."""
+    def _results(self, shape: ProgramShape, inputs: StepInputs, pages: list[np.ndarray]) -> tuple:
+        """What ``shape``'s program computes for ``inputs`` from a copy of the pool: ``(the pool's arrays at
+        each of ``pages`` after it, its outputs)``; the engine's pool is left as it was."""
         program = self._program(shape)
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
             stored, outputs = program(self.model, copy, jax.tree.map(self._placed, inputs))
-            return written_pages(stored.pool, self._placed(pages)), outputs
+            return [written_pages(stored.pool, self._placed(chosen)) for chosen in pages], outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Dispatch one program on ``inputs`` (already padded to ``shape``); the pool is updated in place.
