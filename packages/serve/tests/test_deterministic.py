@@ -110,7 +110,12 @@ def test_bitwise_among_other_requests_in_any_arrival_order(
 ) -> None:
     others = _others(count, seed=count)
     position = int(np.random.default_rng(count).integers(0, count + 1))
+    stats = engines[chunk_size].stats
+    pipelined = stats.steps_pipelined
     _assert_bitwise(_run(engines[chunk_size], others, position), alone)
+    # steps of one program were dispatched before the step before them was fetched (their tokens fed on
+    # the device); with more than 32 sequences running, a step runs several programs and fetches its own
+    assert stats.steps_pipelined > pipelined
 
 
 def test_bitwise_with_the_prompt_from_the_prefix_cache(

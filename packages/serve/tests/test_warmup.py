@@ -96,10 +96,12 @@ def test_warmup_compiles_in_threads_and_then_compiles_nothing_in_deterministic_m
     assert "warm-up: compiling 2 step shapes, 2 at a time" in messages
     assert sum("compiled step shape" in m for m in messages) == 2
     assert set(engine.runner.compiled_shapes) == set(engine.runner.bucket_shapes())
-    assert engine.stats.programs_compiled == 2 and engine.runner.row_checks
+    # 2, or fewer where this process compiled the same program before (a fast engine's: the same programs)
+    warm = engine.stats.programs_compiled
+    assert warm <= 2 and engine.runner.row_checks
     prompts = [[3], list(range(1, 7)), [2, 4]]
     engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    assert engine.stats.programs_compiled == 2
+    assert engine.stats.programs_compiled == warm
 
 
 def test_compile_threads_is_checked() -> None:
@@ -118,10 +120,11 @@ def test_token_buckets_are_the_programs_below_the_most_and_bad_ones_are_refused(
     small = dict(max_context=8, num_pages=4, token_buckets=(2,), deterministic=True)
     engine = Engine(tiny_model("llama"), dataclasses.replace(WARM, **small))
     assert sorted(s.tokens for s in engine.runner.compiled_shapes) == [2, 10]
-    assert engine.stats.programs_compiled == 2 and len(engine.runner.row_checks) == 1
+    warm = engine.stats.programs_compiled  # 2, or fewer where this process compiled the same program before
+    assert warm <= 2 and len(engine.runner.row_checks) == 1
     prompts = [[3], [1, 2, 3, 4], [5, 9, 2]]
     engine.generate(prompts, SamplingParams(max_tokens=3, temperature=0.8, seed=1, n=2, ignore_eos=True))
-    assert engine.stats.programs_compiled == 2, engine.runner.compiled_shapes
+    assert engine.stats.programs_compiled == warm, engine.runner.compiled_shapes
     for bad in ((2, 2), (0,), (4, 1), (1.5,), [True], 3):
         with pytest.raises(
             ValueError, match="^EngineConfig.token_buckets must be ascending positive ints, got"

@@ -9,12 +9,14 @@ folds in what its sequences drew (`RequestState`), ending samples on a stop toke
 when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
 default; a server hands it off (`hand_off_text`) to run beside its event loop, off the engine's thread.
 
-In the fast mode the steps are pipelined (`ModelRunner.pipelined`): `step` schedules and
-dispatches step k+1 while step k runs, then fetches step k's tokens. Step k+1 is scheduled before they are
-known: each token step k draws holds a `PLACEHOLDER` in its sequence, and the program of step k+1 takes it
-from step k's outputs on the device; a sample that step k ends (a stop token) has a wasted row in step
-k+1, whose result is dropped. A sample's last token by ``max_tokens`` is known ahead, so it gets no such
-row. The deterministic mode steps one at a time (its programs stay those its bitwise tests check).
+A step of one program is pipelined: `step` schedules and dispatches step k+1 while step k runs, then
+fetches step k's tokens. Step k+1 is scheduled before they are known: each token step k draws holds a
+`PLACEHOLDER` in its sequence, and the programs of step k+1 take it from step k's outputs on the device; a
+sample that step k ends (a stop token) has a wasted row in step k+1, whose result is dropped. A sample's
+last token by ``max_tokens`` is known ahead, so it gets no such row. A step of several programs (deterministic
+mode, more than ``deterministic_rows`` sequences) fetches its own tokens before the next step is scheduled.
+Feeding a token from the device or from the host gives its row the same bits: it is an index, the programs
+compute the same (`EngineStats.steps_pipelined` counts the pipelined steps).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class Engine:
         )
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
-        self._in_flight: _Dispatched | None = None  # a pipelined step dispatched, its results not yet fetched
+        self._in_flight: _Dispatched | None = None  # a pipelined step's program, its results not yet fetched
         self._arrivals = itertools.count()
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
@@ -275,9 +277,9 @@ class Engine:
         return shown
 
     def _step(self) -> list[Update]:
-        """Schedule and dispatch a step, then fold in the results of the step before it when pipelined (the
-        device runs this step meanwhile: the decoding rows' new tokens go from the one program to the next
-        on the device), else of this one."""
+        """Schedule and dispatch a step, then fold in the results of the step before it (the device runs this
+        step meanwhile: the decoding rows' new tokens go from the one program to the next on the device), and
+        of this one unless it is pipelined (one program)."""
         started = time.perf_counter()
         updates, self._pending = self._pending, []
         plan = self.scheduler.schedule()
@@ -287,13 +289,12 @@ class Engine:
         previous = self._in_flight
         max_seqs, max_tokens = self.config.step_budget()
         groups = program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
-        dispatched = [self._dispatch(group, previous) for group in groups]
-        if self.runner.pipelined:  # one program a step (`EngineConfig.step_budget` holds every chunk)
-            assert len(dispatched) <= 1, "a pipelined step is one program"
-            self._in_flight = dispatched[0] if dispatched else None
-            dispatched = []
-            if previous is not None:
-                dispatched.append(previous)
+        pipelined = len(groups) == 1  # several programs: each would feed from several before it
+        dispatched = [self._dispatch(group, previous, pipelined) for group in groups]
+        self._in_flight = dispatched.pop() if pipelined else None
+        self.stats.steps_pipelined += pipelined
+        if previous is not None:
+            dispatched.insert(0, previous)  # its tokens come before this step's
         touched: dict[Any, RequestState] = {}
         for chunks, requests, outputs in dispatched:  # every program runs before the first result is awaited
             host, start = fetched(outputs), 0
@@ -320,9 +321,10 @@ class Engine:
     def _running(self, request: RequestState) -> bool:
         return self._requests.get(request.request_id) is request
 
-    def _dispatch(self, chunks: list[Chunk], previous: _Dispatched | None) -> _Dispatched:
-        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device); a
-        pipelined program takes the tokens ``previous`` drew, whose places its sampled rows hold."""
+    def _dispatch(self, chunks: list[Chunk], previous: _Dispatched | None, pipelined: bool) -> _Dispatched:
+        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device). It takes
+        the tokens ``previous`` drew that its chunks hold as placeholders; ``pipelined``: its own tokens are
+        fetched at the next step, and placeholders hold their places meanwhile."""
         requests = [self._requests[chunk.sequence.group] for chunk in chunks]
         tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
         wants_prompt = any(
@@ -339,9 +341,8 @@ class Engine:
             alternatives=alternatives,
         )
         inputs = step_inputs(chunks, shape, tables, requests, self.config.page_size)
-        if self.runner.pipelined:
-            drawn = None if previous is None else (previous[0], previous[2].padded_token)
-            inputs = with_previous_tokens(inputs, chunks, drawn, self.runner.max_seqs)
+        drawn = None if previous is None else (previous[0], previous[2].padded_token)
+        inputs = with_previous_tokens(inputs, chunks, drawn, self.runner.max_seqs)
         outputs = self.runner.run(shape, inputs)
         for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
             sequence = chunk.sequence
@@ -352,7 +353,7 @@ class Engine:
             if chunk.samples and request.sample_of(sequence).index == 0:
                 request.prompt_written = True  # its siblings may start (from the prefix cache)
             last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
-            if self.runner.pipelined and chunk.samples and not last:
+            if pipelined and chunk.samples and not last:
                 sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
         return chunks, requests, outputs
 
@@ -373,7 +374,7 @@ class Engine:
             token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
             request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
             self.stats.tokens_generated += 1
-        if self.runner.pipelined and self.config.prefix_cache and sequence.running:
+        if self.config.prefix_cache and sequence.running:
             self.pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
         if request.sample_of(sequence).finish_reason is not None:
             self.scheduler.remove(sequence)

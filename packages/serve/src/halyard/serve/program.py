@@ -24,10 +24,10 @@ class StepInputs(NamedTuple):
         settings: the sequences' `RowSettings` (``[seqs]`` each).
         next_tokens: int32 ``[tokens]``: the token following each fed token (for prompt log-probs), -1 where
             unknown; None when no sequence asks for prompt log-probs.
-        fed_from: int32 ``[tokens]``: pipelined programs only (else None): where ``tokens`` holds a
-            placeholder, the row of ``previous`` whose drawn token goes there; -1 elsewhere.
-        previous: int32 ``[max_seqs]``: pipelined programs only: the previous program's drawn tokens, still
-            on the device (`StepOutputs.padded_token`).
+        fed_from: int32 ``[tokens]``: where ``tokens`` holds a placeholder, the row of ``previous`` whose drawn
+            token goes there; -1 elsewhere (None: nothing fed; the runner fills in -1).
+        previous: int32 ``[max_seqs]``: the previous program's drawn tokens, still on the device
+            (`StepOutputs.padded_token`); None with ``fed_from``.
     """
 
     tokens: np.ndarray
@@ -42,8 +42,8 @@ class StepInputs(NamedTuple):
 class StepOutputs(NamedTuple):
     """One program's results, on the device until fetched (`fetched`): the drawn token per sequence and
     its log-probabilities (`halyard.serve.sampler.Drawn`), the top alternatives when asked for
-    (``[seqs, 20]``), the prompt log-probs when asked for (``[tokens]`` and ``[tokens, 20]``), and in a
-    pipelined program the drawn tokens padded to ``[max_seqs]`` (the next program's ``previous``)."""
+    (``[seqs, 20]``), the prompt log-probs when asked for (``[tokens]`` and ``[tokens, 20]``), and the drawn
+    tokens padded to ``[max_seqs]`` (the next program's ``previous``)."""
 
     token: Any
     logprob: Any

@@ -105,9 +105,6 @@ class ModelRunner:
         self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
-        self.pipelined = not fixed_tokens
-        """Whether its programs take the previous program's drawn tokens on the device (``fed_from``,
-        ``previous``), so the engine can dispatch a step before fetching the one before it."""
         pages = model.init_pages(num_pages, page_size, kernel)
         if mesh is not None and layout is not None:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
@@ -223,7 +220,7 @@ class ModelRunner:
         program = self._program(shape)
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
-            stored, outputs = program(self.model, copy, jax.tree.map(self._placed, inputs))
+            stored, outputs = program(self.model, copy, jax.tree.map(self._placed, self._fed_nothing(inputs)))
             return [written_pages(stored.pool, self._placed(chosen)) for chosen in pages], outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
@@ -286,11 +283,13 @@ class ModelRunner:
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
-        inputs = example_inputs(shape)
-        if not self.pipelined:
-            return inputs
+        return self._fed_nothing(example_inputs(shape))
+
+    def _fed_nothing(self, inputs: StepInputs) -> StepInputs:
+        """``inputs`` taking no token from a previous program (every program takes ``fed_from`` and
+        ``previous``: the engine dispatches a step before fetching the one before it)."""
         previous = np.zeros((self.max_seqs,), np.int32)
-        return inputs._replace(fed_from=np.full((shape.tokens,), -1, np.int32), previous=previous)
+        return inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:

@@ -20,6 +20,8 @@ class EngineStats:
         tokens_computed: tokens fed through the model (prompt, recomputation and decoding).
         preemptions: sequences preempted for lack of pages (recomputed later).
         steps: engine steps run.
+        steps_pipelined: steps of one program, dispatched before the step before them was fetched (a step
+            of several programs, in deterministic mode, fetches its own tokens).
         compile_seconds: time spent compiling programs.
         programs_compiled: programs compiled so far (each step shape's program and the program that stores
             its keys and values; after a warm-up, `EngineConfig.warmup`, it stays unless a request asks for
@@ -37,6 +39,7 @@ class EngineStats:
     tokens_computed: int = 0
     preemptions: int = 0
     steps: int = 0
+    steps_pipelined: int = 0
     compile_seconds: float = 0.0
     programs_compiled: int = 0
     _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))

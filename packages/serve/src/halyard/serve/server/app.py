@@ -36,6 +36,7 @@ METRICS = {
     "tokens_computed": ("counter", "tokens fed through the model (prompts, recomputation, decoding)"),
     "preemptions": ("counter", "sequences preempted for lack of pages"),
     "steps": ("counter", "engine steps"),
+    "steps_pipelined": ("counter", "steps dispatched before the step before them was fetched"),
     "compile_seconds": ("counter", "seconds spent compiling step programs"),
     "programs_compiled": ("counter", "step programs compiled (stays after --warmup)"),
 }
