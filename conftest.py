@@ -67,119 +67,120 @@ WORKER_MIN_COMPILE_TIME_SECS = 0.5
 # short tests instead of one worker running a minute-long file alone while the others idle. Unlisted files
 # come last, in collection order.
 FILE_SECONDS = {
-    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-06 15:17, 3 workers on 2 cores, the
+    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-06 18:09, 3 workers on 2 cores, the
     # loop emitters without fused multiply-adds); the notes below say why a file costs what it does.
     # A file that starts late runs in the suite's tail.
-    "test_warmup.py": 25,
+    "test_warmup.py": 23,
+    "test_cli_relative_run_dir.py": 16,
     "test_paged_decoding.py": 15,
-    "test_reports.py": 12,
-    "test_optimizer_state_placement.py": 48,
-    "test_attention_splash.py": 17,
-    "test_docs.py": 472,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
-    "test_grpo_trainer.py": 409,  # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes
+    "test_reports.py": 13,
+    "test_optimizer_state_placement.py": 38,
+    "test_attention_splash.py": 15,
+    "test_docs.py": 315,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
+    "test_grpo_trainer.py": 274,  # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "test_doremi_trainer.py": 120,
+    "test_doremi_trainer.py": 114,
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each.
-    "test_grpo_real_shapes.py": 151,
-    "test_spike_replay.py": 22,  # half of it its module fixture
-    "test_serve_rl_benchmark_smoke.py": 101,  # new: two benchmark scripts at quick size
-    "test_engine.py": 80,  # new (halyard-serve's): six families against the full forward
-    "test_serve_transformers_generate.py": 15,  # new: four families against transformers' generate
-    "test_sharded_engine.py": 27,  # new: tensor parallel and replicas
+    "test_grpo_real_shapes.py": 161,
+    "test_spike_replay.py": 30,  # half of it its module fixture
+    "test_serve_rl_benchmark_smoke.py": 99,  # new: two benchmark scripts at quick size
+    "test_engine.py": 72,  # new (halyard-serve's): six families against the full forward
+    "test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
+    "test_sharded_engine.py": 29,  # new: tensor parallel and replicas
     # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
     # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
-    "test_deterministic.py": 126,
-    "test_rl_losses.py": 35,  # new: TRL's GRPOTrainer on the same arrays
-    "test_training_kill.py": 108,
-    "test_benchmarks_smoke.py": 72,
-    "test_pipeline.py": 52,
-    "test_matrix_trainer.py": 235,
-    "test_invariant_trainer.py": 317,
-    "test_watch_trainer.py": 40,
-    "test_watch_benchmark_smoke.py": 19,
-    "test_nonfinite.py": 35,
-    "test_install_alone.py": 59,
+    "test_deterministic.py": 136,
+    "test_rl_losses.py": 33,  # new: TRL's GRPOTrainer on the same arrays
+    "test_training_kill.py": 103,
+    "test_benchmarks_smoke.py": 70,
+    "test_pipeline.py": 51,
+    "test_matrix_trainer.py": 137,
+    "test_invariant_trainer.py": 219,
+    "test_watch_trainer.py": 34,
+    "test_watch_benchmark_smoke.py": 9,
+    "test_nonfinite.py": 28,
+    "test_install_alone.py": 65,
     "test_sampling.py": 82,
-    "test_context_parallel_trainer.py": 66,
-    "test_builtin_configs.py": 26,
-    "test_trainer_multiprocess.py": 38,
-    "test_family_gemma.py": 60,
-    "test_pipeline_benchmark_smoke.py": 47,
-    "test_invariant_benchmark_smoke.py": 39,  # new: 31 s alone
-    "test_invariant_layer_gathers.py": 96,  # new: 22 s alone with a warm compilation cache, about 3x cold
+    "test_context_parallel_trainer.py": 68,
+    "test_builtin_configs.py": 21,
+    "test_trainer_multiprocess.py": 26,
+    "test_family_gemma.py": 39,
+    "test_pipeline_benchmark_smoke.py": 43,
+    "test_invariant_benchmark_smoke.py": 37,  # new: 31 s alone
+    "test_invariant_layer_gathers.py": 72,  # new: 22 s alone with a warm compilation cache, about 3x cold
     "test_server_operation.py": 63,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
-    "test_server_answers.py": 15,
+    "test_server_answers.py": 21,
     "test_train_while_tokenizing.py": 23,
-    "test_damaged_checkpoints.py": 33,
-    "test_checkpoint_benchmark_smoke.py": 40,
-    "test_pipeline_trainer.py": 95,
-    "test_trainer_fit.py": 73,
-    "test_lora.py": 23,
-    "test_context_parallel_benchmark_smoke.py": 17,
-    "test_family_phi3.py": 17,
-    "test_checkpoint_write_errors.py": 25,
-    "test_stacked.py": 22,
-    "test_family_olmo2.py": 10,
-    "test_first_contact_errors.py": 14,
-    "test_sharding.py": 8,
-    "test_cli_interrupts.py": 22,
-    "test_reductions.py": 22,
-    "test_harness_during_training.py": 25,
-    "test_invariant_step.py": 25,
-    "test_dpo_trl_referee.py": 23,
-    "test_context_parallel_attention.py": 23,
-    "test_broadcast.py": 9,
-    "test_real_config_parity.py": 25,
-    "test_checkpoint_checksums.py": 10,
-    "test_dpo_trainer.py": 10,
-    "test_model_loss.py": 31,
-    "test_mup.py": 13,
-    "test_lora_trainer.py": 56,
-    "test_trainer_step.py": 13,
-    "test_moe_aux_mask.py": 17,
-    "test_worker_life.py": 29,
-    "test_stack.py": 13,
-    "test_plan.py": 27,
-    "test_optimizers_benchmark_smoke.py": 16,
-    "test_mixtral.py": 10,
-    "test_loss.py": 9,
-    "test_checkpoint_crash_and_preemption.py": 14,
-    "test_readme.py": 13,
-    "test_family_qwen3.py": 11,
-    "test_multiprocess_throughput.py": 15,
-    "test_attention_implementations.py": 18,
-    "test_server_load.py": 46,  # new: 15-25 s alone
-    "test_lora_dpo.py": 7,
-    "test_harness_referee.py": 23,
-    "test_continue_schedule.py": 9,
-    "test_attention_softcap.py": 9,
-    "test_sft_trainer.py": 28,
-    "test_run_setup.py": 3,
-    "test_mixture_trainer.py": 48,
-    "test_cache_faults.py": 18,
-    "test_qwen2_sliding_window.py": 8,
-    "test_ragged_paged_pallas.py": 13,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
-    "test_multiprocess_death.py": 15,
+    "test_damaged_checkpoints.py": 13,
+    "test_checkpoint_benchmark_smoke.py": 25,
+    "test_pipeline_trainer.py": 100,
+    "test_trainer_fit.py": 77,
+    "test_lora.py": 34,
+    "test_context_parallel_benchmark_smoke.py": 19,
+    "test_family_phi3.py": 15,
+    "test_checkpoint_write_errors.py": 12,
+    "test_stacked.py": 16,
+    "test_family_olmo2.py": 13,
+    "test_first_contact_errors.py": 29,
+    "test_sharding.py": 13,
+    "test_cli_interrupts.py": 27,
+    "test_reductions.py": 16,
+    "test_harness_during_training.py": 13,
+    "test_invariant_step.py": 26,
+    "test_dpo_trl_referee.py": 17,
+    "test_context_parallel_attention.py": 25,
+    "test_broadcast.py": 7,
+    "test_real_config_parity.py": 18,
+    "test_checkpoint_checksums.py": 4,
+    "test_dpo_trainer.py": 17,
+    "test_model_loss.py": 14,
+    "test_mup.py": 7,
+    "test_lora_trainer.py": 53,
+    "test_trainer_step.py": 16,
+    "test_moe_aux_mask.py": 9,
+    "test_worker_life.py": 26,
+    "test_stack.py": 15,
+    "test_plan.py": 28,
+    "test_optimizers_benchmark_smoke.py": 12,
+    "test_mixtral.py": 8,
+    "test_loss.py": 23,
+    "test_checkpoint_crash_and_preemption.py": 8,
+    "test_readme.py": 17,
+    "test_family_qwen3.py": 17,
+    "test_multiprocess_throughput.py": 10,
+    "test_attention_implementations.py": 13,
+    "test_server_load.py": 48,  # new: 15-25 s alone
+    "test_lora_dpo.py": 14,
+    "test_harness_referee.py": 18,
+    "test_continue_schedule.py": 10,
+    "test_attention_softcap.py": 8,
+    "test_sft_trainer.py": 11,
+    "test_run_setup.py": 1,
+    "test_mixture_trainer.py": 47,
+    "test_cache_faults.py": 9,
+    "test_qwen2_sliding_window.py": 9,
+    "test_ragged_paged_pallas.py": 9,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
+    "test_multiprocess_death.py": 14,
     "test_softmax.py": 10,
     "test_relocatable_run_dir.py": 6,
-    "test_matrix_interruptions.py": 39,
-    "test_demo.py": 61,  # 62 s in a clean-clone run
-    "test_ray_builder.py": 10,
-    "test_every_host_builds.py": 39,
-    "test_harness_command.py": 9,
-    "test_export_integration.py": 8,
-    "test_tokenizer_folder_everywhere.py": 15,
-    "test_serve_command.py": 14,
-    "test_tpu_host_start.py": 34,  # new: train, generate/eval/replay/plan, serve with TPU_* variables set  # new: 15-18 s alone
-    "test_kill_resume.py": 14,
-    "test_checkpoint_roundtrip.py": 6,
-    "test_indexing.py": 9,
-    "test_plan_tpu_topology.py": 22,
-    "test_readme_scripts.py": 18,
-    "test_tpu_benchmark_smoke.py": 16,
-    "test_deterministic_bfloat16.py": 30,  # new: 30 s alone
+    "test_matrix_interruptions.py": 38,
+    "test_demo.py": 48,  # 62 s in a clean-clone run
+    "test_ray_builder.py": 11,
+    "test_every_host_builds.py": 37,
+    "test_harness_command.py": 8,
+    "test_export_integration.py": 9,
+    "test_tokenizer_folder_everywhere.py": 11,
+    "test_serve_command.py": 7,
+    "test_tpu_host_start.py": 43,  # new: train, generate/eval/replay/plan, serve with TPU_* variables set  # new: 15-18 s alone
+    "test_kill_resume.py": 7,
+    "test_checkpoint_roundtrip.py": 12,
+    "test_indexing.py": 11,
+    "test_plan_tpu_topology.py": 23,
+    "test_readme_scripts.py": 27,
+    "test_tpu_benchmark_smoke.py": 11,
+    "test_deterministic_bfloat16.py": 41,  # new: 30 s alone
 }
 
 

@@ -1,0 +1,95 @@
+"""Where a server's start goes: the phases `halyard serve --hf FOLDER` runs before it answers, each timed in a
+fresh process (``serve_first_request.py`` times the whole start from outside; this splits it).
+
+Phases, in order, each from the end of the one before: ``import`` (halyard.serve, jax), ``devices`` (the
+accelerator's runtime starting: `jax.devices()`), ``load`` (the Hugging Face folder read and converted,
+`halyard.export.import_hf`, its weights on the device), ``engine`` (the `Engine` built, with
+``--compilation-cache``), ``first_request`` (one completion of ``--new-tokens`` tokens, greedy: its programs
+compiled or loaded from the cache), ``second_request``. Run twice, ``cold`` (an empty cache) and ``warm``.
+
+Usage::
+
+    python benchmarks/serve_start_phases.py --size tpu --work /tmp/phases     # on the TPU
+    python benchmarks/serve_start_phases.py --size small                        # a CPU, seconds
+
+Results: printed, and JSON (``--output``, default benchmarks/results/serve_start_phases.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results" / "serve_start_phases.json"
+
+
+def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
+    """One start's phases (this process must not have started JAX)."""
+    seconds: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def done(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        seconds[name], mark = now - mark, now
+
+    import jax
+
+    from halyard.export import import_hf
+    from halyard.serve import Engine, EngineConfig, SamplingParams
+
+    done("import")
+    jax.devices()
+    done("devices")
+    _, model = import_hf(folder)
+    jax.block_until_ready(model)
+    done("load")
+    engine = Engine(model, EngineConfig(compilation_cache=str(cache)))
+    done("engine")
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for name in ("first_request", "second_request"):
+        engine.generate([list(range(3, 103))], params)
+        done(name)
+    seconds["programs_compiled"] = engine.stats.programs_compiled
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("tpu", "small"), default="tpu")
+    parser.add_argument("--work", type=Path, default=None, help="the model folder and the cache")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs=2, metavar=("FOLDER", "CACHE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(phases(Path(args.child[0]), Path(args.child[1]), args.new_tokens)))
+        return {}
+    work = args.work or Path(tempfile.mkdtemp(prefix="serve_phases_"))
+    folder = work / f"model-{args.size}"
+    subprocess.run(  # in a process of its own: only one process can hold a TPU chip
+        [sys.executable, "-c", f"import pathlib, serve_first_request as s; s.write_model(pathlib.Path({str(folder)!r}), {args.size!r})"],
+        check=True, cwd=Path(__file__).parent,
+    )  # fmt: skip
+    results: dict[str, Any] = {"size": args.size, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for start in ("cold", "warm"):
+        child = [sys.executable, __file__, "--child", str(folder), str(work / "cache")]
+        done = subprocess.run([*child, "--new-tokens", str(args.new_tokens)], capture_output=True, text=True)
+        if done.returncode != 0:
+            results[start] = {"error": done.stderr[-2000:]}
+            break
+        results[start] = json.loads(done.stdout.splitlines()[-1])
+        print(start, "  ".join(f"{k} {v:.1f}" for k, v in results[start].items()), flush=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
