@@ -50,8 +50,9 @@ cache), and fewer pages than 8 running sequences can fill (under load, sequences
 recomputed)."""
 
 
-def tiny_hf_folder(folder: Path, seed: int = 0) -> Path:
-    """A random tiny Llama exported by halyard.export with a word-level tokenizer and a chat template."""
+def tiny_hf_folder(folder: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """A random tiny Llama exported by halyard.export (weights stored in ``dtype``) with a word-level
+    tokenizer and a chat template."""
     tokenizer_folder = folder.parent / f"{folder.name}-tokenizer"
     tokenizer_folder.mkdir(parents=True)
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
@@ -77,7 +78,7 @@ def tiny_hf_folder(folder: Path, seed: int = 0) -> Path:
         max_position=128,
         initializer_range=0.3,
     )
-    export_hf(init_model(config, jax.random.key(seed)), folder, tokenizer=tokenizer_folder)
+    export_hf(init_model(config, jax.random.key(seed)), folder, tokenizer=tokenizer_folder, dtype=dtype)
     return folder
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jax
+import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
@@ -30,10 +32,12 @@ from server_fixtures import (
     ServerProcess,
     post,
     start_server,
+    tiny_hf_folder,
 )
 
 from halyard.serve.server import (
     OptionError,
+    ServedModel,
     add_server_arguments,
     build_engine,
     create_app,
@@ -316,3 +320,22 @@ def test_tensor_parallel_and_replicas_answer_as_one_device(
     ):
         with pytest.raises(OptionError, match=message):
             build_engine(served, config, tensor=devices, replicas=copies)
+
+
+def test_a_folder_is_served_in_the_dtype_it_is_stored_in_unless_asked(folder: Path, tmp_path: Path) -> None:
+    """``--dtype auto`` (the default) keeps config.json's dtype: a bfloat16 checkpoint is held in bfloat16 (as
+    vLLM does; float32 would take twice the memory and, on an accelerator, twice a decode step's reads)."""
+
+    def dtypes(served: ServedModel) -> set[str]:
+        return {
+            str(leaf.dtype)
+            for leaf in jax.tree.leaves(served.model)
+            if jnp.issubdtype(leaf.dtype, jnp.floating)
+        }
+
+    stored = tiny_hf_folder(tmp_path / "bf16", dtype="bfloat16")
+    assert dtypes(load_hf_folder(stored)) == {"bfloat16"}
+    assert dtypes(load_hf_folder(stored, dtype="float32")) == {"float32"}
+    assert dtypes(load_hf_folder(folder)) == {"float32"}
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, got 'float16'"):
+        load_hf_folder(stored, dtype="float16")

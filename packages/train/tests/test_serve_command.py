@@ -82,3 +82,7 @@ def test_bad_serve_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and "--num-pages must be a positive int" in err
     code, err = fails(capsys, ["serve", "--hf", str(tmp_path), "--step", "3"])
     assert code == 2 and "--step needs --run" in err
+    code, err = fails(capsys, ["serve", "--run", str(FIXTURE), "--dtype", "bfloat16"])
+    assert (
+        code == 2 and "--dtype bfloat16 needs --hf: a run's checkpoint is served in its trained dtype" in err
+    )

@@ -38,6 +38,8 @@ class HfModelInfo:
             does not; ``eos_token_id`` may be a list, e.g. Llama 3.1 Instruct's three end tokens).
         eos_token_ids: every EOS id, in order (also kept in the model config as ``eos_token_ids``).
         ignored_keys: the keys the family's rule ignored (not read by transformers for this architecture).
+        stored_dtype: the dtype the config says the weights are stored in (``dtype``, or ``torch_dtype`` in
+            older files; ``"bfloat16"``...), None when it names none.
     """
 
     family: str
@@ -47,6 +49,7 @@ class HfModelInfo:
     pad_token_id: Any = None
     eos_token_ids: tuple[int, ...] = ()
     ignored_keys: tuple[str, ...] = ()
+    stored_dtype: str | None = None
 
 
 def _refuse_remote_code(hf: Mapping[str, Any], where: str) -> None:
@@ -186,5 +189,13 @@ def config_from_hf_dict(
         pad_token_id=hf.get("pad_token_id"),
         eos_token_ids=eos_token_ids,
         ignored_keys=tuple(ignored),
+        stored_dtype=_stored_dtype(hf),
     )
     return config, info
+
+
+def _stored_dtype(hf: Mapping[str, Any]) -> str | None:
+    """``dtype`` (transformers 4.56 and later) or ``torch_dtype``, as a plain name (``"torch.bfloat16"`` ->
+    ``"bfloat16"``); None when neither is a string."""
+    value = hf.get("dtype") or hf.get("torch_dtype")
+    return value.removeprefix("torch.") if isinstance(value, str) else None

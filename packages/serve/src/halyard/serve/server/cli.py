@@ -27,7 +27,7 @@ from halyard.export import HfConversionError
 from halyard.named.nn import UNFUSED_FLAG, unfuse_multiply_add
 from halyard.serve.config import EngineConfig
 from halyard.serve.server.app import create_app
-from halyard.serve.server.loading import ServedModel, load_hf_folder
+from halyard.serve.server.loading import SERVE_DTYPES, ServedModel, load_hf_folder
 from halyard.serve.server.placement import OptionError
 
 API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
@@ -118,6 +118,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--seed", type=int, default=defaults.seed, help="draws the seeds of requests that give none"
+    )
+    engine.add_argument(
+        "--dtype",
+        choices=SERVE_DTYPES,
+        default="auto",
+        help="the weights' dtype in memory (default: auto, the dtype the checkpoint is stored in: config.json's "
+        "dtype / torch_dtype for a folder, the trained parameters' for a run; float32 when it names none)",
     )
     server = parser.add_argument_group("server")
     server.add_argument(
@@ -269,7 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
-        served = load_hf_folder(args.hf, name=args.model_name, chat_template=chat_template_of(args))
+        served = load_hf_folder(
+            args.hf, name=args.model_name, chat_template=chat_template_of(args), dtype=args.dtype
+        )
         return run_server(served, args)
     except (OptionError, HfConversionError, DataInputError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from halyard.data import TokenizerSpec, load_tokenizer
-from halyard.export import import_hf
+from halyard.export import import_hf, read_hf_config
 from halyard.models import CausalLM
 from halyard.serve.requests import eos_ids_of
 from halyard.serve.server.tokenizer import TextTokenizer
@@ -55,8 +55,12 @@ def served_model(
     return ServedModel(name, model, text, eos_ids_of(model.model_config, text.token_id(spec.eos_token)))
 
 
+SERVE_DTYPES = ("auto", "float32", "bfloat16")
+"""The weights' dtypes a server holds: ``auto`` is the dtype the checkpoint is stored in."""
+
+
 def load_hf_folder(
-    folder: str | Path, *, name: str | None = None, chat_template: str | None = None
+    folder: str | Path, *, name: str | None = None, chat_template: str | None = None, dtype: str = "auto"
 ) -> ServedModel:
     """A Hugging Face folder's model (halyard.export's importer), tokenizer and chat template.
 
@@ -64,11 +68,20 @@ def load_hf_folder(
         folder: holds config.json, the safetensors weights and the tokenizer files.
         name: the served name (default: the folder's name).
         chat_template: Jinja text replacing the tokenizer's chat template.
+        dtype: the weights' dtype in memory, one of `SERVE_DTYPES`: ``auto`` keeps the dtype config.json
+            says they are stored in (``dtype`` / ``torch_dtype``: a bfloat16 checkpoint is served in
+            bfloat16, as vLLM does), float32 when it names no dtype of those.
 
     Raises:
         HfConversionError: a missing config.json or weights, or an unsupported architecture.
         TokenizerNotFoundError: the folder has no tokenizer.json.
+        ValueError: ``dtype`` is not one of `SERVE_DTYPES`.
     """
+    if dtype not in SERVE_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {dtype!r}")
     folder = Path(folder)
-    _, model = import_hf(folder)
+    if dtype == "auto":
+        stored = read_hf_config(folder)[1].stored_dtype
+        dtype = stored if stored in SERVE_DTYPES else "float32"
+    _, model = import_hf(folder, dtype=dtype)
     return served_model(model, folder, name or folder.resolve().name, chat_template=chat_template)

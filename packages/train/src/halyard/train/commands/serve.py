@@ -36,6 +36,10 @@ def serve_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.step is not None and args.run is None:
         raise ConfigError("--step needs --run (a Hugging Face folder has one set of weights)")
+    if args.dtype != "auto" and args.run is not None:
+        raise ConfigError(
+            f"--dtype {args.dtype} needs --hf: a run's checkpoint is served in its trained dtype"
+        )
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
         chat_template = chat_template_of(args)
@@ -47,7 +51,9 @@ def serve_main(argv: Sequence[str]) -> int:
                 jax.device_get(loaded.model), loaded.tokenizer, name, chat_template=chat_template
             )
         else:
-            served = load_hf_folder(args.hf, name=args.model_name, chat_template=chat_template)
+            served = load_hf_folder(
+                args.hf, name=args.model_name, chat_template=chat_template, dtype=args.dtype
+            )
         return run_server(served, args)
     except OptionError as error:
         raise ConfigError(str(error)) from None
