@@ -2,8 +2,8 @@
 fresh process (``serve_first_request.py`` times the whole start from outside; this splits it).
 
 Phases, in order, each from the end of the one before: ``import`` (halyard.serve, jax), ``devices`` (the
-accelerator's runtime starting: `jax.devices()`), ``load`` (the Hugging Face folder read and converted,
-`halyard.export.import_hf`, its weights on the device), ``engine`` (the `Engine` built, with
+accelerator's runtime starting: `jax.devices()`), ``load`` (the Hugging Face folder read as the server reads it,
+`halyard.serve.server.load_hf_folder`, its weights on the device), ``engine`` (the `Engine` built, with
 ``--compilation-cache``), ``first_request`` (one completion of ``--new-tokens`` tokens, greedy: its programs
 compiled or loaded from the cache), ``second_request``. Run twice, ``cold`` (an empty cache) and ``warm``.
 
@@ -41,16 +41,16 @@ def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
 
     import jax
 
-    from halyard.export import import_hf
     from halyard.serve import Engine, EngineConfig, SamplingParams
+    from halyard.serve.server import load_hf_folder
 
     done("import")
     jax.devices()
     done("devices")
-    _, model = import_hf(folder)
-    jax.block_until_ready(model)
+    served = load_hf_folder(folder)  # as `halyard serve --hf` (--dtype auto: the folder's bfloat16)
+    jax.block_until_ready(served.model)
     done("load")
-    engine = Engine(model, EngineConfig(compilation_cache=str(cache)))
+    engine = Engine(served.model, EngineConfig(compilation_cache=str(cache)))
     done("engine")
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for name in ("first_request", "second_request"):
