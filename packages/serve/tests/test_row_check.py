@@ -104,3 +104,16 @@ def test_a_group_compared_at_its_place_in_the_full_programs_outputs() -> None:
     )
     assert results_agree(_results(pages, *mine), full, group.inputs, *placed)
     assert group.first_seq > 0 and not results_agree(_results(pages, *mine), full, group.inputs)
+
+
+def test_the_padded_tokens_for_the_next_program_are_not_compared() -> None:
+    """Every program also outputs its drawn tokens padded to the most sequences (the next program's
+    ``previous``): the full program's hold other groups' tokens there, so comparing them would reject every
+    smaller program (it did, and deterministic mode ran every step at the most tokens)."""
+    (group, *_), _ = probe_inputs(FULL, SMALL, page_size=16, num_pages=10, vocab=50)
+    rng = np.random.default_rng(2)
+    pages, token = rng.normal(size=(2, 3, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    prompt = rng.normal(size=32).astype(np.float32)
+    small = ([pages], (*_results(pages, token, prompt[:8])[1], np.arange(8)))
+    full = ([pages], (*_results(pages, token, prompt)[1], np.arange(8)[::-1].copy()))
+    assert results_agree(small, full, group.inputs)
