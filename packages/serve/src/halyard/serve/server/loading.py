@@ -82,6 +82,6 @@ def load_hf_folder(
     folder = Path(folder)
     if dtype == "auto":
         stored = read_hf_config(folder)[1].stored_dtype
-        dtype = stored if stored in SERVE_DTYPES else "float32"
+        dtype = stored if stored in SERVE_DTYPES[1:] else "float32"  # a stored dtype, never "auto"
     _, model = import_hf(folder, dtype=dtype)
     return served_model(model, folder, name or folder.resolve().name, chat_template=chat_template)
