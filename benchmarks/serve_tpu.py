@@ -28,6 +28,7 @@ Results: printed, and JSON (``--output``, default benchmarks/results/serve_tpu.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -189,9 +190,12 @@ def kv_bytes_per_token(model: CausalLM, page_size: int) -> float:
     return bytes_of(pages) / page_size
 
 
-def run_decode(engine: Engine, model: CausalLM, size: Size, limit: float) -> dict[str, Any]:
+def run_decode(
+    engine: Engine, model: CausalLM, size: Size, limit: float, trace: Path | None = None
+) -> dict[str, Any]:
     """``size.decode_rows`` requests prefilled, then ``size.decode_steps`` steps of all rows decoding: the median
-    step against the roofline (weights + every row's keys and values read once, at `HBM_BYTES_PER_SECOND`)."""
+    step against the roofline (weights + every row's keys and values read once, at `HBM_BYTES_PER_SECOND`).
+    ``trace``: a folder for a JAX profiler trace (Perfetto JSON included) of the measured steps."""
     rng = np.random.default_rng(2)
     vocab = model.unembedding.axis_size("vocab")
     # Rows prefilled first decode while the others prefill: none may finish before the last has its first token.
@@ -205,8 +209,12 @@ def run_decode(engine: Engine, model: CausalLM, size: Size, limit: float) -> dic
     clock = StepClock(engine)
     started = time.perf_counter()
     decode_wall, decode_cpu, kv_tokens = [], [], []
+    tracing, traced = contextlib.ExitStack(), False
     while engine.has_work and time.perf_counter() - started < limit:
         all_decoding = all(length[r] > size.decode_prompt for r in ids)
+        if trace is not None and all_decoding and not traced:
+            tracing.enter_context(jax.profiler.trace(str(trace), create_perfetto_trace=True))
+            traced = True
         context = sum(length.values())
         updates = clock.step()
         for update in updates:
@@ -217,6 +225,7 @@ def run_decode(engine: Engine, model: CausalLM, size: Size, limit: float) -> dic
             kv_tokens.append(context)
         if len(decode_wall) >= size.decode_steps:
             break
+    tracing.close()
     for request in ids:
         engine.cancel(request)
     while engine.has_work:
@@ -255,10 +264,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--deterministic", action="store_true", help="EngineConfig.deterministic (fixed token counts)"
     )
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="tokens a page (the pool keeps its tokens; default the size's)",
+    )
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="a folder for a profiler trace of the decode phase"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     size = SIZES[args.size]
+    if args.page_size is not None:  # the same pool of tokens in pages of another size
+        pool_tokens = size.engine["page_size"] * size.engine["num_pages"]
+        engine_sizes = dict(size.engine, page_size=args.page_size, num_pages=pool_tokens // args.page_size)
+        size = dataclasses.replace(size, engine=engine_sizes)
     model = make_model(args.size)
     began = time.perf_counter()
     engine = Engine(
@@ -283,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vocab = model.unembedding.axis_size("vocab")
     for phase in args.phases:
         if phase == "decode":
-            results[phase] = run_decode(engine, model, size, args.phase_seconds)
+            results[phase] = run_decode(engine, model, size, args.phase_seconds, args.trace)
         elif phase == "at_once":
             results[phase] = run_arrivals(engine, requests_of(size, vocab, 0), None, args.phase_seconds)
         elif phase == "rate":

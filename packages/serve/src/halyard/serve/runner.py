@@ -41,6 +41,7 @@ from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.compile_events import thread_compiles
+from halyard.serve.packed_inputs import Packing, pack, unpack
 from halyard.serve.params import MAX_TOP_LOGPROBS
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
 from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
@@ -113,7 +114,7 @@ class ModelRunner:
         self.compile_seconds = 0.0
         self.programs_compiled = 0
         self.row_checks: dict[ProgramShape, bool] = {}
-        self._programs: dict[ProgramShape, Any] = {}
+        self._programs: dict[ProgramShape, tuple[Any, Packing]] = {}
         self._counting = threading.Lock()  # `compile_shapes`' threads add to the counters
 
     @property
@@ -217,24 +218,31 @@ class ModelRunner:
     def _results(self, shape: ProgramShape, inputs: StepInputs, pages: list[np.ndarray]) -> tuple:
         """What ``shape``'s program computes for ``inputs`` from a copy of the pool: ``(the pool's arrays at
         each of ``pages`` after it, its outputs)``; the engine's pool is left as it was."""
-        program = self._program(shape)
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
-            stored, outputs = program(self.model, copy, jax.tree.map(self._placed, self._fed_nothing(inputs)))
+            stored, outputs = self._call(shape, copy, self._fed_nothing(inputs))
             return [written_pages(stored.pool, self._placed(chosen)) for chosen in pages], outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
         """Dispatch one program on ``inputs`` (already padded to ``shape``); the pool is updated in place.
         The outputs stay on the device (their copy to the host starts when the program ends; `fetched`
         waits for it)."""
-        program = self._program(shape)
-        device_inputs = jax.tree.map(self._placed, inputs)
         with self._placement():
-            self.paged_kv, outputs = program(self.model, self.paged_kv, device_inputs)
+            self.paged_kv, outputs = self._call(shape, self.paged_kv, inputs)
         for output in outputs:
             if output is not None:
                 output.copy_to_host_async()  # the transfer starts as soon as the program ends
         return outputs
+
+    def _call(self, shape: ProgramShape, pages: PagedKV, inputs: StepInputs) -> tuple[PagedKV, StepOutputs]:
+        """``shape``'s program on ``pages`` and ``inputs``, sent as one buffer (`halyard.serve.packed_inputs`)."""
+        program, packing = self._program(shape)
+        buffer, previous, packed = pack(inputs)
+        if packed != packing:
+            raise ValueError(
+                f"step inputs {packed.arrays} do not match the arrays {packing.arrays} the program of {shape} takes"
+            )
+        return program(self.model, pages, self._placed(buffer), self._placed(previous))
 
     def _placed(self, value: np.ndarray | jax.Array) -> jax.Array:
         """An input as the programs take it: on the default device, or replicated over the mesh (every
@@ -256,8 +264,9 @@ class ModelRunner:
             return contextlib.nullcontext()
         return use_layout(self.layout, self.mesh)
 
-    def _program(self, shape: ProgramShape) -> Any:
-        """The step program of ``shape`` (compiled at its first use; the pool is donated to it)."""
+    def _program(self, shape: ProgramShape) -> tuple[Any, Packing]:
+        """The step program of ``shape`` and the packing of its inputs (compiled at its first use; the pool is
+        donated to it)."""
         program = self._programs.get(shape)
         if program is not None:
             return program
@@ -267,19 +276,25 @@ class ModelRunner:
             self.programs_compiled += count  # 0 when JAX had it (this process, the disk cache)
             return self._programs.setdefault(shape, compiled)
 
-    def _compile(self, shape: ProgramShape) -> tuple[Any, int, float]:
-        """``shape``'s program compiled, the XLA compiles that took (0 when JAX had it: this process, the
-        disk cache) and the seconds."""
+    def _compile(self, shape: ProgramShape) -> tuple[tuple[Any, Packing], int, float]:
+        """``shape``'s program compiled with the packing of its inputs, the XLA compiles that took (0 when JAX
+        had it: this process, the disk cache) and the seconds."""
         started, compiles = time.perf_counter(), thread_compiles()
-        example = jax.tree.map(self._placed, self.example_inputs(shape))
+        buffer, previous, packing = pack(self.example_inputs(shape))
         with self._placement():
             lowered = jax.jit(
-                _step, static_argnames=("invariant", "alternatives"), donate_argnums=(1,)
+                _step, static_argnames=("packing", "invariant", "alternatives"), donate_argnums=(1,)
             ).lower(
-                self.model, self.paged_kv, example, invariant=self.invariant, alternatives=shape.alternatives
+                self.model,
+                self.paged_kv,
+                self._placed(buffer),
+                self._placed(previous),
+                packing=packing,
+                invariant=self.invariant,
+                alternatives=shape.alternatives,
             )
             compiled = lowered.compile()
-        return compiled, thread_compiles() - compiles, time.perf_counter() - started
+        return (compiled, packing), thread_compiles() - compiles, time.perf_counter() - started
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
@@ -339,10 +354,16 @@ def example_inputs(shape: ProgramShape) -> StepInputs:
 
 
 def _step(
-    model: CausalLM, pages: PagedKV, inputs: StepInputs, invariant: bool, alternatives: bool
+    model: CausalLM,
+    pages: PagedKV,
+    buffer: jax.Array,
+    previous: jax.Array,
+    packing: Packing,
+    invariant: bool,
+    alternatives: bool,
 ) -> tuple[PagedKV, StepOutputs]:
     with batch_invariant() if invariant else contextlib.nullcontext():
-        return _step_body(model, pages, inputs, alternatives)
+        return _step_body(model, pages, unpack(buffer, previous, packing), alternatives)
 
 
 def _step_body(
