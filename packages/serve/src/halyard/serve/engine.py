@@ -16,7 +16,8 @@ sample that step k ends (a stop token) has a wasted row in step k+1, whose resul
 last token by ``max_tokens`` is known ahead, so it gets no such row. A step of several programs (deterministic
 mode, more than ``deterministic_rows`` sequences) fetches its own tokens before the next step is scheduled.
 Feeding a token from the device or from the host gives its row the same bits: it is an index, the programs
-compute the same (`EngineStats.steps_pipelined` counts the pipelined steps).
+compute the same (`EngineStats.steps_pipelined` counts the pipelined steps). A program's dispatch and the
+folding in of what it drew are `halyard.serve.step_programs`'.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from halyard.models import CausalLM
-from halyard.serve.batching import program_groups, step_inputs, with_previous_tokens
+from halyard.serve.batching import program_groups
 from halyard.serve.config import EngineConfig
 from halyard.serve.detokenizer import Detokenizer
 from halyard.serve.outputs import RequestOutput, Update, run_to_end
@@ -43,17 +44,12 @@ from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_r
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
 from halyard.serve.stats import EngineStats
+from halyard.serve.step_programs import PLACEHOLDER as PLACEHOLDER
+from halyard.serve.step_programs import Dispatched, absorb, dispatch
 from halyard.serve.text import Decode
 from halyard.serve.warmup import warm_up
 from halyard.shard import Layout
 from halyard.shard.compilation_cache import use_compilation_cache
-
-PLACEHOLDER = -1
-"""A drawn token not fetched yet, in its sequence's tokens (a pipelined engine's next step feeds it from the
-device)."""
-
-_Dispatched = tuple[list[Chunk], list[RequestState], StepOutputs]
-"""A program dispatched: its chunks, their requests, its outputs (on the device)."""
 
 
 class Engine:
@@ -117,7 +113,7 @@ class Engine:
         )
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
-        self._in_flight: _Dispatched | None = None  # a pipelined step's program, its results not yet fetched
+        self._in_flight: Dispatched | None = None  # a pipelined step's program, its results not yet fetched
         self._arrivals = itertools.count()
         self._seeds = np.random.default_rng(config.seed)
         self.stats = EngineStats(pages_total=config.num_pages)
@@ -321,85 +317,24 @@ class Engine:
     def _running(self, request: RequestState) -> bool:
         return self._requests.get(request.request_id) is request
 
-    def _dispatch(self, chunks: list[Chunk], previous: _Dispatched | None, pipelined: bool) -> _Dispatched:
-        """Lay out ``chunks`` as one program's inputs and start it (its outputs stay on the device). It takes
-        the tokens ``previous`` drew that its chunks hold as placeholders; ``pipelined``: its own tokens are
-        fetched at the next step, and placeholders hold their places meanwhile."""
+    def _dispatch(self, chunks: list[Chunk], previous: Dispatched | None, pipelined: bool) -> Dispatched:
+        """Start the program of ``chunks`` (`dispatch`): they take the tokens ``previous`` drew; ``pipelined``:
+        its own tokens are fetched at the next step."""
         requests = [self._requests[chunk.sequence.group] for chunk in chunks]
-        tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
-        wants_prompt = any(
-            r.params.prompt_logprobs
-            and r.sample_of(c.sequence).index == 0
-            and c.start < c.sequence.prompt_length
-            for c, r in zip(chunks, requests)
-        )
-        alternatives = any(r.params.top_logprobs > 0 and c.samples for c, r in zip(chunks, requests))
-        shape = self.runner.shape_for(
-            sum(c.stop - c.start for c in chunks),
-            max(len(t) for t in tables),
-            prompt_logprobs=wants_prompt,
-            alternatives=alternatives,
-        )
-        inputs = step_inputs(chunks, shape, tables, requests, self.config.page_size)
-        drawn = None if previous is None else (previous[0], previous[2].padded_token)
-        inputs = with_previous_tokens(inputs, chunks, drawn, self.runner.max_seqs)
-        outputs = self.runner.run(shape, inputs)
-        for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
-            sequence = chunk.sequence
-            sequence.computed = chunk.stop
-            self.stats.tokens_computed += chunk.stop - chunk.start
-            if self.config.prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
-                self.pages.register(sequence.key, sequence.tokens[: chunk.stop])
-            if chunk.samples and request.sample_of(sequence).index == 0:
-                request.prompt_written = True  # its siblings may start (from the prefix cache)
-            last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
-            if pipelined and chunk.samples and not last:
-                sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
-        return chunks, requests, outputs
+        return dispatch(
+            chunks, requests, previous, pipelined=pipelined,
+            runner=self.runner, pages=self.pages, stats=self.stats, prefix_cache=self.config.prefix_cache,
+        )  # fmt: skip
 
     def _absorb(
         self, row: int, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
     ) -> None:
-        """Fold in what sequence ``row`` of a program drew (its tokens start at flat index ``start``)."""
-        sequence = chunk.sequence
-        if request.sample_of(sequence).finish_reason is not None:
-            return  # a pipelined step's row of a sample that ended at the step before
-        if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
-            self._absorb_prompt_logprobs(start, chunk, request, outputs)
-        if chunk.samples:
-            top: list[tuple[int, float]] = []
-            if request.params.top_logprobs and outputs.top_tokens is not None:
-                pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
-                top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
-            token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
-            request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
-            self.stats.tokens_generated += 1
-        if self.config.prefix_cache and sequence.running:
-            self.pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
-        if request.sample_of(sequence).finish_reason is not None:
-            self.scheduler.remove(sequence)
-
-    def _absorb_prompt_logprobs(
-        self, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
-    ) -> None:
-        """Fold in the prompt log-probs of ``chunk``'s tokens (from flat index ``start`` of the program)."""
-        assert outputs.next_logprob is not None and outputs.next_top_tokens is not None
-        assert outputs.next_top_logprobs is not None
-        prompt_length = chunk.sequence.prompt_length
-        if len(request.prompt_logprobs) != chunk.start + 1 or chunk.start >= prompt_length - 1:
-            return  # already collected (a recomputation) or no prompt position follows
-        count = min(chunk.stop, prompt_length - 1) - chunk.start
-        logprobs = [float(v) for v in outputs.next_logprob[start : start + count]]
-        top = [
-            [
-                (int(t), float(v))
-                for t, v in zip(outputs.next_top_tokens[start + i], outputs.next_top_logprobs[start + i])
-            ][: request.params.top_logprobs]
-            for i in range(count)
-        ]
-        update = request.add_prompt_logprobs(logprobs, top)
-        if update is not None:
-            request.samples[0].pending = update
+        """Fold in what sequence ``row`` of a fetched program drew (`absorb`; its tokens start at flat index
+        ``start``)."""
+        absorb(
+            row, start, chunk, request, outputs,
+            pages=self.pages, scheduler=self.scheduler, stats=self.stats, prefix_cache=self.config.prefix_cache,
+        )  # fmt: skip
 
     # -- conveniences --------------------------------------------------------------------------------
     def generate(

@@ -1,0 +1,143 @@
+"""One program of an engine step, from its dispatch to its results folded into the requests.
+
+`dispatch` lays out a program's chunks as its inputs (taking the tokens the program before it drew and
+nobody fetched yet from that program's outputs on the device), starts it, and while it runs does what does
+not depend on its tokens: the chunks' tokens count as computed, full prompt pages go to the prefix cache,
+and in a pipelined step each token it will draw holds a `PLACEHOLDER` in its sequence. `absorb` folds what
+one row drew, once fetched, into its request: the token (over its placeholder), its log-probs and
+alternatives, the prompt log-probs of the chunk, and the end of a sample that it ended.
+"""
+
+from __future__ import annotations
+
+from halyard.serve.batching import step_inputs, with_previous_tokens
+from halyard.serve.pages import PageAllocator
+from halyard.serve.program import StepOutputs
+from halyard.serve.requests import RequestState
+from halyard.serve.runner import ModelRunner
+from halyard.serve.scheduler import Chunk, Scheduler
+from halyard.serve.stats import EngineStats
+
+PLACEHOLDER = -1
+"""A drawn token not fetched yet, in its sequence's tokens (a pipelined engine's next step feeds it from the
+device)."""
+
+Dispatched = tuple[list[Chunk], list[RequestState], StepOutputs]
+"""A program dispatched: its chunks, their requests, its outputs (on the device)."""
+
+
+def dispatch(
+    chunks: list[Chunk],
+    requests: list[RequestState],
+    previous: Dispatched | None,
+    *,
+    pipelined: bool,
+    runner: ModelRunner,
+    pages: PageAllocator,
+    stats: EngineStats,
+    prefix_cache: bool,
+) -> Dispatched:
+    """Lay out ``chunks`` as one program's inputs and start it; its outputs stay on the device.
+
+    Args:
+        chunks: the program's chunks, in row order.
+        requests: each chunk's request.
+        previous: the program in flight, whose drawn tokens ``chunks`` hold as placeholders (None: none).
+        pipelined: its own tokens are fetched at the next step; placeholders hold their places meanwhile.
+        runner: runs the program.
+        pages: the page table (each sequence's pages; the prefix cache).
+        stats: counts the tokens fed.
+        prefix_cache: register the pages the chunks fill in the prefix cache.
+    """
+    tables = [pages.pages_of(chunk.sequence.key) for chunk in chunks]
+    wants_prompt = any(
+        r.params.prompt_logprobs and r.sample_of(c.sequence).index == 0 and c.start < c.sequence.prompt_length
+        for c, r in zip(chunks, requests)
+    )
+    alternatives = any(r.params.top_logprobs > 0 and c.samples for c, r in zip(chunks, requests))
+    shape = runner.shape_for(
+        sum(c.stop - c.start for c in chunks),
+        max(len(t) for t in tables),
+        prompt_logprobs=wants_prompt,
+        alternatives=alternatives,
+    )
+    inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
+    drawn = None if previous is None else (previous[0], previous[2].padded_token)
+    inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
+    outputs = runner.run(shape, inputs)
+    for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
+        sequence = chunk.sequence
+        sequence.computed = chunk.stop
+        stats.tokens_computed += chunk.stop - chunk.start
+        if prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
+            pages.register(sequence.key, sequence.tokens[: chunk.stop])
+        if chunk.samples and request.sample_of(sequence).index == 0:
+            request.prompt_written = True  # its siblings may start (from the prefix cache)
+        last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
+        if pipelined and chunk.samples and not last:
+            sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
+    return chunks, requests, outputs
+
+
+def absorb(
+    row: int,
+    start: int,
+    chunk: Chunk,
+    request: RequestState,
+    outputs: StepOutputs,
+    *,
+    pages: PageAllocator,
+    scheduler: Scheduler,
+    stats: EngineStats,
+    prefix_cache: bool,
+) -> None:
+    """Fold in what one row of a fetched program drew.
+
+    Args:
+        row: the row of ``chunk`` in the program.
+        start: the flat index of the chunk's first token in the program.
+        chunk, request: the row's chunk and its request.
+        outputs: the program's outputs, on the host (`halyard.serve.runner.fetched`).
+        pages: the page table (the prefix cache, its placeholders now resolved).
+        scheduler: drops the sequence when its sample ends.
+        stats: counts the tokens drawn.
+        prefix_cache: register the sequence's computed pages in the prefix cache.
+    """
+    sequence = chunk.sequence
+    if request.sample_of(sequence).finish_reason is not None:
+        return  # a pipelined step's row of a sample that ended at the step before
+    if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
+        _absorb_prompt_logprobs(start, chunk, request, outputs)
+    if chunk.samples:
+        top: list[tuple[int, float]] = []
+        if request.params.top_logprobs and outputs.top_tokens is not None:
+            pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
+            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
+        token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
+        request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
+        stats.tokens_generated += 1
+    if prefix_cache and sequence.running:
+        pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
+    if request.sample_of(sequence).finish_reason is not None:
+        scheduler.remove(sequence)
+
+
+def _absorb_prompt_logprobs(start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs) -> None:
+    """Fold in the prompt log-probs of ``chunk``'s tokens (from flat index ``start`` of the program)."""
+    assert outputs.next_logprob is not None and outputs.next_top_tokens is not None
+    assert outputs.next_top_logprobs is not None
+    prompt_length = chunk.sequence.prompt_length
+    if len(request.prompt_logprobs) != chunk.start + 1 or chunk.start >= prompt_length - 1:
+        return  # already collected (a recomputation) or no prompt position follows
+    count = min(chunk.stop, prompt_length - 1) - chunk.start
+    logprobs = [float(v) for v in outputs.next_logprob[start : start + count]]
+    top = [
+        [
+            (int(t), float(v))
+            for t, v in zip(outputs.next_top_tokens[start + i], outputs.next_top_logprobs[start + i])
+        ][: request.params.top_logprobs]
+        for i in range(count)
+    ]
+    update = request.add_prompt_logprobs(logprobs, top)
+    if update is not None:
+        request.samples[0].pending = update
