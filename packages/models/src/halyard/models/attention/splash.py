@@ -41,7 +41,8 @@ LANES = 128
 
 @dataclasses.dataclass(frozen=True)
 class SplashBlockSizes:
-    """Tile sizes of the splash kernel (``model.splash_block_sizes``); numerics do not depend on them.
+    """Tile sizes of the splash kernel (``model.splash_block_sizes``); they change only the order of the online
+    softmax's sums (so the last bits), not what is computed.
 
     Each is clipped to the (padded) sequence length. Key blocks are multiples of 128 (the TPU's lanes).
 
