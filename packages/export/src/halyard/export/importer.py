@@ -131,7 +131,7 @@ def _block_reader(
     def read_one(indices: dict[str, int], target_slices: list[slice]) -> np.ndarray:
         key = mapping.key(indices)
         reader = lambda slices: source.read(key, slices)
-        return mapping.read(reader, plan.hf_sizes, target_slices).astype(dtype)
+        return mapping.read(reader, plan.hf_sizes, target_slices).astype(dtype, copy=False)
 
     def read(index: tuple[slice, ...] | None) -> np.ndarray:
         index = index if index is not None else tuple(slice(None) for _ in leaf.axes)
@@ -262,7 +262,8 @@ def import_hf(
         read = _block_reader(plan, source, numpy_dtype)
         shape = tuple(axis.size for axis in leaf.axes)
         if shardings is None:
-            array = jnp.asarray(read(tuple(slice(None) for _ in shape)))
+            # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
+            array = jax.device_put(read(tuple(slice(None) for _ in shape)))
         else:
             array = jax.make_array_from_callback(shape, shardings[path].array, read)
         new_leaves.append(NamedArray(array, leaf.axes))

@@ -44,7 +44,8 @@ class WeightSource(abc.ABC):
 
     @abc.abstractmethod
     def read(self, key: str, slices: tuple[slice, ...]) -> np.ndarray:
-        """The block ``slices`` (one per dimension) of tensor ``key`` as a numpy array."""
+        """The block ``slices`` (one per dimension) of tensor ``key`` as a numpy array of its own (not a view
+        of a mapped file)."""
 
     @abc.abstractmethod
     def file_of(self, key: str) -> str:
@@ -127,7 +128,7 @@ class TorchPickleSource(WeightSource):
         block = self._tensors[key][slices]
         if block.dtype == torch.bfloat16:  # numpy has no bfloat16 view of a torch tensor
             return block.float().numpy().astype(ml_dtypes.bfloat16)
-        return block.numpy()
+        return block.numpy().copy()  # not a view of the mapped file: a loaded model never changes with it
 
     def file_of(self, key: str) -> str:
         return self._file_of[key]
