@@ -72,19 +72,66 @@ def test_without_rl_deterministic_the_sampler_agrees_with_the_trainer_to_roundin
     assert len(differences) == 4 and max(differences) <= 1e-5
 
 
-def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(tmp_path: Path) -> None:
+NUCLEUS = ["--rl.top_p", "0.9"]
+
+
+@pytest.fixture(scope="module")
+def nucleus_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SHORT run with a nucleus, uninterrupted: the nucleus test's run and the killed run's reference (one
+    `train` run for both; a nucleus changes which tokens are drawn, not how a run resumes)."""
+    run_dir = tmp_path_factory.mktemp("grpo") / "nucleus"
+    result = run_cli(
+        ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, *NUCLEUS], devices=1
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(nucleus_run: Path) -> None:
     """``rl.top_p < 1``: prompt positions whose next token lies outside the nucleus are masked, not NaN (they
     made every loss NaN before), and the trainer's filtered log-probs are still the sampler's bit for bit."""
-    run_dir = tmp_path / "nucleus"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "3"]
-    result = run_cli([*args, "--rl.top_p", "0.9"], devices=1)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [r for r in _records(run_dir) if "loss" in r]
-    assert len(steps) == 3
+    steps = [r for r in _records(nucleus_run) if "loss" in r]
+    assert len(steps) == 9
     assert all(
         math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["nonfinite"] == 0 for r in steps
     )
     assert all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path: Path, nucleus_run: Path) -> None:
+    reference_dir, killed_dir = nucleus_run, tmp_path / "killed"
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(killed_dir), *SHORT, *NUCLEUS]
+    flags = "--xla_force_host_platform_device_count=1 " + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        if (latest_complete(killed_dir / "checkpoints") or 0) >= 3:
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
+        "the child should die between checkpoints"
+    )
+    resumed = run_cli(args, devices=1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
+    by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
+    for record in (r for r in _records(reference_dir) if "loss" in r):
+        assert {k: by_step[record["step"]][k] for k in wanted} == {k: record[k] for k in wanted}
+    restored = [
+        Trainer(load_config(Path("grpo-demo"), "--trainer.run_dir", str(folder), *SHORT, *NUCLEUS))
+        .restore_state(9)
+        .params
+        for folder in (reference_dir, killed_dir)
+    ]
+    assert_bitwise_equal(*restored)
 
 
 SMOLLM2_HEADS = [
@@ -111,44 +158,6 @@ def test_the_sampler_agrees_with_the_trainer_bitwise_on_smollm2s_shape(tmp_path:
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in _records(run_dir) if "loss" in r]
     assert len(steps) == 2 and all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
-
-
-def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path: Path) -> None:
-    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    reference = run_cli(["--config", "grpo-demo", "--trainer.run_dir", str(reference_dir), *SHORT], devices=1)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(killed_dir), *SHORT]
-    flags = "--xla_force_host_platform_device_count=1 " + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and child.poll() is None:
-        if (latest_complete(killed_dir / "checkpoints") or 0) >= 3:
-            break
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
-        "the child should die between checkpoints"
-    )
-    resumed = run_cli(args, devices=1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
-    by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
-    for record in (r for r in _records(reference_dir) if "loss" in r):
-        assert {k: by_step[record["step"]][k] for k in wanted} == {k: record[k] for k in wanted}
-    restored = [
-        Trainer(load_config(Path("grpo-demo"), "--trainer.run_dir", str(folder), *SHORT))
-        .restore_state(9)
-        .params
-        for folder in (reference_dir, killed_dir)
-    ]
-    assert_bitwise_equal(*restored)
 
 
 def raising_reward(prompt: str, completion: str, answer: str) -> float:
