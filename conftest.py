@@ -77,13 +77,16 @@ FILE_SECONDS = {
     "test_optimizer_state_placement.py": 38,
     "test_attention_splash.py": 15,
     "test_docs.py": 315,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
-    "test_grpo_trainer.py": 274,  # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes
+    # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
+    # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
+    "test_grpo_trainer.py": 238,
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
     "test_doremi_trainer.py": 114,
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
-    # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each.
-    "test_grpo_real_shapes.py": 161,
+    # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
+    # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
+    "test_grpo_real_shapes.py": 113,
     "test_spike_replay.py": 30,  # half of it its module fixture
     "test_serve_rl_benchmark_smoke.py": 99,  # new: two benchmark scripts at quick size
     "test_engine.py": 72,  # new (halyard-serve's): six families against the full forward
@@ -98,7 +101,7 @@ FILE_SECONDS = {
     "test_pipeline.py": 51,
     "test_matrix_trainer.py": 137,
     "test_invariant_trainer.py": 219,
-    "test_watch_trainer.py": 34,
+    "test_watch_trainer.py": 19,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
     "test_watch_benchmark_smoke.py": 9,
     "test_nonfinite.py": 28,
     "test_install_alone.py": 65,
@@ -166,7 +169,7 @@ FILE_SECONDS = {
     "test_softmax.py": 10,
     "test_relocatable_run_dir.py": 6,
     "test_matrix_interruptions.py": 38,
-    "test_demo.py": 48,  # 62 s in a clean-clone run
+    "test_demo.py": 40,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
     "test_ray_builder.py": 11,
     "test_every_host_builds.py": 37,
     "test_harness_command.py": 8,

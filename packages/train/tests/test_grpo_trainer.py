@@ -1,6 +1,7 @@
 """trainer.objective: grpo through `train`, as users run it: the grpo-demo's reward rises, a run killed with
-SIGKILL resumes to the uninterrupted run's bits (rollouts, data position, weights), and bad prompt records
-and reward functions that raise get one line each."""
+SIGKILL resumes to the uninterrupted run's bits (rollouts, data position, weights), a nucleus run keeps the
+sampler's log-probs bit for bit, a watched run logs its per-layer figures, and bad prompt records and reward
+functions that raise get one line each."""
 
 from __future__ import annotations
 
@@ -72,19 +73,82 @@ def test_without_rl_deterministic_the_sampler_agrees_with_the_trainer_to_roundin
     assert len(differences) == 4 and max(differences) <= 1e-5
 
 
-def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(tmp_path: Path) -> None:
+NUCLEUS = ["--rl.top_p", "0.9", "--trainer.watch.every", "3"]
+"""rl.top_p < 1 (a nucleus), and trainer.watch's per-layer figures every 3 steps (the last step's too)."""
+
+
+@pytest.fixture(scope="module")
+def nucleus_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The SHORT run with a nucleus and watched steps, uninterrupted: its folder and its stdout. One `train`
+    run for three tests: the nucleus test's, the watch test's, and the killed run's reference (a nucleus
+    changes which tokens are drawn and watching adds figures, not how a run resumes)."""
+    run_dir = tmp_path_factory.mktemp("grpo") / "nucleus"
+    result = run_cli(
+        ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, *NUCLEUS], devices=1
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result.stdout
+
+
+def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(
+    nucleus_run: tuple[Path, str],
+) -> None:
     """``rl.top_p < 1``: prompt positions whose next token lies outside the nucleus are masked, not NaN (they
     made every loss NaN before), and the trainer's filtered log-probs are still the sampler's bit for bit."""
-    run_dir = tmp_path / "nucleus"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "3"]
-    result = run_cli([*args, "--rl.top_p", "0.9"], devices=1)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [r for r in _records(run_dir) if "loss" in r]
-    assert len(steps) == 3
+    steps = [r for r in _records(nucleus_run[0]) if "loss" in r]
+    assert len(steps) == 9
     assert all(
         math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["nonfinite"] == 0 for r in steps
     )
     assert all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
+
+
+def test_a_grpo_run_watches_its_steps_too(nucleus_run: tuple[Path, str]) -> None:
+    """trainer.watch on a GRPO run (was in test_watch_trainer.py, with a run of its own)."""
+    run_dir, stdout = nucleus_run
+    lines = {line["step"]: line for line in _records(run_dir)}
+    watched = [step for step, line in sorted(lines.items()) if "activation/rms/layers/0" in line]
+    assert watched == [3, 6, 9] and all("grad_norm/layers/1" in lines[step] for step in watched)
+    finished = next(line for line in stdout.splitlines() if line.startswith("finished at step 9"))
+    assert "/layers/" not in finished and "per module and per layer, in the trackers" in finished
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(
+    tmp_path: Path, nucleus_run: tuple[Path, str]
+) -> None:
+    reference_dir, killed_dir = nucleus_run[0], tmp_path / "killed"
+    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+    args = ["--config", "grpo-demo", "--trainer.run_dir", str(killed_dir), *SHORT, *NUCLEUS]
+    flags = "--xla_force_host_platform_device_count=1 " + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        if (latest_complete(killed_dir / "checkpoints") or 0) >= 3:
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
+        "the child should die between checkpoints"
+    )
+    resumed = run_cli(args, devices=1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
+    by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
+    for record in (r for r in _records(reference_dir) if "loss" in r):
+        assert {k: by_step[record["step"]][k] for k in wanted} == {k: record[k] for k in wanted}
+    restored = [
+        Trainer(load_config(Path("grpo-demo"), "--trainer.run_dir", str(folder), *SHORT, *NUCLEUS))
+        .restore_state(9)
+        .params
+        for folder in (reference_dir, killed_dir)
+    ]
+    assert_bitwise_equal(*restored)
 
 
 SMOLLM2_HEADS = [
@@ -111,44 +175,6 @@ def test_the_sampler_agrees_with_the_trainer_bitwise_on_smollm2s_shape(tmp_path:
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in _records(run_dir) if "loss" in r]
     assert len(steps) == 2 and all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
-
-
-def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(tmp_path: Path) -> None:
-    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    reference = run_cli(["--config", "grpo-demo", "--trainer.run_dir", str(reference_dir), *SHORT], devices=1)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(killed_dir), *SHORT]
-    flags = "--xla_force_host_platform_device_count=1 " + os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and child.poll() is None:
-        if (latest_complete(killed_dir / "checkpoints") or 0) >= 3:
-            break
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
-    assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
-        "the child should die between checkpoints"
-    )
-    resumed = run_cli(args, devices=1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
-    by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
-    for record in (r for r in _records(reference_dir) if "loss" in r):
-        assert {k: by_step[record["step"]][k] for k in wanted} == {k: record[k] for k in wanted}
-    restored = [
-        Trainer(load_config(Path("grpo-demo"), "--trainer.run_dir", str(folder), *SHORT))
-        .restore_state(9)
-        .params
-        for folder in (reference_dir, killed_dir)
-    ]
-    assert_bitwise_equal(*restored)
 
 
 def raising_reward(prompt: str, completion: str, answer: str) -> float:

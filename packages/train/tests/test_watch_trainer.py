@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from float_tolerance import FUNCTION_TERMS, decoder_terms, summation_tolerance, training_terms
 from tracker_files import read_tensorboard_scalars, read_when_flushed
-from trainer_fixtures import TINY, load_config, run_cli, write_config
+from trainer_fixtures import TINY, load_config, write_config
 
 import halyard.named as hn
 from halyard.models import LlamaConfig
@@ -205,14 +205,4 @@ def test_model_reports_are_refused_where_the_step_cannot_carry_them(
     assert norms_only._watch().model is False and RunSetup(load_config(path))._watch().model is False
 
 
-def test_a_grpo_run_watches_its_steps_too(tmp_path: Path) -> None:
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(tmp_path / "run"), "--trainer.steps", "4"]
-    args += ["--trainer.batch_size", "32", "--rl.max_running", "32", "--trainer.log_every", "1"]
-    args += ["--checkpoint.every_steps", "4", "--trainer.eval_every", "0", "--trainer.watch.every", "2"]
-    result = run_cli(args, devices=1)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = {line["step"]: line for line in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
-    watched = [step for step, line in sorted(lines.items()) if "activation/rms/layers/0" in line]
-    assert watched == [2, 4] and all("grad_norm/layers/1" in lines[step] for step in watched)
-    finished = next(line for line in result.stdout.splitlines() if line.startswith("finished at step 4"))
-    assert "/layers/" not in finished and "per module and per layer, in the trackers" in finished
+# A GRPO run's watched steps: test_grpo_trainer.py, test_a_grpo_run_watches_its_steps_too (on its nucleus run).

@@ -91,7 +91,6 @@ def run_cli(
     timeout: float = 600,
     optimized: bool = False,
     native_isa: bool = False,
-    long_running: bool = False,
     **popen: Any,
 ) -> subprocess.CompletedProcess:
     """``train ARGS`` in a fresh Python process with ``devices`` simulated CPU devices.
@@ -100,11 +99,9 @@ def run_cli(
     (HALYARD_TEST_XLA_COMPILE_FLAGS). For runs whose programs run long (many steps, large logits): -O0
     compiles faster but its programs run up to twice as slow. ``native_isa``: the CPU's own instruction set, as
     for users, instead of the tests' cap without fused multiply-adds (the command sets what it needs itself).
-    ``long_running``: -O0 with XLA's fusion emitters instead of the tests' older loop emitters, which compile
-    in about half the time but whose code runs up to twice as slow (a 30-layer model's steps and rollouts).
     """
     compile_flags = "" if optimized else os.environ.get("HALYARD_TEST_XLA_COMPILE_FLAGS", "")
-    dropped = ("--xla_cpu_max_isa=",) * native_isa + ("--xla_cpu_use_fusion_emitters=",) * long_running
+    dropped = ("--xla_cpu_max_isa=",) * native_isa
     compile_flags = " ".join(flag for flag in compile_flags.split() if not flag.startswith(dropped))
     env = dict(
         os.environ,
