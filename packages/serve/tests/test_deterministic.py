@@ -22,7 +22,7 @@ from deterministic_case import (
     config,
     model,
 )
-from tiny_models import forward_logprobs, logprob_tolerance
+from tiny_models import forward_logprobs, logprob_tolerance, tiny_model
 
 from halyard.serve import Engine, EngineConfig, SampleOutput, SamplingParams
 
@@ -210,3 +210,28 @@ def test_fewer_decoding_rows_only_where_the_row_check_agrees(engines: dict[int, 
     chosen = runner.shape_for(1, pages).tokens
     assert chosen == min([tokens for tokens, agrees in checks.items() if agrees] + [runner.max_tokens])
     assert all(not checks[tokens] for tokens in checks if tokens < chosen)
+
+
+def test_by_default_a_step_of_every_running_row_is_one_pipelined_program() -> None:
+    """``deterministic_rows`` None (the default): a step is one program of up to ``max_running`` sequences (34
+    here, more than the old default of 32), so deterministic steps are pipelined as the fast mode's are, and a
+    request alone and among others gets the same bits."""
+    assert EngineConfig(deterministic=True, max_running=40).step_budget()[0] == 40
+    assert EngineConfig(deterministic=True, max_running=40, deterministic_rows=4).step_budget()[0] == 4
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="deterministic_rows must be a positive int or None"):
+            EngineConfig(deterministic_rows=bad)  # type: ignore[arg-type]
+    engine = Engine(
+        tiny_model("llama"),
+        EngineConfig(
+            page_size=8, num_pages=80, max_context=32, max_running=34, chunk_size=8, deterministic=True
+        ),
+    )
+    target = SamplingParams(max_tokens=12, temperature=1.0, seed=7, logprobs=True)
+    (alone,) = engine.generate([[5, 9, 2, 7, 1]], target)
+    others = SamplingParams(max_tokens=10, temperature=0.8, seed=3)
+    prompts = [[5, 9, 2, 7, 1], *([3 + i % 50, 1, 4] for i in range(33))]
+    steps, pipelined = engine.stats.steps, engine.stats.steps_pipelined
+    outputs = engine.generate(prompts, [target] + [others] * 33)
+    assert engine.stats.steps_pipelined - pipelined == engine.stats.steps - steps - 1  # all but the first
+    _assert_bitwise(outputs[0].samples[0], alone.samples[0])

@@ -39,8 +39,9 @@ class EngineConfig:
             a step runs in programs of the most tokens (`step_budget`), or of fewer tokens only where a
             probe showed that such a program gives every sequence the same bits (`halyard.serve.row_check`)
             (docs: serving, deterministic mode).
-        deterministic_rows: the most sequences of one step program in deterministic mode (at most
-            ``max_running``).
+        deterministic_rows: the most sequences of one step program in deterministic mode; None:
+            ``max_running`` (a step is one program, pipelined as in the fast mode). Fewer split a step of more
+            running sequences into several programs, each step then fetched before the next is scheduled.
         training_arithmetic: with ``deterministic``, the programs also compute with the training step's
             batch-invariant arithmetic (`halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo``
             does), so a token's log-probs equal those of a training forward pass traced inside
@@ -74,7 +75,7 @@ class EngineConfig:
     min_rows: int = 1
     token_buckets: tuple[int, ...] = ()
     deterministic: bool = False
-    deterministic_rows: int = 32
+    deterministic_rows: int | None = None
     training_arithmetic: bool = False
     prefix_cache: bool = True
     max_n: int = 128
@@ -86,8 +87,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in (
-            "page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows",
-            "deterministic_rows", "max_n",
+            "page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows", "max_n",
         ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -95,6 +95,9 @@ class EngineConfig:
         object.__setattr__(self, "token_buckets", _checked_buckets(self.token_buckets))
         if self.token_buckets and self.min_rows != 1:
             raise ValueError("EngineConfig takes token_buckets or min_rows, not both")
+        rows = self.deterministic_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"EngineConfig.deterministic_rows must be a positive int or None, got {rows!r}")
         if self.compile_threads is not None and (
             not isinstance(self.compile_threads, int) or self.compile_threads < 1
         ):
@@ -153,7 +156,9 @@ class EngineConfig:
         """``(sequences, tokens)``: the most of one step program. A step holds every running sequence's
         chunk (decoding tokens and at most ``max_prefill_rows`` prefill chunks); in deterministic mode at
         most ``deterministic_rows`` sequences go into one program (a step runs as many as it needs)."""
-        seqs = min(self.deterministic_rows, self.max_running) if self.deterministic else self.max_running
+        seqs = self.max_running
+        if self.deterministic and self.deterministic_rows is not None:
+            seqs = min(self.deterministic_rows, self.max_running)
         return seqs, seqs + self.max_prefill_rows * self.chunk_size
 
 

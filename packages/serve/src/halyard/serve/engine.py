@@ -3,10 +3,10 @@ and leave when they finish, long prompts are prefilled in chunks beside the deco
 shared between samples and common prefixes and freed the moment a sequence ends.
 
 One step: the `Scheduler` picks the work, `batching` lays it out as one flat batch (decoding sequences
-and prefill chunks side by side), the `ModelRunner` runs it as one compiled program (in deterministic mode,
-one per ``deterministic_rows`` sequences, all dispatched before any result is fetched), and each request
-folds in what its sequences drew (`RequestState`), ending samples on a stop token, at ``max_tokens``, or
-when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
+and prefill chunks side by side), the `ModelRunner` runs it as one compiled program (in deterministic mode
+with ``deterministic_rows`` set, one per that many sequences, all dispatched before any result is fetched),
+and each request folds in what its sequences drew (`RequestState`), ending samples on a stop token, at
+``max_tokens``, or when cancelled. The text of the new tokens and the stop strings are a `Detokenizer`'s: `step` runs one by
 default; a server hands it off (`hand_off_text`) to run beside its event loop, off the engine's thread.
 
 A step of one program is pipelined: `step` schedules and dispatches step k+1 while step k runs, then
@@ -14,7 +14,7 @@ fetches step k's tokens. Step k+1 is scheduled before they are known: each token
 `PLACEHOLDER` in its sequence, and the programs of step k+1 take it from step k's outputs on the device; a
 sample that step k ends (a stop token) has a wasted row in step k+1, whose result is dropped. A sample's
 last token by ``max_tokens`` is known ahead, so it gets no such row. A step of several programs (deterministic
-mode, more than ``deterministic_rows`` sequences) fetches its own tokens before the next step is scheduled.
+mode, more sequences than ``deterministic_rows``) fetches its own tokens before the next step is scheduled.
 Feeding a token from the device or from the host gives its row the same bits: it is an index, the programs
 compute the same (`EngineStats.steps_pipelined` counts the pipelined steps). A program's dispatch and the
 folding in of what it drew are `halyard.serve.step_programs`'.

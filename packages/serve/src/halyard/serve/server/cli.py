@@ -53,8 +53,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "max_running": "the most sequences decoding at once (rows of the decoding program)",
         "chunk_size": "the most prompt tokens a sequence is fed per step (chunked prefill)",
         "max_prefill_rows": "the most sequences prefilled in one step",
-        "deterministic_rows": "with --deterministic: rows of one decoding program (a step runs as many as it "
-        "needs; fewer cost less when few sequences run)",
+        "deterministic_rows": "with --deterministic: the most rows of one step program (default: --max-running, "
+        "one program a step; fewer split a step into several)",
         "max_n": "the most samples (n) one request may ask for, over all its prompts; a request's samples must "
         "also fit the pool together",
         "compile_threads": "with --warmup: step programs compiled at once (default: the machine's cores)",
