@@ -36,7 +36,7 @@ HBM_BYTES_PER_SECOND = 819e9
 RESULTS = Path(__file__).parent / "results"
 SETTINGS = (
     "rows", "layers", "query_heads", "kv_heads", "head_size", "dtype", "kv_pages_per_block", "queries_per_block",
-    "vmem_limit_mib",
+    "vmem_limit_mib", "by_token",
 )  # fmt: skip
 """The arguments the JSON records."""
 
@@ -115,10 +115,12 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
 
     vmem = None if args.vmem_limit_mib is None else args.vmem_limit_mib * 2**20
     chosen: dict[str, Any] = {}
-    for kv_pages in args.kv_pages_per_block or [None]:
-        for queries in args.queries_per_block or [None]:
-            name = "pallas" if kv_pages is None and queries is None else f"pallas kv{kv_pages} q{queries}"
-            chosen[name] = PallasPagedKernel(kv_pages, queries, vmem)
+    for by_token in args.by_token:
+        for kv_pages in args.kv_pages_per_block or [None]:
+            for queries in args.queries_per_block or [None]:
+                name = "pallas" if kv_pages is None and queries is None else f"pallas kv{kv_pages} q{queries}"
+                name += "" if by_token == "decode" else f" by_token={by_token}"
+                chosen[name] = PallasPagedKernel(kv_pages, queries, vmem, by_token=by_token)
     if hasattr(paged, "BlockedPagedKernel") and not (args.smoke or args.no_blocked):
         chosen["blocked"] = paged.BlockedPagedKernel()
     return chosen
@@ -145,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         help="the Pallas kernel's (several: each); default: JAX's table",
+    )
+    parser.add_argument(
+        "--by-token",
+        nargs="+",
+        default=["decode"],
+        help="PallasPagedKernel.by_token (several: each): decode runs our token kernel here, never JAX's",
     )
     parser.add_argument("--no-blocked", action="store_true", help="the Pallas kernel only")
     parser.add_argument("--vmem-limit-mib", type=int, help="the Pallas kernel's VMEM limit; default: XLA's")

@@ -320,12 +320,12 @@ cases = [  # dtype, query heads, kv heads, window, cap, page size
     ("float32", 9, 3, 6, 2.0, 8), ("bfloat16", 9, 3, 6, 2.0, 8), ("bfloat16", 4, 2, None, None, 16),
     ("bfloat16", 14, 2, None, None, 64), ("float32", 4, 2, 6, None, 64), ("bfloat16", 8, 1, None, 3.0, 16),
 ]
-for dtype_name, query_heads, kv_heads, window, cap, page_size in cases:
+for (dtype_name, query_heads, kv_heads, window, cap, page_size), by_token in zip(cases * 2, ["never"] * 6 + ["always"] * 6):
     step = ragged_step(jnp.dtype(dtype_name), query_heads, kv_heads, page_size)
-    output = run_kernel(PallasPagedKernel(), step, jnp.dtype(dtype_name),
+    output = run_kernel(PallasPagedKernel(by_token=by_token), step, jnp.dtype(dtype_name),
                         sliding_window=window, logit_softcap=cap)
     reference = dense_reference(step, STEP_LAYER, sliding_window=window, logit_softcap=cap)
-    case = f"{dtype_name} {query_heads}/{kv_heads} heads window={window} cap={cap} page_size={page_size}"
+    case = f"{dtype_name} {query_heads}/{kv_heads} heads window={window} cap={cap} page_size={page_size} {by_token}"
     results[case] = (
         float(np.max(np.abs(output - reference))), tolerance(reference, "bfloat16"))
 print(json.dumps(results))
@@ -334,7 +334,8 @@ print(json.dumps(results))
 
 @pytest.mark.tpu
 def test_compiled_kernel_on_the_chip_matches_the_reference() -> None:
-    """The kernel compiled for the TPU (not interpreted), in a process of its own that holds the chip, at
+    """The kernel compiled for the TPU (not interpreted), JAX's and the token kernel
+    (`halyard.models.attention.paged_decode_pallas`), in a process of its own that holds the chip, at
     the bfloat16 tolerance (a TPU's float32 matmuls may take bfloat16 passes). ``HALYARD_TEST_TPU=1
     HALYARD_TEST_TPU_PLATFORMS=cpu`` rehearses it on a CPU, interpreted."""
     here = Path(__file__).parent

@@ -21,6 +21,11 @@ The kernel is given only the sequences that have tokens this step, and a stand-i
 (`kernel_sequences`): its chain of page copies leaves a copy un-waited otherwise, which halts a TPU (the
 engine's warm-up step on pure padding did).
 
+A decode program (at most one token a sequence slot) runs our token-by-token kernel instead
+(`halyard.models.attention.paged_decode_pallas`, `PallasPagedKernel.by_token`): several tokens' pages copied
+together, each token attending only its own query heads; on the v5e it took 12% less time at 550 keys and the
+same at 2048, and gave JAX's kernel's bits where one chunk holds a token's keys (benchmarks/README.md).
+
 Limits (one-line errors from `pallas_unsupported_reason`): float32 or bfloat16 pages, the queries' dtype;
 query heads a multiple of kv heads.
 
@@ -39,6 +44,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from halyard.models.attention.pallas_paged_layout import RowLayout
+from halyard.models.attention.ragged_paged import token_sequences
 from halyard.named import Axis, NamedArray
 
 POOL_AXES = ("layers", "page", "page_slot", "kv_combined", "head_lanes")
@@ -51,6 +57,8 @@ DECODE_QUERIES_PER_BLOCK = 8
 DECODE_KV_BUFFER_BYTES = 16 * 2**20
 """VMEM for a decode program's double buffer of pages: its query blocks are small, so the pages may take twice
 `KV_BUFFER_BYTES` (the v5e's sweep in benchmarks/README.md compiled 8 pages of 256 tokens a block)."""
+BY_TOKEN = ("decode", "always", "never")
+"""`PallasPagedKernel.by_token`'s choices."""
 INTERPRET_BLOCKS = (4, 16)
 """``(num_kv_pages_per_block, num_queries_per_block)`` off TPU, where the tuned table has no entry."""
 
@@ -97,15 +105,28 @@ class PallasPagedKernel:
         num_queries_per_block: tokens per query block; None: as above.
         vmem_limit_bytes: the kernel's VMEM limit; None: the compiler's default.
         interpret: run in Pallas's TPU interpreter; None: everywhere but on a TPU.
+        by_token: which programs run our token-by-token kernel
+            (`halyard.models.attention.paged_decode_pallas`) instead of JAX's: ``"decode"`` those of at
+            most one token a sequence slot (``T <= S``: the decode steps), ``"always"``, ``"never"``.
+        decode_chunk_keys: the token kernel's online-softmax chunk in keys; None: its ``CHUNK_KEYS``.
     """
 
     num_kv_pages_per_block: int | None = None
     num_queries_per_block: int | None = None
     vmem_limit_bytes: int | None = None
     interpret: bool | None = None
+    by_token: str = "decode"
+    decode_chunk_keys: int | None = None
 
     def __post_init__(self) -> None:
-        for field in ("num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes"):
+        if self.by_token not in BY_TOKEN:
+            raise ValueError(f"PallasPagedKernel.by_token must be one of {BY_TOKEN}, got {self.by_token!r}")
+        for field in (
+            "num_kv_pages_per_block",
+            "num_queries_per_block",
+            "vmem_limit_bytes",
+            "decode_chunk_keys",
+        ):
             value = getattr(self, field)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"PallasPagedKernel.{field} must be a positive int or None, got {value!r}")
@@ -191,14 +212,33 @@ class PallasPagedKernel:
             raise ValueError(f"PallasPagedKernel.attend: {reason}")
         interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
         queries = layout.kernel_queries(query)
+        # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
+        # clip it into this layer's pages (the kernel's DMAs read what the table names)
+        page_indices = layer * pages + jnp.clip(page_table, 0, pages - 1)
+        all_pages = pool.pages.array.reshape(layers * pages, page_size, combined, lanes)
+        if self.by_token == "always" or (self.by_token == "decode" and tokens <= page_table.shape[0]):
+            from halyard.models.attention.paged_decode_pallas import decode_attention
+
+            sequence, position = token_sequences(cu_q_lens, kv_lens, num_seqs, tokens)
+            output = decode_attention(
+                queries,
+                all_pages,
+                page_indices,
+                sequence,
+                position + 1,
+                group=queries.shape[1] // layout.rows,
+                scale=scale,
+                sliding_window=sliding_window,
+                logit_softcap=logit_softcap,
+                interpret=interpret,
+                **({} if self.decode_chunk_keys is None else {"chunk_keys": self.decode_chunk_keys}),
+            )
+            return self._outputs(output, layout, query, cu_q_lens, num_seqs)
         kv_pages_per_block, queries_per_block = self._blocks(
             queries, pool, (page_table.shape[0], page_table.shape[1]), interpret
         )
         padded = _round_up(tokens, queries_per_block)
         queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
-        # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
-        # clip it into this layer's pages (the kernel's DMAs read what the table names)
-        page_indices = layer * pages + jnp.clip(page_table, 0, pages - 1)
         call = dict(
             sm_scale=float(scale),
             sliding_window=sliding_window,
@@ -207,11 +247,7 @@ class PallasPagedKernel:
             num_queries_per_block=queries_per_block,
             vmem_limit_bytes=self.vmem_limit_bytes,
         )
-        arguments = (
-            queries,
-            pool.pages.array.reshape(layers * pages, page_size, combined, lanes),
-            *kernel_sequences(cu_q_lens, kv_lens, page_indices, num_seqs),
-        )
+        arguments = (queries, all_pages, *kernel_sequences(cu_q_lens, kv_lens, page_indices, num_seqs))
         if interpret:
             from halyard.models.attention.pallas_interpret import tpu_interpret_mode
 
@@ -219,8 +255,16 @@ class PallasPagedKernel:
                 output = ragged_paged_attention(*arguments, **call)
         else:
             output = ragged_paged_attention(*arguments, **call)
-        output = layout.model_outputs(output[:tokens], query_heads)
-        # the kernel leaves padding tokens' rows as its buffers held them (NaN in the interpreter)
+        return self._outputs(output[:tokens], layout, query, cu_q_lens, num_seqs)
+
+    @staticmethod
+    def _outputs(
+        output: jax.Array, layout: RowLayout, query: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array
+    ) -> jax.Array:
+        """A kernel's ``[T, rows * group, lanes]`` outputs as the model's ``[T, Hq, d]``, padding tokens 0 (the
+        kernels leave their rows as their buffers held them: NaN in the interpreter)."""
+        tokens, query_heads, _ = query.shape
+        output = layout.model_outputs(output, query_heads)
         real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
         return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
 
