@@ -66,9 +66,9 @@ def bitwise_against_jax(jax, jnp, np, kernel_class) -> dict:
                 slots = jnp.arange(pages * page_size, dtype=jnp.int32)
                 pool = kernel.write(pool, jnp.int32(1), keys, values, slots)
                 layout = (jnp.asarray(table), jnp.arange(rows + 1, dtype=jnp.int32), jnp.asarray(kv_lens))
+                step = kernel.prepare(pool, *layout, jnp.asarray(rows, jnp.int32), tokens=rows)
                 return kernel.attend(
-                    query, pool, jnp.int32(1), *layout, jnp.asarray(rows, jnp.int32), scale=0.125,
-                    sliding_window=None, logit_softcap=None,
+                    query, pool, jnp.int32(1), step, scale=0.125, sliding_window=None, logit_softcap=None
                 )  # fmt: skip
 
             tokens[by_token] = np.asarray(jax.jit(program)(pool, query, keys, values).astype(jnp.float32))

@@ -69,11 +69,14 @@ def measure(kernel: Any, args: argparse.Namespace, page_size: int, context: int)
     settings = dict(scale=args.head_size**-0.5, sliding_window=None, logit_softcap=None)
 
     def step(pool: Any, write: bool) -> tuple[Any, jax.Array]:
+        # once a step, as the engine's layer scan does (`RaggedPagedKernel.prepare`)
+        prepared = kernel.prepare(pool, **batch, tokens=rows)
+
         def layer_call(layer: jax.Array, carry: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
             pool, total = carry
             if write:
                 pool = kernel.write(pool, layer, keys, keys, jnp.asarray(slots))
-            output = kernel.attend(query, pool, layer, **batch, **settings)
+            output = kernel.attend(query, pool, layer, prepared, **settings)
             return pool, total + output[0, 0, 0].astype(jnp.float32)
 
         return jax.lax.fori_loop(0, layers, layer_call, (pool, jnp.float32(0)))

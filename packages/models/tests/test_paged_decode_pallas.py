@@ -60,8 +60,10 @@ def kernels_called(kernel: PallasPagedKernel, tokens: int, seqs: int) -> set[str
     )
 
     def attend(query: jax.Array, pool: object) -> jax.Array:
-        settings = dict(scale=1.0, sliding_window=None, logit_softcap=None)
-        return kernel.attend(query, pool, jnp.int32(0), *batch, jnp.int32(0), **settings)
+        step = kernel.prepare(pool, *batch, jnp.int32(0), tokens=tokens)
+        return kernel.attend(
+            query, pool, jnp.int32(0), step, scale=1.0, sliding_window=None, logit_softcap=None
+        )
 
     program = jax.make_jaxpr(attend)(jnp.zeros((tokens, 4, 64), jnp.float32), pool)
     text = str(program)

@@ -70,9 +70,10 @@ def test_blocked_kernel_matches_dense_attention_over_a_mixed_batch(window, cap):
     @jax.jit
     def step(pool, query, keys, values, batch):
         pool = kernel.write(pool, jnp.int32(1), keys, values, batch.slots)
+        layout = (batch.page_table, batch.cu_q_lens, batch.kv_lens, batch.num_seqs)
+        step = kernel.prepare(pool, *layout, tokens=query.shape[0])
         return kernel.attend(
-            query, pool, jnp.int32(1), batch.page_table, batch.cu_q_lens, batch.kv_lens, batch.num_seqs,
-            scale=0.3, sliding_window=window, logit_softcap=cap,
+            query, pool, jnp.int32(1), step, scale=0.3, sliding_window=window, logit_softcap=cap
         )  # fmt: skip
 
     output = np.asarray(step(pool, query, new_keys, new_values, jax.tree.map(jnp.asarray, batch)))

@@ -61,7 +61,8 @@ BLOCKS = {  # dtype name: (num_kv_pages_per_block, num_queries_per_block)
 
 def run_kernel(kernel, step: RaggedStep, dtype, *, sliding_window, logit_softcap) -> np.ndarray:
     """The step through a kernel's interface: every layer's earlier keys written, then the step's tokens
-    into `STEP_LAYER` (padding slots -1), then one ``attend`` of that layer, all in one program."""
+    into `STEP_LAYER` (padding slots -1), then the step prepared and one ``attend`` of that layer, all in one
+    program."""
     pool = kernel.init_pool(LAYERS, PAGES, step.page_size, step.slot_keys.shape[2], HEAD_SIZE, dtype)
     keys, values = step.step_keys(STEP_LAYER)
 
@@ -77,14 +78,13 @@ def run_kernel(kernel, step: RaggedStep, dtype, *, sliding_window, logit_softcap
             )
         layer = jnp.int32(STEP_LAYER)
         pool = kernel.write(pool, layer, keys, values, jnp.asarray(step.slots))
+        batch = (step.page_table, step.cu_q_lens, step.kv_lens, step.num_seqs)
+        prepared = kernel.prepare(pool, *map(jnp.asarray, batch), tokens=query.shape[0])
         return kernel.attend(
             query,
             pool,
             layer,
-            jnp.asarray(step.page_table),
-            jnp.asarray(step.cu_q_lens),
-            jnp.asarray(step.kv_lens),
-            jnp.asarray(step.num_seqs),
+            prepared,
             scale=SCALE,
             sliding_window=sliding_window,
             logit_softcap=logit_softcap,

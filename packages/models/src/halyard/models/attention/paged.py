@@ -101,29 +101,43 @@ class BlockedPagedKernel:
         )
         return BlockedPool(NamedArray(key_pool, pool.keys.axes), NamedArray(value_pool, pool.values.axes))
 
+    def prepare(
+        self,
+        pool: BlockedPool,
+        page_table: Int[Array, "S J"],
+        cu_q_lens: Int[Array, " S1"],
+        kv_lens: Int[Array, " S"],
+        num_seqs: Int[Array, ""],
+        *,
+        tokens: int,
+    ) -> BlockedStep:
+        """The step's rows (`BlockedStep`): `halyard.models.attention.ragged_paged.RaggedPagedKernel.prepare`."""
+        block = self.query_block
+        sequence, positions = token_sequences(cu_q_lens, kv_lens, num_seqs, tokens)
+        step_start = kv_lens[sequence] - (cu_q_lens[sequence + 1] - cu_q_lens[sequence])
+        # a token is in a block row when its whole aligned block of positions is new in this step
+        block_first = positions - positions % block
+        in_block = (positions >= 0) & (block_first >= step_start) & (block_first + block <= kv_lens[sequence])
+        # single tokens, compacted to the front: [T] token indices (tokens for none)
+        singles = _compacted((positions >= 0) & ~in_block, tokens)
+        # blocks: the first token of each, compacted; a block's tokens follow it in the flat batch
+        firsts = _compacted(in_block & (positions % block == 0), tokens)[: tokens // block]
+        members = jnp.where(firsts[:, None] < tokens, firsts[:, None] + jnp.arange(block), tokens)
+        return BlockedStep(positions, page_table[sequence], singles[:, None], members)
+
     def attend(
         self,
         query: Float[Array, "T Hq d"],
         pool: BlockedPool,
         layer: Int[Array, ""],
-        page_table: Int[Array, "S J"],
-        cu_q_lens: Int[Array, " S1"],
-        kv_lens: Int[Array, " S"],
-        num_seqs: Int[Array, ""],
+        step: BlockedStep,
         *,
         scale: float,
         sliding_window: int | None,
         logit_softcap: float | None,
     ) -> Float[Array, "T Hq d"]:
         """`halyard.models.attention.ragged_paged.RaggedPagedKernel.attend` (see the module docstring)."""
-        num_tokens = query.shape[0]
-        block = self.query_block
-        sequence, positions = token_sequences(cu_q_lens, kv_lens, num_seqs, num_tokens)
-        step_start = kv_lens[sequence] - (cu_q_lens[sequence + 1] - cu_q_lens[sequence])
-        # a token is in a block row when its whole aligned block of positions is new in this step
-        block_first = positions - positions % block
-        in_block = (positions >= 0) & (block_first >= step_start) & (block_first + block <= kv_lens[sequence])
-        rows = _Rows(query, positions, page_table[sequence], pool, layer)
+        rows = _Rows(query, step.positions, step.tables, pool, layer)
         static = Static(
             causal=True,
             sliding_window=sliding_window,
@@ -132,15 +146,25 @@ class BlockedPagedKernel:
             logit_softcap=logit_softcap,
         )
         output = jnp.zeros(query.shape, jnp.float32)
-        # single tokens, compacted to the front: [T] token indices (num_tokens for none)
-        single = (positions >= 0) & ~in_block
-        singles = _compacted(single, num_tokens)
-        output = rows.attend(static, singles[:, None], self.group_rows, output)
-        # blocks: the first token of each, compacted; a block's tokens follow it in the flat batch
-        firsts = _compacted(in_block & (positions % block == 0), num_tokens)[: num_tokens // block]
-        members = jnp.where(firsts[:, None] < num_tokens, firsts[:, None] + jnp.arange(block), num_tokens)
-        output = rows.attend(static, members, self.group_blocks, output)
+        output = rows.attend(static, step.singles, self.group_rows, output)
+        output = rows.attend(static, step.blocks, self.group_blocks, output)
         return output.astype(query.dtype)
+
+
+class BlockedStep(NamedTuple):
+    """A step's rows as the ``blocked`` kernel reads them (`BlockedPagedKernel.prepare`).
+
+    Attributes:
+        positions: ``[T]`` each token's position (-1: padding).
+        tables: ``[T, J]`` each token's sequence's pages.
+        singles: ``[T, 1]`` the single-token rows' tokens, compacted to the front (``T``: none).
+        blocks: ``[T // query_block, query_block]`` the block rows' tokens (``T``: none).
+    """
+
+    positions: jax.Array
+    tables: jax.Array
+    singles: jax.Array
+    blocks: jax.Array
 
 
 def _compacted(chosen: jax.Array, fill: int) -> jax.Array:

@@ -22,7 +22,7 @@ Off TPU it runs in Pallas's TPU interpreter (`halyard.models.attention.pallas_in
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,22 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 """A masked logit (JAX's kernel's value: finite, so a row of masked logits stays finite)."""
 SCOPED_VMEM_BYTES = 16 * 2**20
 """The compiler's default VMEM limit for a kernel; more is asked for only when the buffers need it."""
+
+
+class TokenStep(NamedTuple):
+    """A step as `decode_attention` reads it (`halyard.models.attention.ragged_paged_pallas.PallasPagedKernel.prepare`).
+
+    Attributes:
+        sequence: ``[T]`` each token's sequence slot.
+        keys: ``[T]`` each token's visible keys (its position + 1; 0 for padding).
+        table: ``[S, J]`` the page table, clipped into one layer's pages.
+        real: ``[T]`` which tokens are not padding.
+    """
+
+    sequence: jax.Array
+    keys: jax.Array
+    table: jax.Array
+    real: jax.Array
 
 
 def chunk_pages(chunk_keys: int, page_size: int, table_width: int) -> int:

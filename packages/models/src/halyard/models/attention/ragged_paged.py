@@ -17,9 +17,10 @@ One padding convention, everywhere: the tokens of a step come first, padding aft
 whatever the kernel gives (callers ignore it); a padding sequence slot (``s >= num_seqs``) has ``q_len 0``
 (its ``cu_q_lens`` entries repeat the last real one) and ``kv_len 0``.
 
-Within a layer the engine first stores the step's new keys and values (`RaggedPagedKernel.write`, into the
-donated pool: in place), then attends (`RaggedPagedKernel.attend`), so the kernel reads every key from the
-pool, the new ones too. The kernels: ``blocked`` (`halyard.models.attention.paged.BlockedPagedKernel`, any
+Once per step, outside the layer scan, the kernel turns the layout into what it reads
+(`RaggedPagedKernel.prepare`). Within a layer the engine first stores the step's new keys and values
+(`RaggedPagedKernel.write`, into the donated pool: in place), then attends (`RaggedPagedKernel.attend`), so the
+kernel reads every key from the pool, the new ones too. The kernels: ``blocked`` (`halyard.models.attention.paged.BlockedPagedKernel`, any
 backend: the training kernel's block arithmetic, page by page) and ``pallas`` (TPU: the class
 ``PallasPagedKernel`` of ``halyard.models.attention.ragged_paged_pallas``, constructible without
 arguments); `halyard.models.attention.dispatch.paged_kernel` picks one.
@@ -83,15 +84,35 @@ class RaggedPagedKernel(Protocol):
         """
         ...
 
+    def prepare(
+        self,
+        pool: Any,
+        page_table: Int[Array, "S J"],
+        cu_q_lens: Int[Array, " S1"],
+        kv_lens: Int[Array, " S"],
+        num_seqs: Int[Array, ""],
+        *,
+        tokens: int,
+    ) -> Any:
+        """What `attend` reads of the step's layout, in this kernel's form: computed once per step, outside the
+        layer scan (every layer attends the same step), so no layer repeats it.
+
+        Args:
+            pool: the pool (for its sizes).
+            page_table, cu_q_lens, kv_lens, num_seqs: the batch's layout (module docstring).
+            tokens: the step's ``T``.
+
+        Returns:
+            A pytree of arrays.
+        """
+        ...
+
     def attend(
         self,
         query: Float[Array, "T Hq d"],
         pool: Any,
         layer: Int[Array, ""],
-        page_table: Int[Array, "S J"],
-        cu_q_lens: Int[Array, " S1"],
-        kv_lens: Int[Array, " S"],
-        num_seqs: Int[Array, ""],
+        step: Any,
         *,
         scale: float,
         sliding_window: int | None,
@@ -104,7 +125,7 @@ class RaggedPagedKernel(Protocol):
             query: the step's queries (already rotated).
             pool: as `write` left it.
             layer: the layer's index (traced).
-            page_table, cu_q_lens, kv_lens, num_seqs: the batch's layout (module docstring).
+            step: the step's layout as `prepare` gave it.
             scale: the logit multiplier.
             sliding_window: a query at ``p`` sees keys ``> p - window``; None: all before it.
             logit_softcap: ``cap * tanh(logits / cap)`` before the mask, or None.

@@ -36,13 +36,14 @@ exact, slow, for tests).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from halyard.models.attention.paged_decode_pallas import TokenStep, decode_attention
 from halyard.models.attention.pallas_paged_layout import RowLayout
 from halyard.models.attention.ragged_paged import token_sequences
 from halyard.named import Axis, NamedArray
@@ -172,15 +173,34 @@ class PallasPagedKernel:
         table = table.at[flat].set(rows.astype(table.dtype), mode="drop")
         return PallasPool(NamedArray(table.reshape(pool.pages.array.shape), pool.pages.axes), layout)
 
+    def prepare(
+        self,
+        pool: PallasPool,
+        page_table: Int[Array, "S J"],
+        cu_q_lens: Int[Array, " S1"],
+        kv_lens: Int[Array, " S"],
+        num_seqs: Int[Array, ""],
+        *,
+        tokens: int,
+    ) -> TokenStep | SequenceStep:
+        """The step as the kernel that runs it reads it (`halyard.models.attention.ragged_paged.RaggedPagedKernel
+        .prepare`): for our token kernel each token's sequence and visible keys (`TokenStep`), for JAX's the
+        sequences it is given (`SequenceStep`, `kernel_sequences`); page-table entries clipped into one layer's
+        pages (an entry past a sequence's keys may be any page, and the kernels' copies read what it names)."""
+        pages = pool.pages.array.shape[1]
+        table = jnp.clip(page_table, 0, pages - 1).astype(jnp.int32)
+        real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
+        if self.by_token == "always" or (self.by_token == "decode" and tokens <= page_table.shape[0]):
+            sequence, position = token_sequences(cu_q_lens, kv_lens, num_seqs, tokens)
+            return TokenStep(sequence, position + 1, table, real)
+        return SequenceStep(*kernel_sequences(cu_q_lens, kv_lens, table, num_seqs), real)
+
     def attend(
         self,
         query: Float[Array, "T Hq d"],
         pool: PallasPool,
         layer: Int[Array, ""],
-        page_table: Int[Array, "S J"],
-        cu_q_lens: Int[Array, " S1"],
-        kv_lens: Int[Array, " S"],
-        num_seqs: Int[Array, ""],
+        step: TokenStep | SequenceStep,
         *,
         scale: float,
         sliding_window: int | None,
@@ -193,49 +213,26 @@ class PallasPagedKernel:
             ValueError: shapes the kernel cannot run (`pallas_unsupported_reason`), a query whose dtype or
                 head size is not the pool's, or a ``sliding_window`` / ``logit_softcap`` that is not positive.
         """
-        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
-
+        _check_call(query, pool, sliding_window, logit_softcap)
         layers, pages, page_size, combined, lanes = pool.pages.array.shape
-        layout, pages_dtype = pool.layout, pool.pages.dtype
-        tokens, query_heads, head_size = query.shape
-        reason = pallas_unsupported_reason(query_heads, layout.kv_heads, pages_dtype)
-        if reason is None and (query.dtype, head_size) != (pages_dtype, layout.head_size):
-            reason = (
-                f"queries are {query.dtype} of head size {head_size} and the pool {pages_dtype} of "
-                f"{layout.head_size}: the kernel takes one dtype and head size"
-            )
-        if reason is None and sliding_window is not None and sliding_window < 1:
-            reason = f"sliding_window must be a positive number of keys, got {sliding_window}"
-        if reason is None and logit_softcap is not None and not logit_softcap > 0:
-            reason = f"logit_softcap must be positive, got {logit_softcap}"
-        if reason is not None:
-            raise ValueError(f"PallasPagedKernel.attend: {reason}")
+        layout, tokens = pool.layout, query.shape[0]
         interpret = jax.default_backend() != "tpu" if self.interpret is None else self.interpret
         queries = layout.kernel_queries(query)
-        # every layer's pages as one table; a page-table entry past a sequence's keys may be any page, so
-        # clip it into this layer's pages (the kernel's DMAs read what the table names)
-        page_indices = layer * pages + jnp.clip(page_table, 0, pages - 1)
+        # every layer's pages as one table: this layer's are layer * pages ...
+        page_indices = layer * pages + step.table
         all_pages = pool.pages.array.reshape(layers * pages, page_size, combined, lanes)
-        if self.by_token == "always" or (self.by_token == "decode" and tokens <= page_table.shape[0]):
-            from halyard.models.attention.paged_decode_pallas import decode_attention
-
-            sequence, position = token_sequences(cu_q_lens, kv_lens, num_seqs, tokens)
+        if isinstance(step, TokenStep):
+            chunk = {} if self.decode_chunk_keys is None else {"chunk_keys": self.decode_chunk_keys}
+            group = queries.shape[1] // layout.rows
             output = decode_attention(
-                queries,
-                all_pages,
-                page_indices,
-                sequence,
-                position + 1,
-                group=queries.shape[1] // layout.rows,
-                scale=scale,
-                sliding_window=sliding_window,
-                logit_softcap=logit_softcap,
-                interpret=interpret,
-                **({} if self.decode_chunk_keys is None else {"chunk_keys": self.decode_chunk_keys}),
-            )
-            return self._outputs(output, layout, query, cu_q_lens, num_seqs)
+                queries, all_pages, page_indices, step.sequence, step.keys, group=group, scale=scale,
+                sliding_window=sliding_window, logit_softcap=logit_softcap, interpret=interpret, **chunk,
+            )  # fmt: skip
+            return _outputs(output, layout, query, step.real)
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
         kv_pages_per_block, queries_per_block = self._blocks(
-            queries, pool, (page_table.shape[0], page_table.shape[1]), interpret
+            queries, pool, (step.table.shape[0], step.table.shape[1]), interpret
         )
         padded = _round_up(tokens, queries_per_block)
         queries = jnp.pad(queries, ((0, padded - tokens), (0, 0), (0, 0)))
@@ -247,7 +244,7 @@ class PallasPagedKernel:
             num_queries_per_block=queries_per_block,
             vmem_limit_bytes=self.vmem_limit_bytes,
         )
-        arguments = (queries, all_pages, *kernel_sequences(cu_q_lens, kv_lens, page_indices, num_seqs))
+        arguments = (queries, all_pages, step.kv_lens, page_indices, step.cu_q_lens, step.num_seqs)
         if interpret:
             from halyard.models.attention.pallas_interpret import tpu_interpret_mode
 
@@ -255,18 +252,7 @@ class PallasPagedKernel:
                 output = ragged_paged_attention(*arguments, **call)
         else:
             output = ragged_paged_attention(*arguments, **call)
-        return self._outputs(output[:tokens], layout, query, cu_q_lens, num_seqs)
-
-    @staticmethod
-    def _outputs(
-        output: jax.Array, layout: RowLayout, query: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array
-    ) -> jax.Array:
-        """A kernel's ``[T, rows * group, lanes]`` outputs as the model's ``[T, Hq, d]``, padding tokens 0 (the
-        kernels leave their rows as their buffers held them: NaN in the interpreter)."""
-        tokens, query_heads, _ = query.shape
-        output = layout.model_outputs(output, query_heads)
-        real = jnp.arange(tokens) < cu_q_lens[jnp.reshape(num_seqs, ())]
-        return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
+        return _outputs(output[:tokens], layout, query, step.real)
 
     def _blocks(
         self, queries: jax.Array, pool: PallasPool, table_shape: tuple[int, int], interpret: bool
@@ -310,6 +296,49 @@ class PallasPagedKernel:
             pages_per_seq,
         )
         return min(tuned[0], kv_pages_in_vmem(page_size, combined, lanes, dtype, budget)), tuned[1]
+
+
+class SequenceStep(NamedTuple):
+    """A step as JAX's kernel is given it (`kernel_sequences`; `PallasPagedKernel.prepare`).
+
+    Attributes:
+        kv_lens, table, cu_q_lens, num_seqs: the sequences with tokens first (``table`` clipped into one
+            layer's pages).
+        real: ``[T]`` which tokens are not padding.
+    """
+
+    kv_lens: jax.Array
+    table: jax.Array
+    cu_q_lens: jax.Array
+    num_seqs: jax.Array
+    real: jax.Array
+
+
+def _check_call(
+    query: jax.Array, pool: PallasPool, sliding_window: int | None, logit_softcap: float | None
+) -> None:
+    """`PallasPagedKernel.attend`'s one-line refusals (its docstring's Raises)."""
+    layout, pages_dtype = pool.layout, pool.pages.dtype
+    _, query_heads, head_size = query.shape
+    reason = pallas_unsupported_reason(query_heads, layout.kv_heads, pages_dtype)
+    if reason is None and (query.dtype, head_size) != (pages_dtype, layout.head_size):
+        reason = (
+            f"queries are {query.dtype} of head size {head_size} and the pool {pages_dtype} of "
+            f"{layout.head_size}: the kernel takes one dtype and head size"
+        )
+    if reason is None and sliding_window is not None and sliding_window < 1:
+        reason = f"sliding_window must be a positive number of keys, got {sliding_window}"
+    if reason is None and logit_softcap is not None and not logit_softcap > 0:
+        reason = f"logit_softcap must be positive, got {logit_softcap}"
+    if reason is not None:
+        raise ValueError(f"PallasPagedKernel.attend: {reason}")
+
+
+def _outputs(output: jax.Array, layout: RowLayout, query: jax.Array, real: jax.Array) -> jax.Array:
+    """A kernel's ``[T, rows * group, lanes]`` outputs as the model's ``[T, Hq, d]``, padding tokens 0 (the
+    kernels leave their rows as their buffers held them: NaN in the interpreter)."""
+    output = layout.model_outputs(output, query.shape[1])
+    return jnp.where(real[:, None, None], output, 0).astype(query.dtype)
 
 
 def decode_blocks(tokens: int, sequences: int, pages_per_seq: int, fit_pages: int) -> tuple[int, int] | None:

@@ -70,11 +70,21 @@ class PagedKV(eqx.Module):
 
     def for_layer_scan(self) -> PagedLayer:
         """What every layer of the scan takes besides the pool (which travels in the carry): the kernel, the
-        step's layout and the layer's index (an array along ``layers``: the scan slices it)."""
-        if self.batch is None:
+        step's layout, what the kernel reads of it (`RaggedPagedKernel.prepare`, computed here, once a step)
+        and the layer's index (an array along ``layers``: the scan slices it)."""
+        batch = self.batch
+        if batch is None:
             raise ValueError("PagedKV: no step is set; call for_step(batch) first")
         layers = jnp.arange(_num_layers(self.pool), dtype=jnp.int32)
-        return PagedLayer(self.kernel, self.batch, NamedArray(layers, (Axis("layers", layers.shape[0]),)))
+        step = self.kernel.prepare(
+            self.pool,
+            batch.page_table,
+            batch.cu_q_lens,
+            batch.kv_lens,
+            batch.num_seqs,
+            tokens=batch.slots.shape[0],
+        )
+        return PagedLayer(self.kernel, batch, step, NamedArray(layers, (Axis("layers", layers.shape[0]),)))
 
 
 def _num_layers(pool: Any) -> int:
@@ -88,11 +98,13 @@ class PagedLayer(eqx.Module):
     Attributes:
         kernel: the ragged paged kernel (static).
         batch: the step's layout.
+        step: what the kernel reads of it (`RaggedPagedKernel.prepare`).
         layer: int32, ``(layers,)`` outside the scan and a scalar inside (this layer's index).
     """
 
     kernel: RaggedPagedKernel = eqx.field(static=True)
     batch: RaggedBatch
+    step: Any
     layer: NamedArray
 
     def attend(
@@ -126,10 +138,7 @@ class PagedLayer(eqx.Module):
             ordered.array,
             pool,
             layer,
-            batch.page_table,
-            batch.cu_q_lens,
-            batch.kv_lens,
-            batch.num_seqs,
+            self.step,
             scale=scale,
             sliding_window=sliding_window,
             logit_softcap=logit_softcap,
