@@ -7,6 +7,12 @@ accelerator's runtime starting: `jax.devices()`), ``load`` (the Hugging Face fol
 ``--compilation-cache``), ``first_request`` (one completion of ``--new-tokens`` tokens, greedy: its programs
 compiled or loaded from the cache), ``second_request``. Run twice, ``cold`` (an empty cache) and ``warm``.
 
+Then ``overlapped``, a third start with the warm cache made as ``halyard serve --hf`` makes it: ``import_jax``,
+then JAX's backend starting in a thread (`halyard.serve.server.backend.start_backend`) while ``import_rest``
+(the server, the checkpoint readers) and ``load`` (the folder read into host memory, the wait for the backend,
+the weights put on the device) run, then ``engine``, ``first_request`` and ``second_request``. Every start
+reports ``to_first_answer``: its seconds from the first import to the first completion.
+
 Usage::
 
     python benchmarks/serve_start_phases.py --size tpu --work /tmp/phases     # on the TPU
@@ -23,14 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "serve_start_phases.json"
 
 
-def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
-    """One start's phases (this process must not have started JAX)."""
+def timer() -> tuple[dict[str, float], Callable[[str], None]]:
+    """``(seconds, done)``: ``done(name)`` records the seconds since the last call (or since this one)."""
     seconds: dict[str, float] = {}
     mark = time.perf_counter()
 
@@ -39,9 +46,17 @@ def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
         now = time.perf_counter()
         seconds[name], mark = now - mark, now
 
+    return seconds, done
+
+
+def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
+    """One start's phases, one after the other (this process must not have started JAX)."""
+    seconds, done = timer()
     import jax
 
-    from halyard.serve import Engine, EngineConfig, SamplingParams
+    import halyard.serve.server.app
+    import halyard.serve.server.cli  # noqa: F401 (what the command imports: FastAPI, uvicorn)
+    from halyard.serve import Engine, EngineConfig
     from halyard.serve.server import load_hf_folder
 
     done("import")
@@ -52,10 +67,45 @@ def phases(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
     done("load")
     engine = Engine(served.model, EngineConfig(compilation_cache=str(cache)))
     done("engine")
+    return requests(engine, new_tokens, seconds, done)
+
+
+def overlapped(folder: Path, cache: Path, new_tokens: int) -> dict[str, float]:
+    """One start as ``halyard serve --hf`` makes it: the backend starting while the rest is imported and the
+    folder read (this process must not have started JAX)."""
+    seconds, done = timer()
+    import jax
+
+    from halyard.serve.server.backend import start_backend
+
+    done("import_jax")
+    start_backend()
+    import halyard.serve.server.app
+    import halyard.serve.server.cli  # noqa: F401 (what the command imports: FastAPI, uvicorn)
+    from halyard.serve import Engine, EngineConfig
+    from halyard.serve.server import load_hf_folder
+
+    done("import_rest")
+    served = load_hf_folder(folder)  # waits for the backend once the folder is in host memory
+    jax.block_until_ready(served.model)
+    done("load")
+    engine = Engine(served.model, EngineConfig(compilation_cache=str(cache)))
+    done("engine")
+    return requests(engine, new_tokens, seconds, done)
+
+
+def requests(
+    engine: Any, new_tokens: int, seconds: dict[str, float], done: Callable[[str], None]
+) -> dict[str, float]:
+    """Time two greedy completions of ``new_tokens`` tokens on ``engine``; ``seconds`` with them, the seconds to
+    the first answer (``to_first_answer``) and the programs compiled."""
+    from halyard.serve import SamplingParams
+
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for name in ("first_request", "second_request"):
         engine.generate([list(range(3, 103))], params)
         done(name)
+    seconds["to_first_answer"] = sum(v for k, v in seconds.items() if k != "second_request")
     seconds["programs_compiled"] = engine.stats.programs_compiled
     return seconds
 
@@ -66,10 +116,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--work", type=Path, default=None, help="the model folder and the cache")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--child", nargs=2, metavar=("FOLDER", "CACHE"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("FOLDER", "CACHE", "START"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(phases(Path(args.child[0]), Path(args.child[1]), args.new_tokens)))
+        start = overlapped if args.child[2] == "overlapped" else phases
+        print(json.dumps(start(Path(args.child[0]), Path(args.child[1]), args.new_tokens)))
         return {}
     work = args.work or Path(tempfile.mkdtemp(prefix="serve_phases_"))
     folder = work / f"model-{args.size}"
@@ -78,8 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check=True, cwd=Path(__file__).parent,
     )  # fmt: skip
     results: dict[str, Any] = {"size": args.size, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    for start in ("cold", "warm"):
-        child = [sys.executable, __file__, "--child", str(folder), str(work / "cache")]
+    for start in ("cold", "warm", "overlapped"):
+        child = [sys.executable, __file__, "--child", str(folder), str(work / "cache"), start]
         done = subprocess.run([*child, "--new-tokens", str(args.new_tokens)], capture_output=True, text=True)
         if done.returncode != 0:
             results[start] = {"error": done.stderr[-2000:]}

@@ -171,6 +171,8 @@ LAZY_HALYARD = {
     "halyard.train.trainer.harness_eval": "halyard.train.harness imports lm_eval, an optional install",
     "halyard.train.commands.evaluate": "halyard.train.harness imports lm_eval, an optional install",
     "halyard.train.checkpoint.preemption": "`train` installs the Ctrl-C / SIGTERM handler before jax is imported",
+    "halyard.train.commands.serve": "`halyard serve` starts JAX's backend, then imports the server and the "
+    "checkpoint readers while it starts (issue 53)",
 }
 """Modules of halyard-train that may import Halyard modules inside a function, and why."""
 

@@ -201,9 +201,10 @@ def import_hf(
     """Load a Hugging Face causal-LM folder of any family with a Hugging Face spec
     (`halyard.models.hf.hf_families`: GPT-2, Llama, Mistral, Qwen2, Mixtral, ...) as a Halyard model.
 
-    Without ``layout``/``mesh`` the parameters are ordinary arrays on the default device. With both, each
-    parameter is created directly in ``layout``'s sharding: every device's block is read from the
-    memory-mapped file on its own (``jax.make_array_from_callback``), so the host never holds more than
+    Without ``layout``/``mesh`` the parameters are ordinary arrays on the default device: every tensor is
+    read into host memory first (`read_hf_to_host`), then all are put on the device in one ``jax.device_put``.
+    With both, each parameter is created directly in ``layout``'s sharding: every device's block is read from
+    the memory-mapped file on its own (``jax.make_array_from_callback``), so the host never holds more than
     one tensor's block at a time. When the layout splits a ``vocab`` dimension that the mesh does not
     divide, the vocabulary is padded with zero rows up to ``halyard.shard.pad_for(vocab, "vocab", mesh,
     layout)``: the returned config then has the padded ``vocab_size`` (the padded ids get logit 0; they
@@ -236,35 +237,90 @@ def import_hf(
     """
     if (layout is None) != (mesh is None):
         raise ValueError("import_hf needs both layout and mesh to shard the model (or neither)")
+    if layout is None or mesh is None:
+        config, host_model = read_hf_to_host(
+            folder, dtype=dtype, allow_pickle=allow_pickle, config_overrides=config_overrides, strict=strict
+        )
+        # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
+        return config, jax.device_put(host_model)
+    reading = _plan_reading(folder, dtype, allow_pickle, config_overrides, strict, sharding=(layout, mesh))
+    shardings = dict(named_leaves(layout.shardings(reading.abstract, mesh))[0])
+    new_leaves = []
+    for (path, leaf), plan in zip(named_leaves(reading.abstract)[0], reading.plans):
+        read = _block_reader(plan, reading.source, reading.numpy_dtype)
+        shape = tuple(axis.size for axis in leaf.axes)
+        array = jax.make_array_from_callback(shape, shardings[path].array, read)
+        new_leaves.append(NamedArray(array, leaf.axes))
+    return reading.config, jax.tree_util.tree_unflatten(reading.treedef, new_leaves)
+
+
+def read_hf_to_host(
+    folder: str | Path,
+    *,
+    dtype: str | None = None,
+    allow_pickle: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
+    strict: bool = False,
+) -> tuple[ModelConfig, CausalLM]:
+    """A Hugging Face folder's model with numpy arrays (host memory) as its parameters: `import_hf` without
+    a device. Nothing here starts JAX's backend, so the accelerator's runtime can start in another thread
+    meanwhile (``halyard serve`` does); ``jax.device_put(model)`` then puts every parameter on the device.
+
+    Args:
+        folder, dtype, allow_pickle, config_overrides, strict: as `import_hf`'s.
+
+    Returns:
+        ``(config, model)``; the model's arrays are numpy arrays of ``config.param_dtype``.
+
+    Raises:
+        As `import_hf`.
+    """
+    reading = _plan_reading(folder, dtype, allow_pickle, config_overrides, strict, sharding=None)
+    new_leaves = []
+    for (_, leaf), plan in zip(named_leaves(reading.abstract)[0], reading.plans):
+        array = _block_reader(plan, reading.source, reading.numpy_dtype)(None)
+        new_leaves.append(NamedArray(array, leaf.axes))
+    return reading.config, jax.tree_util.tree_unflatten(reading.treedef, new_leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reading:
+    """What reading a folder's weights needs: its config, its tensors, each parameter's plan."""
+
+    config: ModelConfig
+    source: WeightSource
+    abstract: CausalLM
+    treedef: Any
+    plans: list[LeafPlan]
+    numpy_dtype: np.dtype
+
+
+def _plan_reading(
+    folder: str | Path,
+    dtype: str | None,
+    allow_pickle: bool,
+    config_overrides: Mapping[str, Any] | None,
+    strict: bool,
+    sharding: tuple[Layout, jax.sharding.Mesh] | None,
+) -> _Reading:
+    """The config, the weights' source and every parameter's plan, the tensors checked against them (no
+    tensor is read; with ``sharding`` None no JAX backend is started either)."""
     folder = Path(folder)
     overrides = dict(config_overrides or {})
     if dtype is not None:
         overrides["param_dtype"] = dtype
     config, info = read_hf_config(folder, overrides=overrides, strict=strict)
     source = open_weights(folder, allow_pickle=allow_pickle)
-    if layout is not None and mesh is not None:
-        vocab_size = _vocab_for_mesh(config, info.vocab_size, layout, mesh)
+    if sharding is not None:
+        vocab_size = _vocab_for_mesh(config, info.vocab_size, *sharding)
         if vocab_size != config.vocab_size:  # type: ignore[attr-defined]
             config = config.replace(vocab_size=vocab_size)
-    abstract = eqx.filter_eval_shape(config.init, jax.random.key(0))
+    # The key is made inside the trace: a concrete key would start JAX's backend.
+    abstract = eqx.filter_eval_shape(lambda: config.init(jax.random.key(0)))
     spec = hf_family(config)
     mappings = spec.checkpoint_mappings(config, set(source.keys()))
     plans = leaf_plans(abstract, mappings, info.vocab_size)
     _check_tensors(source, plans, config, spec)
-
+    treedef = named_leaves(abstract)[1]
     numpy_dtype = np.dtype(jnp.dtype(config.param_dtype))
-    leaves, treedef = named_leaves(abstract)
-    shardings = None
-    if layout is not None and mesh is not None:
-        shardings = dict(named_leaves(layout.shardings(abstract, mesh))[0])
-    new_leaves = []
-    for (path, leaf), plan in zip(leaves, plans):
-        read = _block_reader(plan, source, numpy_dtype)
-        shape = tuple(axis.size for axis in leaf.axes)
-        if shardings is None:
-            # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
-            array = jax.device_put(read(tuple(slice(None) for _ in shape)))
-        else:
-            array = jax.make_array_from_callback(shape, shardings[path].array, read)
-        new_leaves.append(NamedArray(array, leaf.axes))
-    return config, jax.tree_util.tree_unflatten(treedef, new_leaves)
+    return _Reading(config, source, abstract, treedef, plans, numpy_dtype)

@@ -10,199 +10,28 @@ once. Bad options print one line ``error: ...`` and exit with code 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-import os
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from halyard.data import DataInputError
-from halyard.export import HfConversionError
-from halyard.named.nn import UNFUSED_FLAG, unfuse_multiply_add
-from halyard.serve.config import EngineConfig
-from halyard.serve.server.app import create_app
-from halyard.serve.server.loading import SERVE_DTYPES, ServedModel, load_hf_folder
-from halyard.serve.server.placement import OptionError
+from halyard.serve.server.backend import start_backend
+from halyard.serve.server.options import (
+    OptionError,
+    add_server_arguments,
+    as_options,
+    chat_template_of,
+    engine_config_of,
+)
 
-API_KEY_VARIABLE = "HALYARD_SERVE_API_KEY"
-"""The environment variable ``--api-key`` defaults to (a key in the environment stays out of ``ps``)."""
-
-ENGINE_OPTIONS = (
-    "page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows", "deterministic_rows",
-    "max_n", "compile_threads",
-)  # fmt: skip
+if TYPE_CHECKING:
+    from halyard.serve.server.loading import ServedModel
 
 logger = logging.getLogger("halyard.serve.server")
-
-
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the engine's and the server's options (everything but where the model comes from)."""
-    defaults = EngineConfig()
-    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    engine = parser.add_argument_group("engine")
-    helps = {
-        "page_size": "tokens per KV page",
-        "num_pages": "KV pages in the pool (KV memory: num-pages * page-size tokens of every layer)",
-        "max_context": "the longest sequence, prompt plus completion (default: the model's positions, else 4096)",
-        "max_running": "the most sequences decoding at once (rows of the decoding program)",
-        "chunk_size": "the most prompt tokens a sequence is fed per step (chunked prefill)",
-        "max_prefill_rows": "the most sequences prefilled in one step",
-        "deterministic_rows": "with --deterministic: the most rows of one step program (default: --max-running, "
-        "one program a step; fewer split a step into several)",
-        "max_n": "the most samples (n) one request may ask for, over all its prompts; a request's samples must "
-        "also fit the pool together",
-        "compile_threads": "with --warmup: step programs compiled at once (default: the machine's cores)",
-    }
-    for name in ENGINE_OPTIONS:
-        default = getattr(defaults, name)
-        engine.add_argument(
-            "--" + name.replace("_", "-"),
-            type=int,
-            default=default,
-            help=f"{helps[name]} (default: {default})" if fields[name].default is not None else helps[name],
-        )
-    engine.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="a request's tokens and log-probs are bitwise the same whatever runs beside it: programs of at "
-        "most --deterministic-rows decoding rows (fewer only where a probe showed the same bits), one "
-        "prefilling sequence each",
-    )
-    engine.add_argument(
-        "--training-arithmetic",
-        action="store_true",
-        help="--deterministic, computing with the training step's batch-invariant arithmetic in a process "
-        "without fused multiply-adds: log-probs equal a GRPO trainer's bit for bit (costs more)",
-    )
-    engine.add_argument(
-        "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
-    )
-    engine.add_argument(
-        "--warmup",
-        action="store_true",
-        help="compile every step program before serving, with a progress line per shape, so that no "
-        "request waits for a compile",
-    )
-    engine.add_argument(
-        "--warmup-logprobs",
-        action="store_true",
-        help="with --warmup, also compile the programs of requests asking for top log-prob alternatives or "
-        "prompt log-probs (four times the programs)",
-    )
-    engine.add_argument(
-        "--compilation-cache",
-        metavar="DIR",
-        default=None,
-        help="keep compiled programs in JAX's persistent compilation cache in DIR: a second start loads "
-        "them (default: none, unless JAX_COMPILATION_CACHE_DIR is set)",
-    )
-    engine.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help="copies of the engine, each on its own --tensor devices; a request goes to the least busy "
-        "(data parallel, for throughput) (default: 1)",
-    )
-    engine.add_argument(
-        "--tensor",
-        type=int,
-        default=1,
-        help="split the model over this many devices, tensor parallel: heads, kv heads, MLP and vocabulary "
-        "(and the KV pages on kv heads) (default: 1)",
-    )
-    engine.add_argument(
-        "--seed", type=int, default=defaults.seed, help="draws the seeds of requests that give none"
-    )
-    engine.add_argument(
-        "--dtype",
-        choices=SERVE_DTYPES,
-        default="auto",
-        help="the weights' dtype in memory (default: auto, the dtype the checkpoint is stored in: config.json's "
-        "dtype / torch_dtype for a folder, the trained parameters' for a run; float32 when it names none)",
-    )
-    server = parser.add_argument_group("server")
-    server.add_argument(
-        "--model-name", help="the name /v1/models lists and requests give (default: the folder's)"
-    )
-    server.add_argument("--chat-template", help="a Jinja file replacing the tokenizer's chat template")
-    server.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
-    server.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
-    server.add_argument(
-        "--uds",
-        metavar="PATH",
-        default=None,
-        help="listen on this unix socket instead of --host and --port (a machine that allows no TCP socket)",
-    )
-    server.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_VARIABLE),
-        help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_VARIABLE}, else none)",
-    )
-    server.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=5.0,
-        help="seconds running requests get to finish after Ctrl-C or SIGTERM (default: 5)",
-    )
-    server.add_argument("--log-level", default="info", help="uvicorn's log level (default: info)")
-
-
-def engine_config_of(args: argparse.Namespace) -> EngineConfig:
-    """The `EngineConfig` of parsed options. With ``--training-arithmetic`` it also asks XLA for no fused
-    multiply-adds (`halyard.named.nn.unfuse_multiply_add`): the commands call it before JAX starts.
-
-    Raises:
-        OptionError: an option out of range (named as on the command line).
-    """
-    values = {name: getattr(args, name) for name in ENGINE_OPTIONS}
-    try:
-        config = EngineConfig(
-            **values,
-            deterministic=args.deterministic or args.training_arithmetic,
-            training_arithmetic=args.training_arithmetic,
-            prefix_cache=not args.no_prefix_cache,
-            seed=args.seed,
-            warmup=args.warmup,
-            warmup_logprobs=args.warmup_logprobs,
-            compilation_cache=args.compilation_cache,
-        )
-    except ValueError as error:
-        raise OptionError(as_options(str(error))) from None
-    if config.training_arithmetic and not unfuse_multiply_add():
-        logger.warning(
-            "--training-arithmetic: XLA already started with fused multiply-adds (or this is no x86 CPU): "
-            "log-probs agree with the trainer's to rounding only; start the process with XLA_FLAGS=%s",
-            UNFUSED_FLAG,
-        )
-    return config
-
-
-def as_options(message: str) -> str:
-    """An `EngineConfig` message with its fields named as command-line options (``--num-pages``)."""
-    pattern = r"\b(?:EngineConfig\.)?(" + "|".join(ENGINE_OPTIONS) + r")\b"
-    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
-
-
-def chat_template_of(args: argparse.Namespace) -> str | None:
-    """The text of ``--chat-template`` (None when not given).
-
-    Raises:
-        OptionError: the file cannot be read.
-    """
-    if args.chat_template is None:
-        return None
-    try:
-        return Path(args.chat_template).read_text(encoding="utf-8")
-    except OSError as error:
-        raise OptionError(
-            f"--chat-template {args.chat_template}: cannot be read ({error.strerror})"
-        ) from None
 
 
 def run_server(served: ServedModel, args: argparse.Namespace) -> int:
@@ -218,6 +47,8 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
     Raises:
         OptionError: the engine options do not fit the model.
     """
+    from halyard.serve.server.app import create_app  # FastAPI: imported while the backend starts (`main`)
+
     logging.basicConfig(format="%(levelname)s:     %(message)s")
     logging.getLogger("halyard.serve.warmup").setLevel(logging.INFO)  # --warmup's progress lines
     config = engine_config_of(args)
@@ -276,15 +107,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
+    except OptionError as error:
+        return _bad_input(error)
+    start_backend()  # after the options that must precede it (--training-arithmetic's XLA flag)
+    # Imported once the backend's start is under way: on a TPU these imports and the reading overlap it.
+    from halyard.data import DataInputError
+    from halyard.export import HfConversionError
+    from halyard.serve.server.loading import load_hf_folder
+
+    try:
         served = load_hf_folder(
             args.hf, name=args.model_name, chat_template=chat_template_of(args), dtype=args.dtype
         )
         return run_server(served, args)
     except (OptionError, HfConversionError, DataInputError) as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+        return _bad_input(error)
     except KeyboardInterrupt:  # Ctrl-C while the model loads
         return 130
+
+
+def _bad_input(error: Exception) -> int:
+    """Print ``error`` as one line ``error: ...``; the exit code of bad input, 2."""
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
 
 
 class _Server(uvicorn.Server):

@@ -6,10 +6,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
+
 from halyard.data import TokenizerSpec, load_tokenizer
-from halyard.export import import_hf, read_hf_config
+from halyard.export import read_hf_config
+from halyard.export.importer import read_hf_to_host
 from halyard.models import CausalLM
 from halyard.serve.requests import eos_ids_of
+from halyard.serve.server.backend import start_backend
+from halyard.serve.server.options import SERVE_DTYPES
 from halyard.serve.server.tokenizer import TextTokenizer
 
 
@@ -55,14 +60,13 @@ def served_model(
     return ServedModel(name, model, text, eos_ids_of(model.model_config, text.token_id(spec.eos_token)))
 
 
-SERVE_DTYPES = ("auto", "float32", "bfloat16")
-"""The weights' dtypes a server holds: ``auto`` is the dtype the checkpoint is stored in."""
-
-
 def load_hf_folder(
     folder: str | Path, *, name: str | None = None, chat_template: str | None = None, dtype: str = "auto"
 ) -> ServedModel:
     """A Hugging Face folder's model (halyard.export's importer), tokenizer and chat template.
+
+    The weights and the tokenizer are read into host memory while JAX's backend starts in another thread
+    (`start_backend`; on a TPU its runtime takes seconds), then the weights are put on the device at once.
 
     Args:
         folder: holds config.json, the safetensors weights and the tokenizer files.
@@ -76,6 +80,7 @@ def load_hf_folder(
         HfConversionError: a missing config.json or weights, or an unsupported architecture.
         TokenizerNotFoundError: the folder has no tokenizer.json.
         ValueError: ``dtype`` is not one of `SERVE_DTYPES`.
+        RuntimeError: JAX's backend did not start (as ``jax.devices()`` raises it).
     """
     if dtype not in SERVE_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {dtype!r}")
@@ -83,5 +88,9 @@ def load_hf_folder(
     if dtype == "auto":
         stored = read_hf_config(folder)[1].stored_dtype
         dtype = stored if stored in SERVE_DTYPES[1:] else "float32"  # a stored dtype, never "auto"
-    _, model = import_hf(folder, dtype=dtype)
-    return served_model(model, folder, name or folder.resolve().name, chat_template=chat_template)
+    backend = start_backend()  # begun already by `halyard serve`; else it starts now, beside the reading
+    _, host_model = read_hf_to_host(folder, dtype=dtype)
+    on_host = served_model(host_model, folder, name or folder.resolve().name, chat_template=chat_template)
+    backend.wait()
+    # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
+    return dataclasses.replace(on_host, model=jax.device_put(on_host.model))

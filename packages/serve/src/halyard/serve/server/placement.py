@@ -14,11 +14,8 @@ from halyard.serve.config import EngineConfig
 from halyard.serve.engine import Engine
 from halyard.serve.replicas import Replicas
 from halyard.serve.server.loading import ServedModel
+from halyard.serve.server.options import OptionError
 from halyard.shard import Layout, MeshSpec
-
-
-class OptionError(ValueError):
-    """A command-line option the model or the engine cannot take (the message names the option)."""
 
 
 def tensor_parallel(model: CausalLM, tensor: int) -> tuple[CausalLM, dict[str, Any]]:

@@ -10,17 +10,14 @@ from pathlib import Path
 
 import jax
 
-from halyard.serve.server import (
+from halyard.serve.server.backend import start_backend
+from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
     chat_template_of,
     engine_config_of,
-    load_hf_folder,
-    run_server,
-    served_model,
 )
 from halyard.train.config.errors import ConfigError
-from halyard.train.run.loading import load_run_model
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -43,7 +40,13 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
         chat_template = chat_template_of(args)
+        start_backend()  # after the options that must precede it (--training-arithmetic's XLA flag)
+        # Imported once the backend's start is under way: on a TPU these imports and the reading overlap it.
+        from halyard.serve.server import load_hf_folder, run_server, served_model
+
         if args.run is not None:
+            from halyard.train.run.loading import load_run_model  # orbax: only for a run's checkpoint
+
             loaded = load_run_model(Path(args.run), args.step)
             # The engine runs the model on one device, as halyard generate does (not the training mesh).
             name = args.model_name or Path(args.run).resolve().name
