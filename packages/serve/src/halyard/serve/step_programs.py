@@ -70,7 +70,7 @@ def dispatch(
         sequence.computed = chunk.stop
         stats.tokens_computed += chunk.stop - chunk.start
         if prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
-            pages.register(sequence.key, sequence.tokens[: chunk.stop])
+            pages.register(sequence.key, sequence.tokens, chunk.stop)
         if chunk.samples and request.sample_of(sequence).index == 0:
             request.prompt_written = True  # its siblings may start (from the prefix cache)
         last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
@@ -117,7 +117,7 @@ def absorb(
         request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
         stats.tokens_generated += 1
     if prefix_cache and sequence.running:
-        pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
+        pages.register(sequence.key, sequence.tokens, sequence.computed)  # placeholders resolved
     if request.sample_of(sequence).finish_reason is not None:
         scheduler.remove(sequence)
 
