@@ -162,11 +162,13 @@ class PageAllocator:
         owned = self._owners[owner]
         if owned.epoch != self._owned_uncached:
             owned.registered, owned.epoch = 0, self._owned_uncached
-        count = len(tokens) if written is None else min(written, len(tokens))
         size = self.page_size
+        full = min((len(tokens) if written is None else min(written, len(tokens))) // size, len(owned.pages))
         first = owned.registered
+        if full <= first:
+            return  # no page filled up since the last call (a decoding row's usual step)
         previous = owned.pages[first - 1] if first else -1
-        for index in range(first, min(count // size, len(owned.pages))):
+        for index in range(first, full):
             page = owned.pages[index]
             key = (previous, tuple(tokens[index * size : (index + 1) * size]))
             if page in self._key_of:

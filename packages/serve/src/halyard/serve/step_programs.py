@@ -67,10 +67,10 @@ def dispatch(
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
     inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
     outputs = runner.run(shape, inputs)
+    stats.tokens_computed += int(inputs.batch.cu_q_lens[len(chunks)])
     for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
         sequence = chunk.sequence
         sequence.computed = chunk.stop
-        stats.tokens_computed += chunk.stop - chunk.start
         if prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
             pages.register(sequence.key, sequence.tokens, chunk.stop)
         if chunk.samples and request.sample_of(sequence).index == 0:
