@@ -78,6 +78,7 @@ def test_serve_host_step_benchmark_runs_small(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result["steps"] == len(result["host_cpu_seconds"]) == 4 and result["rows"] == 8
     assert result["host_cpu_seconds_median"] > 0 and result["wall_seconds_median"] > 0
+    assert 0 <= result["gc_seconds_mean"] <= result["host_cpu_seconds_mean"] and not result["gc_freeze"]
 
 
 def test_rl_benchmark_quick(tmp_path: Path) -> None:
