@@ -70,6 +70,17 @@ def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None
     assert result["rate"]["rate"] == 50
 
 
+def test_serve_host_step_benchmark_runs_small(tmp_path: Path) -> None:
+    """benchmarks/serve_host_step.py at a tiny size, profiled: a host time per decode step of every row."""
+    result = _run(
+        "serve_host_step.py", "--rows", "8", "--prompt", "16", "--steps", "4", "--page-size", "8",
+        "--max-context", "64", "--profile", output=tmp_path / "serve_host_step.json",
+    )  # fmt: skip
+    assert result["steps"] == len(result["host_cpu_seconds"]) == 4 and result["rows"] == 8
+    assert result["host_cpu_seconds_median"] > 0 and result["wall_seconds_median"] > 0
+    assert 0 <= result["gc_seconds_mean"] <= result["host_cpu_seconds_mean"] and not result["gc_freeze"]
+
+
 def test_rl_benchmark_quick(tmp_path: Path) -> None:
     result = _run("rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]

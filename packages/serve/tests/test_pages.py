@@ -141,3 +141,18 @@ def test_a_cached_page_is_reused_last_and_its_continuations_leave_the_cache() ->
     with pytest.raises(OutOfPages):
         table.reserve("b", 20)
     table.check()
+
+
+def test_register_looks_again_at_pages_that_left_the_cache() -> None:
+    """`register` skips the pages an earlier call cached, unless they have left the cache since."""
+    table = PageAllocator(4, PAGE_SIZE)
+    table.add("a")
+    table.reserve("a", 9)
+    tokens = list(range(9))
+    table.register("a", tokens, 8)
+    assert table.cached == 2
+    table.clear_cache()
+    assert table.cached == 0
+    table.register("a", tokens)  # the same tokens: both full pages go back into the cache
+    assert table.cached == 2 and table.cached_prefix(tokens) == table.pages_of("a")[:2]
+    table.check()

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from halyard.models.attention.ragged_paged import ragged_batch
+from halyard.models.attention.ragged_paged import PADDING_SLOT, RaggedBatch
 from halyard.serve.program import ProgramShape, StepInputs
 from halyard.serve.requests import RequestState
 from halyard.serve.sampler import RowSettings
 from halyard.serve.scheduler import Chunk
-
-
-def seed_halves(seed: int) -> tuple[int, int]:
-    """A 63-bit seed as its high and low 32 bits."""
-    return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF
 
 
 def step_inputs(
@@ -33,42 +30,109 @@ def step_inputs(
         page_tables: each sequence's pages in order (at most ``shape.seq_pages``).
         requests: each sequence's request.
         page_size: tokens per page.
+
+    Raises:
+        ValueError: ``requests`` and ``chunks`` differ in length, or the chunks do not fit ``shape``.
     """
-    seqs, length = shape.seqs, shape.tokens
-    q_lens = [chunk.stop - chunk.start for chunk in chunks]
-    batch = ragged_batch(
-        q_lens, [chunk.stop for chunk in chunks], page_tables,
-        page_size=page_size, tokens=length, seqs=seqs, pages=shape.seq_pages,
-    )  # fmt: skip
+    seqs, length, count = shape.seqs, shape.tokens, len(chunks)
+    if len(requests) != count:
+        raise ValueError(f"step_inputs: {count} chunks but {len(requests)} requests")
+    starts = np.fromiter((chunk.start for chunk in chunks), np.int64, count)
+    stops = np.fromiter((chunk.stop for chunk in chunks), np.int64, count)
+    batch = ragged_layout(stops - starts, stops, page_tables, shape, page_size)
+    fed = itertools.chain.from_iterable(chunk.sequence.tokens[chunk.start : chunk.stop] for chunk in chunks)
+    total = int(batch.cu_q_lens[count])
     tokens = np.zeros((length,), np.int32)
+    tokens[:total] = np.fromiter(fed, np.int32, total)
     last = np.zeros((seqs,), np.int32)
-    temperature = np.zeros((seqs,), np.float32)
-    top_k = np.zeros((seqs,), np.int32)
-    top_p = np.ones((seqs,), np.float32)
-    min_p = np.zeros((seqs,), np.float32)
+    last[:count] = batch.cu_q_lens[1 : count + 1] - 1
+    params = [request.params for request in requests]
+    seeds = np.asarray(
+        [p.seed for p in params], np.uint64
+    )  # 63 bits each, drawn by the engine when not given
     seed = np.zeros((seqs, 2), np.uint32)
-    sample = np.zeros((seqs,), np.int32)
-    position = np.zeros((seqs,), np.int32)
-    next_tokens = np.full((length,), -1, np.int32) if shape.prompt_logprobs else None
-    for row, (chunk, request) in enumerate(zip(chunks, requests, strict=True)):
-        start = int(batch.cu_q_lens[row])
-        sequence = chunk.sequence
-        tokens[start : start + q_lens[row]] = sequence.tokens[chunk.start : chunk.stop]
-        last[row] = start + q_lens[row] - 1
-        params = request.params
-        temperature[row] = params.temperature
-        top_k[row] = params.top_k
-        top_p[row] = params.top_p
-        min_p[row] = params.min_p
-        assert params.seed is not None
-        seed[row] = seed_halves(params.seed)
-        sample[row] = request.sample_of(sequence).index
-        position[row] = chunk.stop  # the position of the token to draw
-        if next_tokens is not None:
+    seed[:count, 0], seed[:count, 1] = seeds >> np.uint64(32), seeds & np.uint64(0xFFFFFFFF)  # high, low
+    settings = RowSettings(
+        temperature=_padded([p.temperature for p in params], seqs, np.float32, 0),
+        top_k=_padded([p.top_k for p in params], seqs, np.int32, 0),
+        top_p=_padded([p.top_p for p in params], seqs, np.float32, 1),
+        min_p=_padded([p.min_p for p in params], seqs, np.float32, 0),
+        seed=seed,
+        sample=_padded([r.sample_of(c.sequence).index for c, r in zip(chunks, requests)], seqs, np.int32, 0),
+        position=_padded(stops, seqs, np.int32, 0),  # the position of the token each row draws
+    )
+    next_tokens = None
+    if shape.prompt_logprobs:
+        next_tokens = np.full((length,), -1, np.int32)
+        for chunk, start in zip(chunks, batch.cu_q_lens.tolist()):
+            sequence = chunk.sequence
             following = sequence.tokens[chunk.start + 1 : min(chunk.stop + 1, sequence.prompt_length)]
             next_tokens[start : start + len(following)] = following
-    settings = RowSettings(temperature, top_k, top_p, min_p, seed, sample, position)
     return StepInputs(tokens, batch, last, settings, next_tokens)
+
+
+def _padded(values: Any, size: int, dtype: Any, fill: int) -> np.ndarray:
+    """``values`` (one per row) in an array of ``size`` rows, the rest ``fill``."""
+    padded = np.full((size,), fill, dtype)
+    padded[: len(values)] = values
+    return padded
+
+
+def ragged_layout(
+    q_lens: np.ndarray,
+    kv_lens: np.ndarray,
+    page_tables: Sequence[Sequence[int]],
+    shape: ProgramShape,
+    page_size: int,
+) -> RaggedBatch:
+    """`halyard.models.attention.ragged_paged.ragged_batch`'s layout of ``shape``'s flat batch, computed with
+    whole-array numpy operations rather than one sequence at a time (an engine step lays out hundreds).
+
+    Args:
+        q_lens: int ``[count]``: each sequence's new tokens this step (at least 1).
+        kv_lens: int ``[count]``: each sequence's keys after this step (at least its ``q_len``).
+        page_tables: each sequence's pages in order (enough for its ``kv_len``; at most ``shape.seq_pages``).
+        shape: the program's shape (its tokens, sequence slots and pages per sequence).
+        page_size: tokens per page.
+
+    Raises:
+        ValueError: the sequences do not fit ``shape``, or a sequence's lengths or pages disagree.
+    """
+    tokens, seqs, pages = shape.tokens, shape.seqs, shape.seq_pages
+    q_lens, kv_lens = np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64)
+    count = len(q_lens)
+    owned = np.fromiter(map(len, page_tables), np.int64, len(page_tables))
+    total = int(q_lens.sum())
+    if not len(kv_lens) == len(owned) == count or count > seqs or total > tokens:
+        raise ValueError(
+            f"ragged_layout: {count} sequences ({len(kv_lens)} kv_lens, {len(owned)} page tables) of {total} "
+            f"tokens for {seqs} slots of {tokens} tokens"
+        )
+    wrong = (q_lens < 1) | (q_lens > kv_lens) | (-(-kv_lens // page_size) > owned) | (owned > pages)
+    if wrong.any():
+        index = int(np.argmax(wrong))
+        raise ValueError(
+            f"ragged_layout: sequence {index} has q_len {q_lens[index]}, kv_len {kv_lens[index]} and "
+            f"{owned[index]} pages (of at most {pages}, page_size {page_size})"
+        )
+    table = np.zeros((seqs, pages), np.int32)
+    page_rows = np.repeat(np.arange(count), owned)
+    page_columns = np.arange(len(page_rows)) - np.repeat(np.cumsum(owned) - owned, owned)
+    table[page_rows, page_columns] = np.fromiter(
+        itertools.chain.from_iterable(page_tables), np.int32, len(page_rows)
+    )
+    cu = np.zeros((seqs + 1,), np.int32)
+    cu[1 : count + 1] = np.cumsum(q_lens)
+    cu[count + 1 :] = total
+    row = np.repeat(np.arange(count), q_lens)
+    position = kv_lens[row] - q_lens[row] + np.arange(total) - cu[row]
+    positions = np.full((tokens,), -1, np.int32)
+    positions[:total] = position
+    slots = np.full((tokens,), PADDING_SLOT, np.int32)
+    slots[:total] = table[row, position // page_size] * page_size + position % page_size
+    lengths = np.zeros((seqs,), np.int32)
+    lengths[:count] = kv_lens
+    return RaggedBatch(positions, slots, table, cu, lengths, np.asarray(count, np.int32))
 
 
 def program_groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[list[Chunk]]:

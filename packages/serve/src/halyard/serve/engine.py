@@ -39,13 +39,12 @@ from halyard.serve.detokenizer import Detokenizer
 from halyard.serve.outputs import RequestOutput, Update, run_to_end
 from halyard.serve.pages import PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
-from halyard.serve.program import StepOutputs
 from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_request_id
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
 from halyard.serve.stats import EngineStats
 from halyard.serve.step_programs import PLACEHOLDER as PLACEHOLDER
-from halyard.serve.step_programs import Dispatched, absorb, dispatch
+from halyard.serve.step_programs import Dispatched, absorb_program, dispatch
 from halyard.serve.text import Decode
 from halyard.serve.warmup import warm_up
 from halyard.shard import Layout
@@ -292,13 +291,12 @@ class Engine:
         if previous is not None:
             dispatched.insert(0, previous)  # its tokens come before this step's
         touched: dict[Any, RequestState] = {}
-        for chunks, requests, outputs in dispatched:  # every program runs before the first result is awaited
-            host, start = fetched(outputs), 0
-            for row, (chunk, request) in enumerate(zip(chunks, requests)):
-                if self._running(request):  # else cancelled or ended meanwhile (a pipelined step's)
-                    touched[request.request_id] = request
-                    self._absorb(row, start, chunk, request, host)
-                start += chunk.stop - chunk.start
+        for program in dispatched:  # every program runs before the first result is awaited
+            absorbed = absorb_program(
+                program, fetched(program[2]), self._requests,
+                pages=self.pages, scheduler=self.scheduler, stats=self.stats, prefix_cache=self.config.prefix_cache,
+            )  # fmt: skip
+            touched.update((request.request_id, request) for request in absorbed)
         for request in touched.values():
             updates += request.take_updates()
             if request.finished:
@@ -314,9 +312,6 @@ class Engine:
         )
         return updates
 
-    def _running(self, request: RequestState) -> bool:
-        return self._requests.get(request.request_id) is request
-
     def _dispatch(self, chunks: list[Chunk], previous: Dispatched | None, pipelined: bool) -> Dispatched:
         """Start the program of ``chunks`` (`dispatch`): they take the tokens ``previous`` drew; ``pipelined``:
         its own tokens are fetched at the next step."""
@@ -324,16 +319,6 @@ class Engine:
         return dispatch(
             chunks, requests, previous, pipelined=pipelined,
             runner=self.runner, pages=self.pages, stats=self.stats, prefix_cache=self.config.prefix_cache,
-        )  # fmt: skip
-
-    def _absorb(
-        self, row: int, start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs
-    ) -> None:
-        """Fold in what sequence ``row`` of a fetched program drew (`absorb`; its tokens start at flat index
-        ``start``)."""
-        absorb(
-            row, start, chunk, request, outputs,
-            pages=self.pages, scheduler=self.scheduler, stats=self.stats, prefix_cache=self.config.prefix_cache,
         )  # fmt: skip
 
     # -- conveniences --------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ class OutOfPages(RuntimeError):
 class _Owned:
     pages: list[int]
     capacity_tokens: int
+    registered: int = 0  # leading pages cached under this owner's tokens: `register` starts after them
+    epoch: int = 0  # the allocator's ``_owned_uncached`` when ``registered`` was counted
 
 
 class PageAllocator:
@@ -57,6 +59,7 @@ class PageAllocator:
         self._page_of: dict[PrefixKey, int] = {}
         self._continuations: dict[int, set[int]] = {}
         self._owners: dict[Hashable, _Owned] = {}
+        self._owned_uncached = 0  # times an owned page left the cache (owners' ``registered`` counts restart)
 
     # -- questions ---------------------------------------------------------------------------------
     @property
@@ -124,7 +127,7 @@ class PageAllocator:
                 raise ValueError(f"page {page} is neither owned nor cached: it cannot be shared")
         for page in shared:
             self._take(page)
-        self._owners[owner] = _Owned(list(shared), len(shared) * self.page_size)
+        self._owners[owner] = _Owned(list(shared), len(shared) * self.page_size, epoch=self._owned_uncached)
 
     def reserve(self, owner: Hashable, num_tokens: int) -> None:
         """Make ``owner``'s pages hold at least ``num_tokens`` tokens, taking new pages as needed.
@@ -144,21 +147,30 @@ class PageAllocator:
             owned.pages.append(page)
         owned.capacity_tokens = len(owned.pages) * self.page_size
 
-    def register(self, owner: Hashable, tokens: Sequence[int]) -> None:
+    def register(self, owner: Hashable, tokens: Sequence[int], written: int | None = None) -> None:
         """Enter ``owner``'s full pages in the prefix cache, given the tokens now written in its pages.
 
         Pages already cached keep their key. A full page whose content another cached page already holds
-        stays private (one cached page per prefix).
+        stays private (one cached page per prefix). The pages an earlier call found cached under these
+        tokens are not looked at again (an engine registers every running sequence at every step).
 
         Args:
             owner: the sequence.
-            tokens: every token whose keys and values its pages hold, in order.
+            tokens: its tokens, in order (the same list at every call, only ever grown).
+            written: how many of ``tokens`` its pages hold (default all of them).
         """
         owned = self._owners[owner]
-        previous = -1
-        for index in range(min(len(tokens) // self.page_size, len(owned.pages))):
+        if owned.epoch != self._owned_uncached:
+            owned.registered, owned.epoch = 0, self._owned_uncached
+        size = self.page_size
+        full = min((len(tokens) if written is None else min(written, len(tokens))) // size, len(owned.pages))
+        first = owned.registered
+        if full <= first:
+            return  # no page filled up since the last call (a decoding row's usual step)
+        previous = owned.pages[first - 1] if first else -1
+        for index in range(first, full):
             page = owned.pages[index]
-            key = (previous, tuple(tokens[index * self.page_size : (index + 1) * self.page_size]))
+            key = (previous, tuple(tokens[index * size : (index + 1) * size]))
             if page in self._key_of:
                 if self._key_of[page] != key:
                     return  # this page was registered under another prefix: the chain ends here
@@ -168,6 +180,7 @@ class PageAllocator:
                 self._key_of[page] = key
                 self._page_of[key] = page
                 self._continuations.setdefault(previous, set()).add(page)
+            owned.registered = index + 1
             previous = page
 
     def release(self, owner: Hashable) -> None:
@@ -210,6 +223,8 @@ class PageAllocator:
             if key is None:
                 continue
             del self._page_of[key]
+            if self._references[current]:
+                self._owned_uncached += 1
             self._continuations.get(key[0], set()).discard(current)
             stack.extend(self._continuations.pop(current, ()))
             if current in self._cached_unowned:
@@ -234,3 +249,10 @@ class PageAllocator:
         assert unowned <= set(self._key_of), "an unowned cached page has no key"
         assert not (free & set(self._key_of)), "a free page is still cached"
         assert {v: k for k, v in self._page_of.items()} == self._key_of, "cache maps disagree"
+        for owned in self._owners.values():
+            if owned.epoch == self._owned_uncached:
+                chain = [-1, *owned.pages[: owned.registered]]
+                keys = [self._key_of.get(page, (None,))[0] for page in chain[1:]]
+                assert keys == chain[:-1], (
+                    "a page counted as registered is not cached after the one before it"
+                )

@@ -184,7 +184,9 @@ class RequestState:
 
     def take_updates(self) -> list[Update]:
         """The updates gathered since the last call, one per sample that changed."""
-        updates = [sample.pending for sample in self.samples if sample.pending is not None]
+        updates = []
         for sample in self.samples:
-            sample.pending = None
+            if sample.pending is not None:
+                updates.append(sample.pending)
+                sample.pending = None
         return updates

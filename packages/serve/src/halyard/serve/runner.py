@@ -229,7 +229,7 @@ class ModelRunner:
         waits for it)."""
         with self._placement():
             self.paged_kv, outputs = self._call(shape, self.paged_kv, inputs)
-        for output in outputs:
+        for output in outputs[:-1]:  # not padded_token: the next program's input, never on the host
             if output is not None:
                 output.copy_to_host_async()  # the transfer starts as soon as the program ends
         return outputs
@@ -249,6 +249,8 @@ class ModelRunner:
         process of a multi-process run holds the same inputs: the scheduler's decisions are deterministic).
         A device array (a pipelined step's ``previous`` tokens) stays on the devices."""
         if self.mesh is None:
+            if isinstance(value, jax.Array):
+                return value  # already where this runner's programs put their outputs
             return jax.device_put(value)  # jnp.asarray would compile a small program per shape and dtype
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         if isinstance(value, jax.Array):
@@ -308,8 +310,10 @@ class ModelRunner:
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:
-    """The outputs on the host (numpy), in one transfer."""
-    return StepOutputs(*jax.device_get(tuple(outputs)))
+    """The outputs on the host (numpy), in one transfer; ``padded_token`` (the next program's input) stays on
+    the device."""
+    on_host: StepOutputs = jax.device_get(outputs._replace(padded_token=None))
+    return on_host._replace(padded_token=outputs.padded_token)
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:

@@ -22,6 +22,7 @@ answer.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections import Counter
 from collections.abc import Callable, Hashable
 
@@ -153,7 +154,7 @@ class Scheduler:
         preempted: list[SequenceState] = []
         decode: list[Chunk] = []
         prefill: list[Chunk] = []
-        for sequence in sorted(self.running, key=lambda s: s.arrival):
+        for sequence in sorted(self.running, key=operator.attrgetter("arrival")):
             if not sequence.running or sequence.missing == 0:
                 continue  # preempted for an older sequence in this loop, or its last token is still drawn
             decoding, stop = self._next_stop(sequence)
@@ -186,10 +187,10 @@ class Scheduler:
         preemptions go to ``preempted``."""
         passed: set[int] = set()  # waiting for a sibling: skipped this step
         while len(prefill) < self.max_prefill_rows:
-            running = Counter(s.caller for s in self.running)
             candidates = [s for s in self.waiting if id(s) not in passed]
             if not candidates:
                 return
+            running = Counter(s.caller for s in self.running)
             sequence = min(candidates, key=lambda s: (running[s.caller], s.arrival))
             if self.waits_for(sequence):
                 passed.add(id(sequence))

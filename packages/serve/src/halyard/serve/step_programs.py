@@ -10,6 +10,8 @@ alternatives, the prompt log-probs of the chunk, and the end of a sample that it
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from halyard.serve.batching import step_inputs, with_previous_tokens
 from halyard.serve.pages import PageAllocator
 from halyard.serve.program import StepOutputs
@@ -65,18 +67,58 @@ def dispatch(
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
     inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
     outputs = runner.run(shape, inputs)
+    stats.tokens_computed += int(inputs.batch.cu_q_lens[len(chunks)])
     for chunk, request in zip(chunks, requests):  # while it runs: what does not depend on its tokens
         sequence = chunk.sequence
         sequence.computed = chunk.stop
-        stats.tokens_computed += chunk.stop - chunk.start
         if prefix_cache and PLACEHOLDER not in sequence.tokens[chunk.start : chunk.stop]:
-            pages.register(sequence.key, sequence.tokens[: chunk.stop])
+            pages.register(sequence.key, sequence.tokens, chunk.stop)
         if chunk.samples and request.sample_of(sequence).index == 0:
             request.prompt_written = True  # its siblings may start (from the prefix cache)
         last = chunk.stop + 1 - sequence.prompt_length >= request.params.max_tokens
         if pipelined and chunk.samples and not last:
             sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
     return chunks, requests, outputs
+
+
+def absorb_program(
+    program: Dispatched,
+    outputs: StepOutputs,
+    running: dict[Hashable, RequestState],
+    *,
+    pages: PageAllocator,
+    scheduler: Scheduler,
+    stats: EngineStats,
+    prefix_cache: bool,
+) -> list[RequestState]:
+    """Fold in what every row of a fetched program drew (`absorb`), but for rows whose request is no longer
+    running (cancelled, or ended by a stop string, since the program was dispatched).
+
+    Args:
+        program: the program as dispatched.
+        outputs: its outputs, on the host (`halyard.serve.runner.fetched`).
+        running: the unfinished requests by id.
+        pages, scheduler, stats, prefix_cache: as `absorb` takes them.
+
+    Returns:
+        The requests of the rows folded in, in row order (a request once per row).
+    """
+    chunks, requests, _ = program
+    drawn = outputs._replace(  # one conversion to Python numbers for all rows, not three a row
+        token=outputs.token.tolist(),
+        logprob=outputs.logprob.tolist(),
+        sampled_logprob=outputs.sampled_logprob.tolist(),
+    )
+    touched, start = [], 0
+    for row, (chunk, request) in enumerate(zip(chunks, requests)):
+        if running.get(request.request_id) is request:
+            touched.append(request)
+            absorb(
+                row, start, chunk, request, drawn,
+                pages=pages, scheduler=scheduler, stats=stats, prefix_cache=prefix_cache,
+            )  # fmt: skip
+        start += chunk.stop - chunk.start
+    return touched
 
 
 def absorb(
@@ -97,16 +139,18 @@ def absorb(
         row: the row of ``chunk`` in the program.
         start: the flat index of the chunk's first token in the program.
         chunk, request: the row's chunk and its request.
-        outputs: the program's outputs, on the host (`halyard.serve.runner.fetched`).
+        outputs: the program's outputs, on the host (`halyard.serve.runner.fetched`; ``token``, ``logprob``
+            and ``sampled_logprob`` may be lists).
         pages: the page table (the prefix cache, its placeholders now resolved).
         scheduler: drops the sequence when its sample ends.
         stats: counts the tokens drawn.
         prefix_cache: register the sequence's computed pages in the prefix cache.
     """
     sequence = chunk.sequence
-    if request.sample_of(sequence).finish_reason is not None:
+    sample = request.sample_of(sequence)
+    if sample.finish_reason is not None:
         return  # a pipelined step's row of a sample that ended at the step before
-    if outputs.next_logprob is not None and request.sample_of(sequence).index == 0:
+    if outputs.next_logprob is not None and sample.index == 0:
         _absorb_prompt_logprobs(start, chunk, request, outputs)
     if chunk.samples:
         top: list[tuple[int, float]] = []
@@ -117,8 +161,8 @@ def absorb(
         request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
         stats.tokens_generated += 1
     if prefix_cache and sequence.running:
-        pages.register(sequence.key, sequence.tokens[: sequence.computed])  # placeholders resolved
-    if request.sample_of(sequence).finish_reason is not None:
+        pages.register(sequence.key, sequence.tokens, sequence.computed)  # placeholders resolved
+    if sample.finish_reason is not None:
         scheduler.remove(sequence)
 
 
