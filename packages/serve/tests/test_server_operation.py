@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import io
 import re
 import time
@@ -294,6 +295,7 @@ def test_tensor_parallel_and_replicas_answer_as_one_device(
     app = create_app(served, config, tensor=tensor, replicas=replicas)
     prompts = [PROMPT, "how are you", "the one"]
     with TestClient(app) as local:
+        assert gc.get_freeze_count() > 0, "the startup's objects are frozen out of the collector's scans"
         engine = app.state.server.driver.engine
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as clients:  # at once: both replicas busy
             answers = list(
@@ -310,6 +312,7 @@ def test_tensor_parallel_and_replicas_answer_as_one_device(
         else:
             assert all(e.stats.requests_added >= 1 for e in engine.engines)  # the least busy takes each
         assert local.get("/stats").json()["pages_total"] == 40 * replicas
+    assert gc.get_freeze_count() == 0, "a stopped server unfreezes them"
     for prompt, answer in zip(prompts, answers):
         alone = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0)
         assert answer.json()["choices"][0]["text"] == alone.choices[0].text

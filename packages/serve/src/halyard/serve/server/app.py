@@ -5,6 +5,7 @@ with the application."""
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
@@ -70,6 +71,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # what starting made (model, programs, imports: about 200k objects) is frozen out of the collector's
+        # scans, so a full collection walks only what serving makes: at 128 decoding rows the collections had
+        # cost about 2 ms a step (benchmarks/README.md, serve_host_step.py)
+        gc.collect()
+        gc.freeze()
         driver.start()
         try:
             yield
@@ -77,6 +83,7 @@ def create_app(
             driver.stop()
             if isinstance(engine, Replicas):
                 engine.close()
+            gc.unfreeze()
 
     app = FastAPI(title=f"halyard serve: {served.name}", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
