@@ -88,7 +88,10 @@ FILE_SECONDS = {
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
     "test_grpo_real_shapes.py": 113,
     "test_spike_replay.py": 30,  # half of it its module fixture
-    "test_serve_rl_benchmark_smoke.py": 99,  # new: two benchmark scripts at quick size
+    "test_serve_rl_benchmark_smoke.py": 114,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
+    "test_serve_start_phases_smoke.py": 25,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
+    "test_paged_decode_pallas.py": 20,  # new: the token decode kernel in the TPU interpreter
+    "test_server_backend_start.py": 8,  # new: two fresh processes
     "test_engine.py": 72,  # new (halyard-serve's): six families against the full forward
     "test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
     "test_sharded_engine.py": 29,  # new: tensor parallel and replicas
