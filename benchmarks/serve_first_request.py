@@ -160,7 +160,8 @@ def start_once(
                 result["second_request_seconds"] - result["first_request_seconds"]
             )
             status, stats = request(sock, "GET", "/stats", timeout=30)
-            result["programs_compiled"] = stats.get("programs_compiled") if status == 200 else None
+            for name in ("programs_compiled", "programs_loaded"):
+                result[name] = stats.get(name) if status == 200 else None
         except (RuntimeError, TimeoutError, OSError) as error:
             result["error"] = f"{type(error).__name__}: {error}"
         finally:

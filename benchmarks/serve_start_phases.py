@@ -107,6 +107,7 @@ def requests(
         done(name)
     seconds["to_first_answer"] = sum(v for k, v in seconds.items() if k != "second_request")
     seconds["programs_compiled"] = engine.stats.programs_compiled
+    seconds["programs_loaded"] = engine.stats.programs_loaded
     return seconds
 
 

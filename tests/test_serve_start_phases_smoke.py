@@ -1,11 +1,13 @@
 """Smoke run of benchmarks/serve_start_phases.py at its CPU size: the three starts (cold and warm, phase by
 phase, and the overlapped start ``halyard serve --hf`` makes) each report every phase and the seconds to the
-first answer. Never their speed."""
+first answer; the warm starts read every step program the cold start compiled from the compilation cache
+(`EngineStats.programs_loaded`) and compile none. Never their speed."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,12 @@ def test_serve_start_phases_small(tmp_path: Path) -> None:
         sys.executable, str(ROOT / "benchmarks" / "serve_start_phases.py"), "--size", "small", "--new-tokens", "2",
         "--work", str(tmp_path / "work"), "--output", str(output),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT / "benchmarks")
+    env = dict(
+        os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"
+    )  # every program stored, however fast
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT / "benchmarks", env=env
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(output.read_text())
     for start, names in PHASES.items():
@@ -32,3 +39,9 @@ def test_serve_start_phases_small(tmp_path: Path) -> None:
         assert "error" not in seconds, seconds
         assert all(math.isfinite(seconds[name]) and seconds[name] >= 0 for name in names), seconds
         assert math.isclose(seconds["to_first_answer"], sum(seconds[name] for name in names)), seconds
+    compiled = result["cold"]["programs_compiled"]
+    assert compiled >= 2 and result["cold"]["programs_loaded"] == 0, result["cold"]
+    for start in ("warm", "overlapped"):
+        assert (result[start]["programs_compiled"], result[start]["programs_loaded"]) == (0, compiled), (
+            result[start]
+        )

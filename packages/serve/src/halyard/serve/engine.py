@@ -120,6 +120,7 @@ class Engine:
             warm_up(self.runner, logprob_variants=config.warmup_logprobs, threads=config.compile_threads)
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.programs_compiled = self.runner.programs_compiled
+            self.stats.programs_loaded = self.runner.programs_loaded
 
     # -- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -309,6 +310,7 @@ class Engine:
             pages_in_use=self.pages.in_use,
             compile_seconds=self.runner.compile_seconds,
             programs_compiled=self.runner.programs_compiled,
+            programs_loaded=self.runner.programs_loaded,
         )
         return updates
 

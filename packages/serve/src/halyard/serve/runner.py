@@ -9,7 +9,7 @@ top alternatives of the drawn tokens and the log-probability of every fed token'
 log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to a bucket (a power of two, or
 one of ``token_buckets``; at most the most one program holds), ``seqs`` follows it, and the pages a
 sequence can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles each shape once and never again
-(`ModelRunner.compiled_shapes`, ``programs_compiled``, ``compile_seconds``; `ModelRunner.shape_set` lists
+(`ModelRunner.compiled_shapes`, ``programs_compiled``, ``programs_loaded``, ``compile_seconds``; `ModelRunner.shape_set` lists
 every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start, several
 at once: `ModelRunner.compile_shapes`). In deterministic mode
 (``fixed_tokens``) a program has fewer tokens than the most only where `halyard.serve.row_check` showed
@@ -113,6 +113,7 @@ class ModelRunner:
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.compile_seconds = 0.0
         self.programs_compiled = 0
+        self.programs_loaded = 0  # read from the persistent compilation cache instead
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, tuple[Any, Packing]] = {}
         self._counting = threading.Lock()  # `compile_shapes`' threads add to the counters
@@ -179,9 +180,10 @@ class ModelRunner:
                 pool.submit(contextvars.copy_context().run, self._compile, shape): shape for shape in todo
             }
             for future in concurrent.futures.as_completed(futures):
-                compiled, count, seconds = future.result()
+                compiled, (count, loaded), seconds = future.result()
                 with self._counting:
                     self.programs_compiled += count
+                    self.programs_loaded += loaded
                     self._programs.setdefault(futures[future], compiled)
                 yield futures[future], seconds
         with self._counting:
@@ -272,16 +274,17 @@ class ModelRunner:
         program = self._programs.get(shape)
         if program is not None:
             return program
-        compiled, count, seconds = self._compile(shape)
+        compiled, (count, loaded), seconds = self._compile(shape)
         with self._counting:
             self.compile_seconds += seconds
             self.programs_compiled += count  # 0 when JAX had it (this process, the disk cache)
+            self.programs_loaded += loaded
             return self._programs.setdefault(shape, compiled)
 
-    def _compile(self, shape: ProgramShape) -> tuple[tuple[Any, Packing], int, float]:
-        """``shape``'s program compiled with the packing of its inputs, the XLA compiles that took (0 when JAX
-        had it: this process, the disk cache) and the seconds."""
-        started, compiles = time.perf_counter(), thread_compiles()
+    def _compile(self, shape: ProgramShape) -> tuple[tuple[Any, Packing], tuple[int, int], float]:
+        """``shape``'s program compiled with the packing of its inputs, the XLA compiles that took and the
+        programs read from the persistent cache (both 0 when this process had it), and the seconds."""
+        started, (compiles, loads) = time.perf_counter(), thread_compiles()
         buffer, previous, packing = pack(self.example_inputs(shape))
         with self._placement():
             lowered = jax.jit(
@@ -296,7 +299,12 @@ class ModelRunner:
                 alternatives=shape.alternatives,
             )
             compiled = lowered.compile()
-        return (compiled, packing), thread_compiles() - compiles, time.perf_counter() - started
+        compiled_now, loaded_now = thread_compiles()
+        return (
+            (compiled, packing),
+            (compiled_now - compiles, loaded_now - loads),
+            time.perf_counter() - started,
+        )
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""

@@ -26,6 +26,8 @@ class EngineStats:
         programs_compiled: programs compiled so far (each step shape's program and the program that stores
             its keys and values; after a warm-up, `EngineConfig.warmup`, it stays unless a request asks for
             prompt log-probs).
+        programs_loaded: step programs read from the persistent compilation cache
+            (`EngineConfig.compilation_cache`) instead of compiled.
     """
 
     pages_total: int
@@ -42,6 +44,7 @@ class EngineStats:
     steps_pipelined: int = 0
     compile_seconds: float = 0.0
     programs_compiled: int = 0
+    programs_loaded: int = 0
     _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
     _rate: float | None = None
 
@@ -65,11 +68,13 @@ class EngineStats:
         pages_in_use: int,
         compile_seconds: float,
         programs_compiled: int,
+        programs_loaded: int,
     ) -> None:
         """Note one step's duration and the gauges after it (the compile figures are the runner's totals)."""
         self.steps += 1
         self.waiting, self.running, self.pages_in_use = waiting, running, pages_in_use
         self.compile_seconds, self.programs_compiled = compile_seconds, programs_compiled
+        self.programs_loaded = programs_loaded
         self._recent.append((time.monotonic(), self.tokens_generated))
 
     def tokens_per_second(self) -> float:

@@ -40,6 +40,7 @@ METRICS = {
     "steps_pipelined": ("counter", "steps dispatched before the step before them was fetched"),
     "compile_seconds": ("counter", "seconds spent compiling step programs"),
     "programs_compiled": ("counter", "step programs compiled (stays after --warmup)"),
+    "programs_loaded": ("counter", "step programs read from the compilation cache instead of compiled"),
 }
 """The ``/metrics`` names (``halyard_serve_`` + key), their Prometheus type and meaning."""
 
