@@ -59,39 +59,8 @@ def test_preempted_run_resumes_to_the_same_bits(tmp_path: Path, cache_dir: Path)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in reference.history][4:]
 
 
-def test_kill9_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path: Path, cache_dir: Path) -> None:
-    long = {"trainer": {"steps": 16}, "checkpoint": {"every_steps": 1}}
-    # The reference gives its final weights only: it checkpoints once, at the end.
-    at_end = {"trainer": {"steps": 16}, "checkpoint": {"every_steps": 16}}
-    reference = Trainer(
-        load_config(write_config(tmp_path / "ref.yaml", tmp_path / "ref", cache_dir, **at_end))
-    ).fit()
-    path = write_config(tmp_path / "killed.yaml", tmp_path / "killed", cache_dir, **long)
-    code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, "--config", str(path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    rng = np.random.default_rng(7)
-    target_lines = int(rng.integers(1, 4))
-    try:
-        while time.monotonic() < deadline and process.poll() is None:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= target_lines:
-                time.sleep(float(rng.uniform(0.0, 0.1)))
-                break
-            time.sleep(0.05)
-        process.kill()
-    finally:
-        process.wait(timeout=60)
-    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    # The same run resumed by `Trainer.fit` (what `train` runs) in this process: the killed process's programs.
-    Trainer(load_config(path)).fit()
-    resumed = Trainer(load_config(path)).restore_state()
-    assert int(resumed.step) == 16
-    assert_bitwise_equal(reference.state.params, resumed.params)
+# kill -9 of a `train` process at random moments, then resumed to the uninterrupted run's bits (parameters and
+# optimizer state, and every checkpoint between): tests/reliability/test_training_kill.py.
 
 
 def _has_a_record(metrics: Path) -> bool:
