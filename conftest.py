@@ -74,7 +74,7 @@ FILE_SECONDS = {
     "test_cli_relative_run_dir.py": 9,  # 18 in the 2026-12-07 clean clone; its two runs in the worker: 9.5 -> 4.9 s alone
     "test_paged_decoding.py": 15,
     "test_reports.py": 13,
-    "test_optimizer_state_placement.py": 38,
+    "test_optimizer_state_placement.py": 18,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
     "test_attention_splash.py": 15,
     "test_docs.py": 315,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
     # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
