@@ -124,7 +124,7 @@ FILE_SECONDS = {
     "test_damaged_checkpoints.py": 13,
     "test_checkpoint_benchmark_smoke.py": 25,
     "test_pipeline_trainer.py": 100,
-    "test_trainer_fit.py": 48,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
+    "test_trainer_fit.py": 44,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
     "test_lora.py": 34,
     "test_context_parallel_benchmark_smoke.py": 19,
     "test_family_phi3.py": 15,
