@@ -81,7 +81,7 @@ FILE_SECONDS = {
     # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
     # 259: 327 in the 2026-12-07 clean-clone run less its SmolLM2-shaped run (68 s; test_grpo_real_shapes.py
     # asserts the same through the same path)
-    "test_grpo_trainer.py": 259,
+    "test_grpo_trainer.py": 250,  # and three runs in the worker instead of `train` processes: ~9 s less
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
     "test_doremi_trainer.py": 114,
