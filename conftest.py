@@ -76,7 +76,7 @@ FILE_SECONDS = {
     "test_reports.py": 13,
     "test_optimizer_state_placement.py": 18,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
     "test_attention_splash.py": 15,
-    "test_docs.py": 315,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
+    "test_docs.py": 387,  # 394 in the 2026-12-07 clean clone; 10_rl at 2 smoke steps since (43 s there, ~36 now)
     # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
     # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
     # 259: 327 in the 2026-12-07 clean-clone run less its SmolLM2-shaped run (68 s; test_grpo_real_shapes.py
