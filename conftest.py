@@ -84,7 +84,7 @@ FILE_SECONDS = {
     "test_grpo_trainer.py": 250,  # and three runs in the worker instead of `train` processes: ~9 s less
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "test_doremi_trainer.py": 114,
+    "test_doremi_trainer.py": 84,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
