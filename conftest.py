@@ -71,23 +71,25 @@ FILE_SECONDS = {
     # loop emitters without fused multiply-adds); the notes below say why a file costs what it does.
     # A file that starts late runs in the suite's tail.
     "test_warmup.py": 23,
-    "test_cli_relative_run_dir.py": 16,
+    "test_cli_relative_run_dir.py": 9,  # 18 in the 2026-12-07 clean clone; its two runs in the worker: 9.5 -> 4.9 s alone
     "test_paged_decoding.py": 15,
     "test_reports.py": 13,
-    "test_optimizer_state_placement.py": 38,
+    "test_optimizer_state_placement.py": 18,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
     "test_attention_splash.py": 15,
-    "test_docs.py": 315,  # guides 10 and 11 at fewer smoke steps: 10_rl about 40 s, 11_doremi about 45 s
+    "test_docs.py": 387,  # 394 in the 2026-12-07 clean clone; 10_rl at 2 smoke steps since (43 s there, ~36 now)
     # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
     # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
-    "test_grpo_trainer.py": 238,
+    # 259: 327 in the 2026-12-07 clean-clone run less its SmolLM2-shaped run (68 s; test_grpo_real_shapes.py
+    # asserts the same through the same path)
+    "test_grpo_trainer.py": 250,  # and three runs in the worker instead of `train` processes: ~9 s less
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "test_doremi_trainer.py": 114,
+    "test_doremi_trainer.py": 84,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
     "test_grpo_real_shapes.py": 113,
-    "test_spike_replay.py": 30,  # half of it its module fixture
+    "test_spike_replay.py": 13,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
     "test_serve_rl_benchmark_smoke.py": 114,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
     "test_serve_start_phases_smoke.py": 25,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
     "test_paged_decode_pallas.py": 20,  # new: the token decode kernel in the TPU interpreter
@@ -103,7 +105,7 @@ FILE_SECONDS = {
     "test_benchmarks_smoke.py": 70,
     "test_pipeline.py": 51,
     "test_matrix_trainer.py": 137,
-    "test_invariant_trainer.py": 219,
+    "test_invariant_trainer.py": 194,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
     "test_watch_trainer.py": 19,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
     "test_watch_benchmark_smoke.py": 9,
     "test_nonfinite.py": 28,
@@ -122,7 +124,7 @@ FILE_SECONDS = {
     "test_damaged_checkpoints.py": 13,
     "test_checkpoint_benchmark_smoke.py": 25,
     "test_pipeline_trainer.py": 100,
-    "test_trainer_fit.py": 77,
+    "test_trainer_fit.py": 44,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
     "test_lora.py": 34,
     "test_context_parallel_benchmark_smoke.py": 19,
     "test_family_phi3.py": 15,

@@ -53,7 +53,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 # ```
 
 # %%
-steps = 4 if SMOKE else 300
+steps = 2 if SMOKE else 300
 run_dir = WORK / "grpo-demo"
 shutil.rmtree(run_dir, ignore_errors=True)
 args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), "--trainer.steps", str(steps)]

@@ -7,7 +7,10 @@ they are applied). The sampler's log-probs are the trainer's bit for bit in floa
 the time before the first step is accounted under its names (no rollout is "waiting for data").
 
 On a random-weight run of the real dimensions (hidden 576, MLP 1,536, vocabulary 49,152, 30 layers; measured
-on CPU) the difference is 0 too; the test keeps the structure with the smallest widths."""
+on CPU) the difference is 0 too; the test keeps the structure with the smallest widths. Its float32 run is
+also the test of a tied unembedding materialised before the logits' product (`CausalLM.logits`): without
+that optimization barrier it logs a nonzero difference, as the SmolLM2-shaped run (49,152 tokens) that
+test_grpo_trainer.py had for it did."""
 
 from __future__ import annotations
 

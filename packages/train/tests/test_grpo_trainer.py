@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -32,6 +33,12 @@ SHORT = [
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def fit_here(args: list[str], *, devices: int, config: str = "grpo-demo") -> None:
+    """``train --config CONFIG ARGS`` as `Trainer.fit` (what the command runs) in this process, on ``devices``
+    of its devices: no process start. (This process's XLA has no fused multiply-adds, as `train` starts it.)"""
+    Trainer(load_config(Path(config), *args), devices=jax.devices()[:devices]).fit()
 
 
 def test_the_demo_reward_rises_and_the_sampler_agrees_with_the_trainer(tmp_path: Path) -> None:
@@ -66,9 +73,8 @@ def test_without_rl_deterministic_the_sampler_agrees_with_the_trainer_to_roundin
     """The fast engine and the plain training step: other programs, other roundings (measured on the demo:
     at most 4.8e-7 over 20 steps; the deterministic run above logs 0)."""
     run_dir = tmp_path / "fast"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "4"]
-    result = run_cli([*args, "--rl.deterministic", "false"], devices=1)
-    assert result.returncode == 0, result.stderr[-3000:]
+    args = ["--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "4", "--rl.deterministic", "false"]
+    fit_here(args, devices=1)
     differences = [r["sampling/sampling_logp_difference/max"] for r in _records(run_dir) if "loss" in r]
     assert len(differences) == 4 and max(differences) <= 1e-5
 
@@ -136,8 +142,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(
     assert (latest_complete(killed_dir / "checkpoints") or 0) in (3, 6), (
         "the child should die between checkpoints"
     )
-    resumed = run_cli(args, devices=1)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    fit_here(args[2:], devices=1)  # resumed by `Trainer.fit` in this process: the killed process's programs
     wanted = ("loss", "reward/mean", "completion/length_mean", "grad_norm")
     by_step = {r["step"]: r for r in _records(killed_dir) if "loss" in r}
     for record in (r for r in _records(reference_dir) if "loss" in r):
@@ -149,32 +154,6 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_bits(
         for folder in (reference_dir, killed_dir)
     ]
     assert_bitwise_equal(*restored)
-
-
-SMOLLM2_HEADS = [
-    "--model.hidden_size", "576", "--model.num_heads", "9", "--model.num_kv_heads", "3", "--model.head_dim", "64",
-    "--model.tie_embeddings", "true", "--model.vocab_size", "49152", "--model.intermediate_size", "256",
-    "--model.num_layers", "2",
-]  # fmt: skip
-"""SmolLM2-135M's head layout (9 heads of 64, GQA 3 kv heads), tied embeddings and vocabulary, 2 of its 30
-layers (the property does not depend on their count) and a smaller MLP."""
-
-
-def test_the_sampler_agrees_with_the_trainer_bitwise_on_smollm2s_shape(tmp_path: Path) -> None:
-    """rl.deterministic on SmolLM2's shape: the sampler's log-probs are the trainer's bit for bit. A tied
-    unembedding is the embedding transposed, which XLA folded into the logits' product one way in the
-    engine's step and another in the training step: 1.9e-6 apart before the transpose was materialised."""
-    run_dir = tmp_path / "smollm2"
-    args = ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, "--trainer.steps", "2"]
-    # 2 prompts x 8 completions (the property does not depend on the batch): 21% less CPU than SHORT's 4.
-    args += ["--trainer.batch_size", "16", "--rl.max_running", "16"]
-    # Optimised programs, as users run them: the 49152-token logits at -O0 cost more than the compile saves.
-    result = run_cli(
-        [*args, *SMOLLM2_HEADS, "--rl.max_new_tokens", "8"], devices=1, timeout=900, optimized=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [r for r in _records(run_dir) if "loss" in r]
-    assert len(steps) == 2 and all(r["sampling/sampling_logp_difference/max"] == 0.0 for r in steps)
 
 
 def raising_reward(prompt: str, completion: str, answer: str) -> float:
@@ -272,13 +251,12 @@ def test_the_gsm8k_recipe_fits_one_h200_and_trains_at_smoke_size(
     plan = capsys.readouterr().out
     assert "fits on H200" in plan and "engine pages" in plan, plan
     smoke = [
-        "--config", "qwen2.5-0.5b-grpo-gsm8k", "--trainer.run_dir", str(tmp_path / "run"),
+        "--trainer.run_dir", str(tmp_path / "run"),
         "--model.vocab_size", "16", "--model.hidden_size", "32", "--model.intermediate_size", "64",
         "--model.num_layers", "2", "--model.num_heads", "4", "--model.num_kv_heads", "2", "--model.max_position", "64",
         "--data.builtin_corpus", "max-digit", "--data.chat_template", "simple", "--data.seq_len", "64",
         "--trainer.steps", "2", "--trainer.batch_size", "16", "--rl.max_running", "16", "--rl.max_new_tokens", "4",
         "--rl.page_size", "64", "--trainer.eval_every", "0",
     ]  # fmt: skip
-    result = run_cli(smoke, devices=1)
-    assert result.returncode == 0, result.stderr[-3000:]
+    fit_here(smoke, devices=1, config="qwen2.5-0.5b-grpo-gsm8k")
     assert [r["step"] for r in _records(tmp_path / "run") if "reward/math/mean" in r] == [1, 2]

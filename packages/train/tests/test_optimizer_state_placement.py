@@ -1,6 +1,6 @@
 """The optimizer state's dtype (``model.optimizer_dtype``, the precision policy's third dtype) and place
 (``trainer.offload_optimizer_state``): bfloat16 weights with float32 Adam moments, and the state kept in
-pinned host memory between steps, through `train` and unit by unit."""
+pinned host memory between steps, through the Trainer (`Trainer.fit`, what `train` runs) and unit by unit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from trainer_fixtures import load_config, run_cli, run_losses, write_config
+from trainer_fixtures import load_config, run_losses, write_config
 
 import halyard.train.run.setup as run_setup
 from halyard.models import model_config
@@ -69,15 +69,14 @@ def test_offloaded_optimizer_state_lives_in_pinned_host_memory_and_trains_the_sa
             kinds = {s.memory_kind for s in jax.tree.leaves(shardings.opt_state)}
             assert kinds == {"pinned_host"}
             assert {s.memory_kind for s in jax.tree.leaves(shardings.params)} == {"device"}
-        result = run_cli(["--config", str(path)], devices=1)
-        assert result.returncode == 0, result.stderr[-2000:]
+        # `Trainer.fit` (what `train` runs) in this process, on one of its devices: no process start each
+        Trainer(config, devices=jax.devices()[:1]).fit()
         runs[offload] = run_losses(folder / "run")
     # The same arithmetic, only the state's memory differs (on CPU both memories are the same RAM).
     assert runs[True] == runs[False] and len(runs[True]) == 6
     # A resume restores the saved state into host memory and goes on.
     path = tmp_path / "offload_True" / "run.yaml"
-    resumed = run_cli(["--config", str(path), "--trainer.steps", "8"], devices=1)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    Trainer(load_config(path, "--trainer.steps", "8"), devices=jax.devices()[:1]).fit()
     losses = run_losses(tmp_path / "offload_True" / "run")
     assert len(losses) == 8 and all(np.isfinite(losses))
 
