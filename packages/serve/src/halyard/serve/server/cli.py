@@ -3,8 +3,8 @@ in halyard-train serves a run's checkpoint with the same options).
 
 It listens on 127.0.0.1 unless ``--host`` says otherwise. Ctrl-C or SIGTERM stops it: no new request is
 accepted, those running get ``--shutdown-timeout`` seconds to finish (then they end with a 503, or an error
-event in a stream), the engine's thread ends and the process exits with code 0; a second Ctrl-C stops at
-once. Bad options print one line ``error: ...`` and exit with code 2.
+event in a stream, after the engine step running then), the engine's thread ends and the process exits
+with code 0; a second Ctrl-C stops at once. Bad options print one line ``error: ...`` and exit with code 2.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from halyard.serve.server.loading import ServedModel
 
 logger = logging.getLogger("halyard.serve.server")
+
+
+STEP_BACKSTOP_SECONDS = 120
+"""How long uvicorn waits for the streams after the drain's end before it closes their connections: the
+drain ends them with an error event between two engine steps, and the step running then may be compiling a
+new shape (seconds on a loaded CPU, more on a TPU); this only ends a server whose engine thread hangs."""
 
 
 def run_server(served: ServedModel, args: argparse.Namespace) -> int:
@@ -80,7 +86,7 @@ def run_server(served: ServedModel, args: argparse.Namespace) -> int:
             port=args.port,
             uds=args.uds,
             log_level=args.log_level,
-            timeout_graceful_shutdown=int(args.shutdown_timeout) + 5,  # a backstop: the drain ends first
+            timeout_graceful_shutdown=int(args.shutdown_timeout) + STEP_BACKSTOP_SECONDS,
         ),
         on_exit=lambda: driver.drain(args.shutdown_timeout),
     )
