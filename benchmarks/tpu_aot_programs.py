@@ -54,6 +54,51 @@ def tell_the_chip() -> None:
     )
 
 
+def engine_runner(page_size: int = 64) -> ModelRunner:
+    """The engine's model runner for Qwen2.5-0.5B's shape in bf16, its vocabulary cut to 4,096 (the programs'
+    structure without 0.5 GB of embedding)."""
+    raw = json.loads(QWEN_CONFIG.read_text())
+    raw["vocab_size"] = 4096
+    config, _ = config_from_hf_dict(raw, overrides={"param_dtype": "bfloat16"})
+    return ModelRunner(
+        init_model(config, jax.random.key(0)), num_pages=256, page_size=page_size, max_seq_pages=16,
+        max_tokens=192, max_seqs=64, kernel="pallas",
+    )  # fmt: skip
+
+
+def step_program(
+    runner: ModelRunner, text: str, devices: list[Any]
+) -> tuple[Any, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The jitted step and its abstract arguments ``(args, kwargs)`` for the ``tokens,sequences,pages`` program
+    ``text``, placed on ``devices[0]``."""
+    tokens, seqs, pages = (int(part) for part in text.split(","))
+    chip = NamedSharding(Mesh(devices[:1], ("chip",)), PartitionSpec())
+
+    def on_chip(tree: Any) -> Any:
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=chip), tree)
+
+    buffer, previous, packing = pack(runner.example_inputs(ProgramShape(tokens, seqs, pages, False, False)))
+    step = jax.jit(
+        step_runner._step, static_argnames=("packing", "invariant", "alternatives"), donate_argnums=(1,)
+    )
+    arguments = (on_chip(runner.model), on_chip(runner.paged_kv), on_chip(buffer), on_chip(previous))
+    return step, (arguments, dict(packing=packing, invariant=False, alternatives=False))
+
+
+def decode_program(text: str, *, chip: bool) -> tuple[Any, tuple[tuple[Any, ...], dict[str, Any]], list[Any]]:
+    """`step_program` of ``text`` and the devices it is for: this process's TPU (``chip``), else a v5e
+    topology's devices with the chip's answers told (`tell_the_chip`)."""
+    if chip:
+        devices = jax.devices()
+    else:
+        found = topology_devices("TPU v5e", 1)
+        if found is None:
+            raise SystemExit("no libtpu here: `make venv` installs it, or set TPU_LIBRARY_PATH")
+        devices = list(found[0])
+        tell_the_chip()
+    return (*step_program(engine_runner(), text, devices), devices)
+
+
 def program_costs(shapes: list[str], page_size: int) -> list[dict[str, Any]]:
     """Trace, lower and compile each ``tokens,sequences,pages`` program for the v5e; seconds of each."""
     found = topology_devices("TPU v5e", 1)
@@ -62,38 +107,20 @@ def program_costs(shapes: list[str], page_size: int) -> list[dict[str, Any]]:
     devices, line = found
     print(line, flush=True)
     tell_the_chip()
-    raw = json.loads(QWEN_CONFIG.read_text())
-    raw["vocab_size"] = 4096  # the programs' structure without 0.5 GB of embedding on this CPU
-    config, _ = config_from_hf_dict(raw, overrides={"param_dtype": "bfloat16"})
-    runner = ModelRunner(
-        init_model(config, jax.random.key(0)), num_pages=256, page_size=page_size, max_seq_pages=16,
-        max_tokens=192, max_seqs=64, kernel="pallas",
-    )  # fmt: skip
-    chip = NamedSharding(Mesh(devices, ("chip",)), PartitionSpec())
-
-    def on_chip(tree: Any) -> Any:
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=chip), tree)
-
+    runner = engine_runner(page_size)
     results = []
     for text in shapes:
-        tokens, seqs, pages = (int(part) for part in text.split(","))
-        shape = ProgramShape(tokens, seqs, pages, False, False)
-        buffer, previous, packing = pack(runner.example_inputs(shape))
-        step = jax.jit(
-            step_runner._step, static_argnames=("packing", "invariant", "alternatives"), donate_argnums=(1,)
-        )
+        step, (arguments, static) = step_program(runner, text, list(devices))
         started = time.perf_counter()
         with jax.default_device(devices[0]):  # Pallas asks the default device which chip it lowers for
-            traced = step.trace(
-                on_chip(runner.model), on_chip(runner.paged_kv), on_chip(buffer), on_chip(previous),
-                packing=packing, invariant=False, alternatives=False,
-            )  # fmt: skip
+            traced = step.trace(*arguments, **static)
             traced_at = time.perf_counter()
             lowered = traced.lower()
         lowered_at = time.perf_counter()
         lowered.compile()
+        tokens, sequences, pages = (int(part) for part in text.split(","))
         done = dict(
-            tokens=tokens, sequences=seqs, pages=pages, trace_seconds=traced_at - started,
+            tokens=tokens, sequences=sequences, pages=pages, trace_seconds=traced_at - started,
             lower_seconds=lowered_at - traced_at, compile_seconds=time.perf_counter() - lowered_at,
         )  # fmt: skip
         print(

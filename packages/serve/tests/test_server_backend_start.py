@@ -5,6 +5,8 @@ ends the command as it did when the main thread started the backend.
 In a fresh process the CPU backend's factory is replaced by one that records its start and then waits until
 the folder's first tensor has been read: with the overlap the reading happens during the start; without it
 the start gives up waiting after `WAIT_SECONDS` and the recorded order shows it. No timing is asserted.
+The factory also records the TPU runtime's host buffer size the environment holds when the start begins
+(`halyard.serve.server.host_transfer`: the command sizes it for the folder first).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ WAIT_SECONDS = 30
 """How long the replaced factory waits for the folder to be read (only a broken overlap waits that long)."""
 
 SCRIPT = """
-import dataclasses, json, sys, threading
+import dataclasses, json, os, sys, threading
 from jax._src import xla_bridge
 from halyard.export import sources
 
@@ -30,6 +32,7 @@ registration = xla_bridge._backend_factories["cpu"]
 
 def factory():
     events.append("backend start begun")
+    events.append("host buffer " + os.environ.get("TPU_PREMAPPED_BUFFER_SIZE", "unset"))
     if sys.argv[2] == "fail":
         raise RuntimeError("no device here")
     read_begun.wait(float(sys.argv[3]))
@@ -58,7 +61,9 @@ sys.exit(code)
 def serve(folder: Path, mode: str) -> subprocess.CompletedProcess[str]:
     """``halyard-serve --hf folder --tensor 2`` with the recording factory (``mode``: wait or fail)."""
     command = [sys.executable, "-c", SCRIPT, str(folder), mode, str(WAIT_SECONDS)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=server_environment())
+    environment = server_environment()
+    environment.pop("TPU_PREMAPPED_BUFFER_SIZE", None)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,11 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_folder_is_read_while_the_backend_starts(hf_folder: Path) -> None:
     done = serve(hf_folder, "wait")
     events = json.loads(done.stdout.splitlines()[-1])
-    assert events == ["backend start begun", "folder read", "backend start ended"], done.stderr[-3000:]
+    # a tiny folder: the smallest buffer, set before the runtime starts
+    buffer = f"host buffer {256 * 2**20}"
+    assert events == ["backend start begun", buffer, "folder read", "backend start ended"], done.stderr[
+        -3000:
+    ]
     # the model reached the device: the engine's placement then refused --tensor 2 on one device, one line
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == "error: --tensor 2: there are 1 devices; give 1 to 1"

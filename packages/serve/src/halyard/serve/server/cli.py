@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from halyard.serve.server.backend import start_backend
+from halyard.serve.server.host_transfer import size_host_buffer
 from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
@@ -115,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
     except OptionError as error:
         return _bad_input(error)
+    size_host_buffer(args.hf, args.dtype)  # the TPU runtime's host buffer, before the runtime starts
     start_backend()  # after the options that must precede it (--training-arithmetic's XLA flag)
     # Imported once the backend's start is under way: on a TPU these imports and the reading overlap it.
     from halyard.data import DataInputError

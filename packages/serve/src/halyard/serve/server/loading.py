@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import jax
-
 from halyard.data import TokenizerSpec, load_tokenizer
 from halyard.export import read_hf_config
 from halyard.export.importer import read_hf_to_host
 from halyard.models import CausalLM
 from halyard.serve.requests import eos_ids_of
 from halyard.serve.server.backend import start_backend
+from halyard.serve.server.host_transfer import put_in_groups, transfer_limit
 from halyard.serve.server.options import SERVE_DTYPES
 from halyard.serve.server.tokenizer import TextTokenizer
 
@@ -66,7 +65,8 @@ def load_hf_folder(
     """A Hugging Face folder's model (halyard.export's importer), tokenizer and chat template.
 
     The weights and the tokenizer are read into host memory while JAX's backend starts in another thread
-    (`start_backend`; on a TPU its runtime takes seconds), then the weights are put on the device at once.
+    (`start_backend`; on a TPU its runtime takes seconds), then the weights are put on the device, in groups
+    that fit the TPU runtime's host buffer (`halyard.serve.server.host_transfer`).
 
     Args:
         folder: holds config.json, the safetensors weights and the tokenizer files.
@@ -93,4 +93,4 @@ def load_hf_folder(
     on_host = served_model(host_model, folder, name or folder.resolve().name, chat_template=chat_template)
     backend.wait()
     # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
-    return dataclasses.replace(on_host, model=jax.device_put(on_host.model))
+    return dataclasses.replace(on_host, model=put_in_groups(on_host.model, transfer_limit()))

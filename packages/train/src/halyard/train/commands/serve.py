@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 
 from halyard.serve.server.backend import start_backend
+from halyard.serve.server.host_transfer import size_host_buffer
 from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
@@ -40,6 +41,8 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
         chat_template = chat_template_of(args)
+        if args.hf is not None:
+            size_host_buffer(args.hf, args.dtype)  # the TPU runtime's host buffer, before the runtime starts
         start_backend()  # after the options that must precede it (--training-arithmetic's XLA flag)
         # Imported once the backend's start is under way: on a TPU these imports and the reading overlap it.
         from halyard.serve.server import load_hf_folder, run_server, served_model
