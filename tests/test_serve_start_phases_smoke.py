@@ -1,7 +1,8 @@
 """Smoke run of benchmarks/serve_start_phases.py at its CPU size: the three starts (cold and warm, phase by
 phase, and the overlapped start ``halyard serve --hf`` makes) each report every phase and the seconds to the
 first answer; the warm starts read every step program the cold start compiled from the compilation cache
-(`EngineStats.programs_loaded`) and compile none. Never their speed."""
+(`EngineStats.programs_loaded`) and compile none, and lower each from the program the cold start stored
+(`halyard.serve.program_store`), tracing none (`EngineStats.programs_traced`). Never their speed."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_serve_start_phases_small(tmp_path: Path) -> None:
         assert math.isclose(seconds["to_first_answer"], sum(seconds[name] for name in names)), seconds
     compiled = result["cold"]["programs_compiled"]
     assert compiled >= 2 and result["cold"]["programs_loaded"] == 0, result["cold"]
+    assert result["cold"]["programs_traced"] == compiled, result["cold"]  # each step program traced, stored
     for start in ("warm", "overlapped"):
-        assert (result[start]["programs_compiled"], result[start]["programs_loaded"]) == (0, compiled), (
-            result[start]
-        )
+        # every program lowered from the store (no trace) and read from the compilation cache (no compile)
+        counts = tuple(result[start][f"programs_{kind}"] for kind in ("compiled", "loaded", "traced"))
+        assert counts == (0, compiled, 0), result[start]

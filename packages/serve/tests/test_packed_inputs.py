@@ -13,8 +13,8 @@ from tiny_models import tiny_model
 
 from halyard.serve import Engine, EngineConfig, SamplingParams
 from halyard.serve.packed_inputs import pack, unpack
-from halyard.serve.program import ProgramShape
-from halyard.serve.runner import ModelRunner, example_inputs
+from halyard.serve.program import ProgramShape, example_inputs
+from halyard.serve.runner import ModelRunner
 
 
 def _random_inputs(seed: int):  # type: ignore[no-untyped-def]

@@ -63,7 +63,9 @@ class EngineConfig:
             (``os.cpu_count()``).
         compilation_cache: a folder for JAX's persistent compilation cache (`halyard.shard.compilation_cache`,
             the mechanism training's ``trainer.compilation_cache`` uses): a second start loads its programs
-            from there. None: no cache, unless this process set one already.
+            from there, and lowers them from the step programs the first stored in its ``halyard-programs``
+            folder instead of tracing the model (`halyard.serve.program_store`). None: no cache, unless this
+            process set one already (then no stored programs).
     """
 
     page_size: int = 64

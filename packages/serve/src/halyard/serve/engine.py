@@ -39,6 +39,7 @@ from halyard.serve.detokenizer import Detokenizer
 from halyard.serve.outputs import RequestOutput, Update, run_to_end
 from halyard.serve.pages import PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
+from halyard.serve.program_store import ProgramStore
 from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_request_id
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
@@ -101,6 +102,7 @@ class Engine:
             invariant=config.training_arithmetic,
             mesh=mesh,
             layout=layout,
+            program_store=ProgramStore.in_cache(config.compilation_cache),
         )
         self.scheduler = Scheduler(
             self.pages,
@@ -121,6 +123,7 @@ class Engine:
             self.stats.compile_seconds = self.runner.compile_seconds
             self.stats.programs_compiled = self.runner.programs_compiled
             self.stats.programs_loaded = self.runner.programs_loaded
+            self.stats.programs_traced = self.runner.programs_traced
 
     # -- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -311,6 +314,7 @@ class Engine:
             compile_seconds=self.runner.compile_seconds,
             programs_compiled=self.runner.programs_compiled,
             programs_loaded=self.runner.programs_loaded,
+            programs_traced=self.runner.programs_traced,
         )
         return updates
 

@@ -81,3 +81,33 @@ class ProgramShape:
     seq_pages: int
     prompt_logprobs: bool
     alternatives: bool = False
+
+
+def example_inputs(shape: ProgramShape) -> StepInputs:
+    """Inputs of ``shape`` that are all padding: a program run on them stores nothing."""
+    seqs, tokens = shape.seqs, shape.tokens
+    int_seqs = np.zeros((seqs,), np.int32)
+    settings = RowSettings(
+        temperature=np.zeros((seqs,), np.float32),
+        top_k=int_seqs,
+        top_p=np.ones((seqs,), np.float32),
+        min_p=np.zeros((seqs,), np.float32),
+        seed=np.zeros((seqs, 2), np.uint32),
+        sample=int_seqs,
+        position=int_seqs,
+    )
+    batch = RaggedBatch(
+        positions=np.full((tokens,), -1, np.int32),
+        slots=np.full((tokens,), -1, np.int32),
+        page_table=np.zeros((seqs, shape.seq_pages), np.int32),
+        cu_q_lens=np.zeros((seqs + 1,), np.int32),
+        kv_lens=int_seqs,
+        num_seqs=np.asarray(0, np.int32),
+    )
+    return StepInputs(
+        tokens=np.zeros((tokens,), np.int32),
+        batch=batch,
+        last=int_seqs,
+        settings=settings,
+        next_tokens=np.zeros((tokens,), np.int32) if shape.prompt_logprobs else None,
+    )

@@ -36,16 +36,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from halyard.models import CausalLM
-from halyard.models.attention.ragged_paged import RaggedBatch
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.compile_events import thread_compiles
 from halyard.serve.packed_inputs import Packing, pack, unpack
 from halyard.serve.params import MAX_TOP_LOGPROBS
-from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, round_up_power_of_two
+from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, example_inputs, round_up_power_of_two
+from halyard.serve.program_store import ProgramStore
 from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
-from halyard.serve.sampler import RowSettings, draw
+from halyard.serve.sampler import draw
 from halyard.shard import Layout, use_layout
 
 
@@ -70,6 +70,8 @@ class ModelRunner:
         kernel: the paged attention kernel (`halyard.models.attention.dispatch.paged_kernel`).
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
+        program_store: keep the programs' lowerings there and read them back instead of tracing the model
+            (`halyard.serve.program_store`; a runner without a mesh only).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class ModelRunner:
         kernel: str = "auto",
         mesh: jax.sharding.Mesh | None = None,
         layout: Layout | None = None,
+        program_store: ProgramStore | None = None,
     ):
         if (mesh is None) != (layout is None):
             raise ValueError("ModelRunner takes a mesh and a layout together, or neither")
@@ -114,6 +117,8 @@ class ModelRunner:
         self.compile_seconds = 0.0
         self.programs_compiled = 0
         self.programs_loaded = 0  # read from the persistent compilation cache instead
+        self.programs_traced = 0  # the rest were lowered from `program_store`
+        self.program_store = program_store if mesh is None else None
         self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, tuple[Any, Packing]] = {}
         self._counting = threading.Lock()  # `compile_shapes`' threads add to the counters
@@ -180,14 +185,20 @@ class ModelRunner:
                 pool.submit(contextvars.copy_context().run, self._compile, shape): shape for shape in todo
             }
             for future in concurrent.futures.as_completed(futures):
-                compiled, (count, loaded), seconds = future.result()
+                compiled, counts, seconds = future.result()
                 with self._counting:
-                    self.programs_compiled += count
-                    self.programs_loaded += loaded
+                    self._count(counts)
                     self._programs.setdefault(futures[future], compiled)
                 yield futures[future], seconds
         with self._counting:
             self.compile_seconds += time.perf_counter() - started
+
+    def _count(self, counts: tuple[int, int, int]) -> None:
+        """Add one program's (compiled, loaded, traced) counts (`_compile`; under ``_counting``)."""
+        compiled, loaded, traced = counts
+        self.programs_compiled += compiled  # 0 when JAX had it (this process, the disk cache)
+        self.programs_loaded += loaded
+        self.programs_traced += traced
 
     def rows_agree(self, shape: ProgramShape) -> bool:
         """Whether ``shape``'s program gives every sequence the bits the ``max_tokens`` program gives it
@@ -274,37 +285,45 @@ class ModelRunner:
         program = self._programs.get(shape)
         if program is not None:
             return program
-        compiled, (count, loaded), seconds = self._compile(shape)
+        compiled, counts, seconds = self._compile(shape)
         with self._counting:
             self.compile_seconds += seconds
-            self.programs_compiled += count  # 0 when JAX had it (this process, the disk cache)
-            self.programs_loaded += loaded
+            self._count(counts)
             return self._programs.setdefault(shape, compiled)
 
-    def _compile(self, shape: ProgramShape) -> tuple[tuple[Any, Packing], tuple[int, int], float]:
-        """``shape``'s program compiled with the packing of its inputs, the XLA compiles that took and the
-        programs read from the persistent cache (both 0 when this process had it), and the seconds."""
+    def _compile(self, shape: ProgramShape) -> tuple[tuple[Any, Packing], tuple[int, int, int], float]:
+        """``shape``'s program compiled with the packing of its inputs; the XLA compiles that took, the
+        programs read from the persistent cache (both 0 when this process had it) and whether it was traced
+        (not read from `program_store`); the seconds."""
         started, (compiles, loads) = time.perf_counter(), thread_compiles()
         buffer, previous, packing = pack(self.example_inputs(shape))
+        arguments = (self.model, self.paged_kv, self._placed(buffer), self._placed(previous))
+        static = dict(packing=packing, invariant=self.invariant, alternatives=shape.alternatives)
         with self._placement():
-            lowered = jax.jit(
-                _step, static_argnames=("packing", "invariant", "alternatives"), donate_argnums=(1,)
-            ).lower(
-                self.model,
-                self.paged_kv,
-                self._placed(buffer),
-                self._placed(previous),
-                packing=packing,
-                invariant=self.invariant,
-                alternatives=shape.alternatives,
-            )
-            compiled = lowered.compile()
+            compiled: Any
+            if self.program_store is None:
+                step = jax.jit(_step, static_argnames=tuple(static), donate_argnums=(1,))
+                compiled, traced = step.lower(*arguments, **static).compile(), True
+            else:
+                compiled = self.program_store.compile(_step, arguments, static, (1,), self._output_tree)
+                traced = compiled.traced
         compiled_now, loaded_now = thread_compiles()
         return (
             (compiled, packing),
-            (compiled_now - compiles, loaded_now - loads),
+            (compiled_now - compiles, loaded_now - loads, int(traced)),
             time.perf_counter() - started,
         )
+
+    def _output_tree(self, present: list[bool]) -> Any:
+        """The tree of a step's outputs (the pool, `StepOutputs`) whose leaves are ``present`` (flattened with
+        None as a leaf: `halyard.serve.program_store.ProgramStore.compile`)."""
+        pool = len(jax.tree.leaves(self.paged_kv, is_leaf=lambda leaf: leaf is None))
+        fields = present[pool:]
+        if len(fields) != len(StepOutputs._fields):
+            raise ValueError(
+                f"a stored step program has {len(present)} outputs; this runner's have {pool + len(StepOutputs._fields)}"
+            )
+        return jax.tree.structure((self.paged_kv, StepOutputs(*(0 if field else None for field in fields))))
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
@@ -333,36 +352,6 @@ def _buckets(smallest: int, largest: int) -> list[int]:
         sizes.append(size)
         size *= 2
     return [*sizes, largest]
-
-
-def example_inputs(shape: ProgramShape) -> StepInputs:
-    """Inputs of ``shape`` that are all padding: a program run on them stores nothing."""
-    seqs, tokens = shape.seqs, shape.tokens
-    int_seqs = np.zeros((seqs,), np.int32)
-    settings = RowSettings(
-        temperature=np.zeros((seqs,), np.float32),
-        top_k=int_seqs,
-        top_p=np.ones((seqs,), np.float32),
-        min_p=np.zeros((seqs,), np.float32),
-        seed=np.zeros((seqs, 2), np.uint32),
-        sample=int_seqs,
-        position=int_seqs,
-    )
-    batch = RaggedBatch(
-        positions=np.full((tokens,), -1, np.int32),
-        slots=np.full((tokens,), -1, np.int32),
-        page_table=np.zeros((seqs, shape.seq_pages), np.int32),
-        cu_q_lens=np.zeros((seqs + 1,), np.int32),
-        kv_lens=int_seqs,
-        num_seqs=np.asarray(0, np.int32),
-    )
-    return StepInputs(
-        tokens=np.zeros((tokens,), np.int32),
-        batch=batch,
-        last=int_seqs,
-        settings=settings,
-        next_tokens=np.zeros((tokens,), np.int32) if shape.prompt_logprobs else None,
-    )
 
 
 def _step(

@@ -28,6 +28,8 @@ class EngineStats:
             prompt log-probs).
         programs_loaded: step programs read from the persistent compilation cache
             (`EngineConfig.compilation_cache`) instead of compiled.
+        programs_traced: step programs traced from the model (with `EngineConfig.compilation_cache`, the
+            others were lowered from the programs a start before stored: `halyard.serve.program_store`).
     """
 
     pages_total: int
@@ -45,6 +47,7 @@ class EngineStats:
     compile_seconds: float = 0.0
     programs_compiled: int = 0
     programs_loaded: int = 0
+    programs_traced: int = 0
     _recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
     _rate: float | None = None
 
@@ -69,12 +72,13 @@ class EngineStats:
         compile_seconds: float,
         programs_compiled: int,
         programs_loaded: int,
+        programs_traced: int,
     ) -> None:
         """Note one step's duration and the gauges after it (the compile figures are the runner's totals)."""
         self.steps += 1
         self.waiting, self.running, self.pages_in_use = waiting, running, pages_in_use
         self.compile_seconds, self.programs_compiled = compile_seconds, programs_compiled
-        self.programs_loaded = programs_loaded
+        self.programs_loaded, self.programs_traced = programs_loaded, programs_traced
         self._recent.append((time.monotonic(), self.tokens_generated))
 
     def tokens_per_second(self) -> float:

@@ -53,8 +53,9 @@ def warm_up(
     for shape in shapes:
         jax.block_until_ready(runner.run(shape, runner.example_inputs(shape)))
     logger.info(
-        "warm-up: %d step shapes, %d programs compiled and %d read from the compilation cache in %.1f s (%.1f s in all)",
-        len(shapes), runner.programs_compiled, runner.programs_loaded, runner.compile_seconds,
+        "warm-up: %d step shapes, %d programs compiled and %d read from the compilation cache (%d traced) in %.1f s"
+        " (%.1f s in all)",
+        len(shapes), runner.programs_compiled, runner.programs_loaded, runner.programs_traced, runner.compile_seconds,
         time.perf_counter() - started,
     )  # fmt: skip
     return shapes

@@ -41,6 +41,10 @@ METRICS = {
     "compile_seconds": ("counter", "seconds spent compiling step programs"),
     "programs_compiled": ("counter", "step programs compiled (stays after --warmup)"),
     "programs_loaded": ("counter", "step programs read from the compilation cache instead of compiled"),
+    "programs_traced": (
+        "counter",
+        "step programs traced from the model (not lowered from --compilation-cache)",
+    ),
 }
 """The ``/metrics`` names (``halyard_serve_`` + key), their Prometheus type and meaning."""
 
