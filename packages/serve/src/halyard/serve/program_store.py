@@ -70,23 +70,6 @@ def program_key(leaves: list[Any], tree: Any, static: dict[str, Any]) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-class StoredProgram:
-    """A step program lowered from its exported module: called as the jitted function it was exported from
-    (the same arguments, the same outputs).
-
-    Attributes:
-        traced: the program was traced in this process (no stored module, or one that could not be read).
-    """
-
-    def __init__(self, compiled: Any, output_tree: Any, traced: bool) -> None:
-        self._compiled = compiled
-        self._output_tree = output_tree
-        self.traced = traced
-
-    def __call__(self, *args: Any) -> Any:
-        return jax.tree.unflatten(self._output_tree, self._compiled(*jax.tree.leaves(args)))
-
-
 class ProgramStore:
     """Exported step programs in ``directory`` (created on the first store).
 
@@ -111,9 +94,10 @@ class ProgramStore:
         static: dict[str, Any],
         donate: tuple[int, ...],
         output_tree: Callable[[list[bool]], Any],
-    ) -> StoredProgram:
+    ) -> tuple[Any, bool]:
         """``jax.jit(function, donate_argnums=donate)`` for ``args`` and the keyword arguments ``static``,
-        compiled, its lowering read from the store where it is there, else traced and stored.
+        compiled (called with ``args``' arrays, as the jitted function), its lowering read from the store
+        where it is there, else traced and stored; and whether it was traced.
 
         Args:
             function: the program's Python function.
@@ -124,28 +108,28 @@ class ProgramStore:
                 (flattened with None as a leaf), as the caller knows it.
         """
         leaves, tree = jax.tree.flatten(args)
-        counts = [len(jax.tree.leaves(arg)) for arg in args]
-        starts = [sum(counts[:i]) for i in range(len(args))]
-        flat_donate = tuple(j for i in donate for j in range(starts[i], starts[i] + counts[i]))
         path = self.directory / f"{program_key(leaves, tree, static)}.program"
         stored = self._read(path)
         traced = stored is None
         if stored is None:
-            stored = self._export(function, leaves, tree, static, flat_donate)
+            stored = self._export(function, args, static, donate)
             self._write(path, *stored)
         exported, present = stored
-        compiled = jax.jit(exported.call, donate_argnums=flat_donate).lower(*leaves).compile()
-        return StoredProgram(compiled, output_tree(present), traced)
+        structure = output_tree(present)
+
+        def call(*arrays: Any) -> Any:  # the stored module's arrays in, ``function``'s outputs out
+            return jax.tree.unflatten(structure, exported.call(*jax.tree.leaves(arrays)))
+
+        return jax.jit(call, donate_argnums=donate).lower(*args).compile(), traced
 
     @staticmethod
     def _export(
-        function: Callable[..., Any],
-        leaves: list[Any],
-        tree: Any,
-        static: dict[str, Any],
-        donate: tuple[int, ...],
+        function: Callable[..., Any], args: tuple[Any, ...], static: dict[str, Any], donate: tuple[int, ...]
     ) -> tuple[Any, list[bool]]:
-        """``function`` traced on the flattened arguments and exported; which of its output leaves are None."""
+        """``function`` traced on the flattened ``args`` and exported; which of its output leaves are None."""
+        leaves, tree = jax.tree.flatten(args)
+        counts = [len(jax.tree.leaves(arg)) for arg in args]
+        flat_donate = tuple(j for i in donate for j in range(sum(counts[:i]), sum(counts[: i + 1])))
         present: list[bool] = []
 
         def flat(*flat_args: Any) -> list[Any]:
@@ -156,7 +140,7 @@ class ProgramStore:
             return [output for output in outputs if output is not None]
 
         abstract = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding) for leaf in leaves]
-        return jax.export.export(jax.jit(flat, donate_argnums=donate))(*abstract), present
+        return jax.export.export(jax.jit(flat, donate_argnums=flat_donate))(*abstract), present
 
     @staticmethod
     def _read(path: Path) -> tuple[Any, list[bool]] | None:

@@ -305,8 +305,9 @@ class ModelRunner:
                 step = jax.jit(_step, static_argnames=tuple(static), donate_argnums=(1,))
                 compiled, traced = step.lower(*arguments, **static).compile(), True
             else:
-                compiled = self.program_store.compile(_step, arguments, static, (1,), self._output_tree)
-                traced = compiled.traced
+                compiled, traced = self.program_store.compile(
+                    _step, arguments, static, (1,), self._output_tree
+                )
         compiled_now, loaded_now = thread_compiles()
         return (
             (compiled, packing),
