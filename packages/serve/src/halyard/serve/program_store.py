@@ -10,9 +10,10 @@ A program is stored under a key of everything its trace depends on (`program_key
 versions, JAX's configuration, ``XLA_FLAGS``, the backend and its devices, the source of the Halyard packages
 that build it, Halyard's context variables (the target backend, batch invariance), the arguments' tree
 structure (the model's config is in it; a function in it by its name), shapes, dtypes and shardings, and
-the static arguments. A changed input is a new key, so a stale program is never used; a file that cannot be read is traced again and
-replaced. Cold and warm starts lower the same module (the cold one exports it first), so the compilation
-cache answers the warm one.
+the static arguments. A changed input is a new key, so a stale program is never used; a file that cannot be
+read is traced again and replaced. Cold and warm starts lower the same module (the cold one exports it
+first), so the compilation cache answers the warm one. An engine on a mesh does not use it (its layout is
+not in the key).
 """
 
 from __future__ import annotations
