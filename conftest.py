@@ -70,127 +70,107 @@ WORKER_MIN_COMPILE_TIME_SECS = 0.5
 # come last, in collection order.
 ROOT = Path(__file__).resolve().parent
 FILE_SECONDS = {
-    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-06 18:09, 3 workers on 2 cores, the
-    # loop emitters without fused multiply-adds); the notes below say why a file costs what it does.
-    # A file that starts late runs in the suite's tail.
-    "packages/serve/tests/test_warmup.py": 23,
-    "packages/train/tests/test_cli_relative_run_dir.py": 9,  # 18 in the 2026-12-07 clean clone; its two runs in the worker: 9.5 -> 4.9 s alone
-    "packages/models/tests/test_paged_decoding.py": 15,
-    "packages/models/tests/test_reports.py": 13,
-    "packages/train/tests/test_optimizer_state_placement.py": 18,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
-    "packages/models/tests/test_attention_splash.py": 15,
-    "tests/test_docs.py": 387,  # 394 in the 2026-12-07 clean clone; 10_rl at 2 smoke steps since (43 s there, ~36 now)
-    # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
-    # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
-    # 259: 327 in the 2026-12-07 clean-clone run less its SmolLM2-shaped run (68 s; test_grpo_real_shapes.py
-    # asserts the same through the same path)
-    "packages/train/tests/test_grpo_trainer.py": 250,  # and three runs in the worker instead of `train` processes: ~9 s less
-    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
-    # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "packages/train/tests/test_doremi_trainer.py": 84,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
+    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-07 05:55, 3 workers on 2 cores, the
+    # loop emitters without fused multiply-adds, beside another suite on the same machine: 5805 worker-s in all,
+    # where quiet runs took 4,900-5,360); the notes say why a file costs what it does (earlier figures in them
+    # are from earlier runs). A file that starts late runs in the suite's tail.
+    "tests/test_docs.py": 418,  # every guide at smoke size in a process of its own, then the site
+    # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; the nucleus run is the killed
+    # run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
+    "packages/train/tests/test_grpo_trainer.py": 298,
+    "packages/train/tests/test_invariant_trainer.py": 220,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
+    "packages/train/tests/test_matrix_trainer.py": 208,
+    # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
+    # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
+    "packages/serve/tests/test_deterministic.py": 167,
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
-    "packages/train/tests/test_grpo_real_shapes.py": 113,
-    "packages/train/tests/test_spike_replay.py": 13,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
-    "tests/test_serve_rl_benchmark_smoke.py": 114,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
-    "tests/test_serve_start_phases_smoke.py": 25,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
-    "packages/models/tests/test_paged_decode_pallas.py": 20,  # new: the token decode kernel in the TPU interpreter
-    "packages/serve/tests/test_server_backend_start.py": 8,  # new: two fresh processes
-    "packages/serve/tests/test_engine.py": 72,  # new (halyard-serve's): six families against the full forward
-    "tests/test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
-    "packages/serve/tests/test_sharded_engine.py": 29,  # new: tensor parallel and replicas
-    # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
-    # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
-    "packages/serve/tests/test_deterministic.py": 136,
-    "packages/train/tests/test_rl_losses.py": 33,  # new: TRL's GRPOTrainer on the same arrays
-    "tests/reliability/test_training_kill.py": 103,
-    "tests/test_benchmarks_smoke.py": 70,
-    "packages/models/tests/test_pipeline.py": 51,
-    "packages/train/tests/test_matrix_trainer.py": 137,
-    "packages/train/tests/test_invariant_trainer.py": 194,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
-    "packages/train/tests/test_watch_trainer.py": 19,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
-    "tests/test_watch_benchmark_smoke.py": 9,
-    "tests/reliability/test_nonfinite.py": 28,
-    "tests/test_install_alone.py": 65,
-    "packages/train/tests/test_context_parallel_trainer.py": 68,
-    "packages/train/tests/test_builtin_configs.py": 21,
-    "packages/train/tests/test_trainer_multiprocess.py": 26,
-    "packages/models/tests/test_family_gemma.py": 39,
-    "tests/test_pipeline_benchmark_smoke.py": 43,
-    "tests/test_invariant_benchmark_smoke.py": 37,  # new: 31 s alone
-    "packages/train/tests/test_invariant_layer_gathers.py": 72,  # new: 22 s alone with a warm compilation cache, about 3x cold
-    "packages/serve/tests/test_server_operation.py": 63,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
-    "packages/serve/tests/test_server_answers.py": 21,
-    "packages/train/tests/test_train_while_tokenizing.py": 23,
-    "tests/reliability/test_damaged_checkpoints.py": 13,
-    "packages/train/tests/test_checkpoint_benchmark_smoke.py": 25,
-    "packages/train/tests/test_pipeline_trainer.py": 100,
-    "packages/train/tests/test_trainer_fit.py": 44,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
-    "packages/models/tests/test_lora.py": 34,
-    "tests/test_context_parallel_benchmark_smoke.py": 19,
-    "packages/models/tests/test_family_phi3.py": 15,
-    "tests/reliability/test_checkpoint_write_errors.py": 12,
-    "packages/named/tests/nn/test_stacked.py": 16,
-    "packages/models/tests/test_family_olmo2.py": 13,
-    "packages/train/tests/test_first_contact_errors.py": 29,
-    "packages/models/tests/test_sharding.py": 13,
-    "packages/train/tests/test_cli_interrupts.py": 27,
-    "packages/named/tests/test_reductions.py": 16,
-    "packages/train/tests/test_harness_during_training.py": 13,
-    "packages/train/tests/test_invariant_step.py": 26,
-    "packages/train/tests/test_dpo_trl_referee.py": 17,
+    "packages/train/tests/test_grpo_real_shapes.py": 147,
+    "tests/test_serve_rl_benchmark_smoke.py": 135,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
+    "packages/serve/tests/test_engine.py": 131,  # new (halyard-serve's): six families against the full forward
+    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
+    # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
+    "packages/train/tests/test_doremi_trainer.py": 127,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
+    "packages/train/tests/test_pipeline_trainer.py": 126,
+    "packages/train/tests/test_mixture_trainer.py": 122,
+    "tests/test_benchmarks_smoke.py": 121,
+    "packages/train/tests/test_invariant_layer_gathers.py": 118,  # new: 22 s alone with a warm compilation cache, about 3x cold
+    "tests/reliability/test_training_kill.py": 110,
+    "packages/train/tests/test_context_parallel_trainer.py": 102,
+    "packages/serve/tests/test_server_load.py": 79,  # new: 15-25 s alone
+    "tests/test_invariant_benchmark_smoke.py": 79,  # new: 31 s alone
+    "packages/train/tests/test_lora_trainer.py": 74,
+    "packages/serve/tests/test_server_operation.py": 70,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
+    "packages/serve/tests/test_deterministic_bfloat16.py": 70,  # new: 30 s alone
+    "packages/models/tests/test_family_gemma.py": 68,
+    "packages/train/tests/test_demo.py": 65,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
+    "packages/train/tests/test_tpu_host_start.py": 65,  # train, generate/eval/replay/plan, serve with TPU_* variables set
+    "packages/models/tests/test_pipeline.py": 62,
+    "packages/train/tests/test_rl_losses.py": 62,  # new: TRL's GRPOTrainer on the same arrays
+    "packages/train/tests/test_first_contact_errors.py": 59,
+    "tests/test_install_alone.py": 58,
+    "packages/train/tests/test_optimizer_state_placement.py": 56,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
+    "packages/train/tests/test_checkpoint_benchmark_smoke.py": 55,
+    "tests/reliability/test_checkpoint_write_errors.py": 54,
+    "packages/serve/tests/test_sharded_engine.py": 54,  # new: tensor parallel and replicas
+    "packages/named/tests/nn/test_stacked.py": 51,
+    "packages/train/tests/test_harness_during_training.py": 49,
+    "packages/train/tests/test_every_host_builds.py": 47,
+    "tests/reliability/test_damaged_checkpoints.py": 47,
+    "packages/train/tests/test_trainer_fit.py": 46,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
+    "packages/train/tests/test_matrix_interruptions.py": 46,
+    "packages/train/tests/test_spike_replay.py": 45,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
+    "tests/test_serve_start_phases_smoke.py": 44,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
+    "tests/test_pipeline_benchmark_smoke.py": 42,
+    "tests/test_serve_transformers_generate.py": 40,  # new: four families against transformers' generate
+    "packages/train/tests/test_harness_referee.py": 39,
+    "packages/models/tests/test_model_loss.py": 38,
+    "packages/train/tests/test_train_while_tokenizing.py": 38,
+    "packages/train/tests/test_invariant_step.py": 37,
+    "packages/train/tests/test_watch_trainer.py": 36,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
+    "packages/train/tests/test_trainer_multiprocess.py": 35,
+    "packages/train/tests/test_dpo_trl_referee.py": 35,
+    "packages/named/tests/test_reductions.py": 33,
+    "tests/test_worker_life.py": 32,
+    "packages/models/tests/test_lora.py": 31,
+    "packages/train/tests/test_plan.py": 31,
+    "packages/train/tests/test_cli_interrupts.py": 31,
+    "packages/train/tests/test_trainer_step.py": 30,
+    "tests/reliability/test_nonfinite.py": 30,
+    "packages/train/tests/test_builtin_configs.py": 29,
+    "packages/serve/tests/test_server_answers.py": 27,
+    "packages/models/tests/test_sharding.py": 25,
+    "packages/train/tests/test_plan_tpu_topology.py": 25,
+    "packages/train/tests/test_readme_scripts.py": 25,
     "packages/models/tests/test_context_parallel_attention.py": 25,
-    "packages/named/tests/test_broadcast.py": 7,
-    "packages/export/tests/test_real_config_parity.py": 18,
-    "packages/train/tests/test_checkpoint_checksums.py": 4,
-    "packages/train/tests/test_dpo_trainer.py": 17,
-    "packages/models/tests/test_model_loss.py": 14,
-    "packages/models/tests/test_mup.py": 7,
-    "packages/train/tests/test_lora_trainer.py": 53,
-    "packages/train/tests/test_trainer_step.py": 16,
-    "packages/models/tests/test_moe_aux_mask.py": 9,
-    "tests/test_worker_life.py": 26,
-    "packages/models/tests/test_stack.py": 15,
-    "packages/train/tests/test_plan.py": 28,
-    "tests/test_optimizers_benchmark_smoke.py": 12,
-    "packages/models/tests/test_mixtral.py": 8,
-    "packages/models/tests/test_loss.py": 23,
-    "packages/train/tests/test_checkpoint_crash_and_preemption.py": 8,
-    "packages/models/tests/test_readme.py": 17,
-    "packages/models/tests/test_family_qwen3.py": 17,
-    "packages/train/tests/test_multiprocess_throughput.py": 10,
-    "packages/models/tests/test_attention_implementations.py": 13,
-    "packages/serve/tests/test_server_load.py": 48,  # new: 15-25 s alone
-    "packages/train/tests/test_lora_dpo.py": 14,
-    "packages/train/tests/test_harness_referee.py": 18,
-    "packages/train/tests/test_continue_schedule.py": 10,
-    "packages/models/tests/test_attention_softcap.py": 8,
-    "packages/train/tests/test_sft_trainer.py": 11,
-    "packages/train/tests/test_run_setup.py": 1,
-    "packages/train/tests/test_mixture_trainer.py": 47,
-    "tests/reliability/test_cache_faults.py": 9,
-    "packages/models/tests/test_qwen2_sliding_window.py": 9,
-    "packages/models/tests/test_ragged_paged_pallas.py": 9,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
-    "tests/reliability/test_multiprocess_death.py": 14,
-    "packages/named/tests/test_softmax.py": 10,
-    "packages/train/tests/test_relocatable_run_dir.py": 6,
-    "packages/train/tests/test_matrix_interruptions.py": 38,
-    "packages/train/tests/test_demo.py": 40,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
-    "packages/data-cache/tests/test_ray_builder.py": 11,
-    "packages/train/tests/test_every_host_builds.py": 37,
-    "packages/train/tests/test_harness_command.py": 8,
-    "packages/train/tests/test_export_integration.py": 9,
-    "packages/train/tests/test_tokenizer_folder_everywhere.py": 11,
-    "packages/train/tests/test_serve_command.py": 7,
-    "packages/train/tests/test_tpu_host_start.py": 43,  # new: train, generate/eval/replay/plan, serve with TPU_* variables set  # new: 15-18 s alone
-    "packages/data-cache/tests/test_kill_resume.py": 7,
-    "packages/train/tests/test_checkpoint_roundtrip.py": 12,
-    "packages/named/tests/test_indexing.py": 11,
-    "packages/train/tests/test_plan_tpu_topology.py": 23,
-    "packages/train/tests/test_readme_scripts.py": 27,
-    "tests/test_tpu_benchmark_smoke.py": 11,
-    "packages/serve/tests/test_deterministic_bfloat16.py": 41,  # new: 30 s alone
+    "tests/test_context_parallel_benchmark_smoke.py": 24,
+    "tests/reliability/test_cache_faults.py": 24,
+    "packages/models/tests/test_attention_implementations.py": 24,
+    "packages/models/tests/test_attention_splash.py": 23,
+    "packages/export/tests/test_real_config_parity.py": 22,
+    "packages/models/tests/test_paged_decode_pallas.py": 21,  # new: the token decode kernel in the TPU interpreter
+    "packages/models/tests/test_family_qwen3.py": 21,
+    "tests/test_optimizers_benchmark_smoke.py": 21,
+    "packages/serve/tests/test_warmup.py": 20,
+    "packages/train/tests/test_dpo_trainer.py": 20,
+    "packages/models/tests/test_family_phi3.py": 20,
+    "packages/train/tests/test_sft_trainer.py": 19,
+    "packages/data-cache/tests/test_ray_builder.py": 17,
+    "packages/serve/tests/test_sampler.py": 17,
+    "packages/train/tests/test_run_setup.py": 17,
+    "tests/test_tpu_benchmark_smoke.py": 17,
+    "packages/models/tests/test_family_olmo2.py": 17,
+    "tests/test_compiled_program_release.py": 17,
+    "packages/models/tests/test_paged_decoding.py": 16,
+    "packages/models/tests/test_reports.py": 16,
+    "packages/train/tests/test_serve_command.py": 16,
+    "packages/models/tests/test_mup.py": 16,
+    "packages/train/tests/test_harness_command.py": 15,
+    "packages/models/tests/test_moe_aux_mask.py": 15,
+    "packages/train/tests/test_lora_dpo.py": 15,
+    "packages/train/tests/test_checkpoint_writer_priority.py": 15,
+    "packages/models/tests/test_ragged_paged_pallas.py": 15,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
 }
 
 
