@@ -70,107 +70,97 @@ WORKER_MIN_COMPILE_TIME_SECS = 0.5
 # come last, in collection order.
 ROOT = Path(__file__).resolve().parent
 FILE_SECONDS = {
-    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-07 05:55, 3 workers on 2 cores, the
-    # loop emitters without fused multiply-adds, beside another suite on the same machine: 5805 worker-s in all,
-    # where quiet runs took 4,900-5,360); the notes say why a file costs what it does (earlier figures in them
-    # are from earlier runs). A file that starts late runs in the suite's tail.
-    "tests/test_docs.py": 418,  # every guide at smoke size in a process of its own, then the site
+    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-07 06:36, 3 workers on 2 cores, the
+    # loop emitters without fused multiply-adds, beside another suite on the same machine: 4997 worker-s in all);
+    # the notes say why a file costs what it does (earlier figures in them are from earlier runs). A file that
+    # starts late runs in the suite's tail.
+    "tests/test_docs.py": 354,  # every guide at smoke size in a process of its own, then the site
     # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; the nucleus run is the killed
     # run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
-    "packages/train/tests/test_grpo_trainer.py": 298,
-    "packages/train/tests/test_invariant_trainer.py": 220,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
-    "packages/train/tests/test_matrix_trainer.py": 208,
+    "packages/train/tests/test_grpo_trainer.py": 226,
     # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
     # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
-    "packages/serve/tests/test_deterministic.py": 167,
+    "packages/serve/tests/test_deterministic.py": 189,
+    "packages/train/tests/test_invariant_trainer.py": 180,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
+    "packages/train/tests/test_matrix_trainer.py": 162,
+    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
+    # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
+    "packages/train/tests/test_doremi_trainer.py": 154,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
-    "packages/train/tests/test_grpo_real_shapes.py": 147,
-    "tests/test_serve_rl_benchmark_smoke.py": 135,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
-    "packages/serve/tests/test_engine.py": 131,  # new (halyard-serve's): six families against the full forward
-    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
-    # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "packages/train/tests/test_doremi_trainer.py": 127,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
-    "packages/train/tests/test_pipeline_trainer.py": 126,
-    "packages/train/tests/test_mixture_trainer.py": 122,
-    "tests/test_benchmarks_smoke.py": 121,
-    "packages/train/tests/test_invariant_layer_gathers.py": 118,  # new: 22 s alone with a warm compilation cache, about 3x cold
-    "tests/reliability/test_training_kill.py": 110,
-    "packages/train/tests/test_context_parallel_trainer.py": 102,
-    "packages/serve/tests/test_server_load.py": 79,  # new: 15-25 s alone
-    "tests/test_invariant_benchmark_smoke.py": 79,  # new: 31 s alone
-    "packages/train/tests/test_lora_trainer.py": 74,
-    "packages/serve/tests/test_server_operation.py": 70,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
-    "packages/serve/tests/test_deterministic_bfloat16.py": 70,  # new: 30 s alone
-    "packages/models/tests/test_family_gemma.py": 68,
-    "packages/train/tests/test_demo.py": 65,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
-    "packages/train/tests/test_tpu_host_start.py": 65,  # train, generate/eval/replay/plan, serve with TPU_* variables set
-    "packages/models/tests/test_pipeline.py": 62,
-    "packages/train/tests/test_rl_losses.py": 62,  # new: TRL's GRPOTrainer on the same arrays
-    "packages/train/tests/test_first_contact_errors.py": 59,
-    "tests/test_install_alone.py": 58,
-    "packages/train/tests/test_optimizer_state_placement.py": 56,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
-    "packages/train/tests/test_checkpoint_benchmark_smoke.py": 55,
-    "tests/reliability/test_checkpoint_write_errors.py": 54,
-    "packages/serve/tests/test_sharded_engine.py": 54,  # new: tensor parallel and replicas
-    "packages/named/tests/nn/test_stacked.py": 51,
-    "packages/train/tests/test_harness_during_training.py": 49,
-    "packages/train/tests/test_every_host_builds.py": 47,
-    "tests/reliability/test_damaged_checkpoints.py": 47,
-    "packages/train/tests/test_trainer_fit.py": 46,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
-    "packages/train/tests/test_matrix_interruptions.py": 46,
-    "packages/train/tests/test_spike_replay.py": 45,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
-    "tests/test_serve_start_phases_smoke.py": 44,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
-    "tests/test_pipeline_benchmark_smoke.py": 42,
-    "tests/test_serve_transformers_generate.py": 40,  # new: four families against transformers' generate
-    "packages/train/tests/test_harness_referee.py": 39,
-    "packages/models/tests/test_model_loss.py": 38,
-    "packages/train/tests/test_train_while_tokenizing.py": 38,
-    "packages/train/tests/test_invariant_step.py": 37,
-    "packages/train/tests/test_watch_trainer.py": 36,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
-    "packages/train/tests/test_trainer_multiprocess.py": 35,
-    "packages/train/tests/test_dpo_trl_referee.py": 35,
-    "packages/named/tests/test_reductions.py": 33,
-    "tests/test_worker_life.py": 32,
-    "packages/models/tests/test_lora.py": 31,
-    "packages/train/tests/test_plan.py": 31,
-    "packages/train/tests/test_cli_interrupts.py": 31,
-    "packages/train/tests/test_trainer_step.py": 30,
-    "tests/reliability/test_nonfinite.py": 30,
-    "packages/train/tests/test_builtin_configs.py": 29,
-    "packages/serve/tests/test_server_answers.py": 27,
-    "packages/models/tests/test_sharding.py": 25,
-    "packages/train/tests/test_plan_tpu_topology.py": 25,
-    "packages/train/tests/test_readme_scripts.py": 25,
-    "packages/models/tests/test_context_parallel_attention.py": 25,
-    "tests/test_context_parallel_benchmark_smoke.py": 24,
-    "tests/reliability/test_cache_faults.py": 24,
-    "packages/models/tests/test_attention_implementations.py": 24,
-    "packages/models/tests/test_attention_splash.py": 23,
-    "packages/export/tests/test_real_config_parity.py": 22,
-    "packages/models/tests/test_paged_decode_pallas.py": 21,  # new: the token decode kernel in the TPU interpreter
-    "packages/models/tests/test_family_qwen3.py": 21,
-    "tests/test_optimizers_benchmark_smoke.py": 21,
-    "packages/serve/tests/test_warmup.py": 20,
+    "packages/train/tests/test_grpo_real_shapes.py": 136,
+    "packages/train/tests/test_pipeline_trainer.py": 135,
+    "tests/test_benchmarks_smoke.py": 106,
+    "tests/test_serve_rl_benchmark_smoke.py": 106,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
+    "packages/train/tests/test_context_parallel_trainer.py": 95,
+    "packages/serve/tests/test_engine.py": 82,  # new (halyard-serve's): six families against the full forward
+    "tests/reliability/test_training_kill.py": 81,
+    "packages/train/tests/test_invariant_layer_gathers.py": 76,  # new: 22 s alone with a warm compilation cache, about 3x cold
+    "packages/serve/tests/test_server_operation.py": 76,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
+    "tests/test_install_alone.py": 71,
+    "packages/models/tests/test_family_gemma.py": 67,
+    "packages/train/tests/test_mixture_trainer.py": 64,
+    "packages/train/tests/test_tpu_host_start.py": 60,  # train, generate/eval/replay/plan, serve with TPU_* variables set
+    "packages/train/tests/test_demo.py": 59,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
+    "tests/reliability/test_damaged_checkpoints.py": 58,
+    "packages/train/tests/test_trainer_multiprocess.py": 54,
+    "packages/serve/tests/test_server_load.py": 54,  # new: 15-25 s alone
+    "tests/test_invariant_benchmark_smoke.py": 51,  # new: 31 s alone
+    "tests/test_pipeline_benchmark_smoke.py": 50,
+    "packages/train/tests/test_watch_trainer.py": 50,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
+    "packages/serve/tests/test_deterministic_bfloat16.py": 49,  # new: 30 s alone
+    "packages/models/tests/test_pipeline.py": 47,
+    "packages/train/tests/test_rl_losses.py": 44,  # new: TRL's GRPOTrainer on the same arrays
+    "packages/train/tests/test_lora_trainer.py": 43,
+    "packages/train/tests/test_every_host_builds.py": 43,
+    "packages/train/tests/test_trainer_fit.py": 42,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
+    "packages/train/tests/test_checkpoint_benchmark_smoke.py": 42,
+    "packages/models/tests/test_lora.py": 38,
+    "packages/train/tests/test_matrix_interruptions.py": 38,
+    "packages/named/tests/test_reductions.py": 38,
+    "packages/train/tests/test_cli_interrupts.py": 37,
+    "packages/train/tests/test_builtin_configs.py": 37,
+    "tests/test_worker_life.py": 37,
+    "packages/train/tests/test_plan.py": 35,
+    "packages/serve/tests/test_sharded_engine.py": 34,  # new: tensor parallel and replicas
+    "packages/train/tests/test_first_contact_errors.py": 34,
+    "tests/reliability/test_nonfinite.py": 32,
+    "packages/models/tests/test_context_parallel_attention.py": 31,
+    "packages/train/tests/test_harness_during_training.py": 31,
+    "packages/named/tests/nn/test_stacked.py": 30,
+    "packages/train/tests/test_invariant_step.py": 30,
+    "packages/train/tests/test_readme_scripts.py": 30,
+    "packages/train/tests/test_optimizer_state_placement.py": 29,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
+    "packages/serve/tests/test_server_answers.py": 29,
+    "packages/train/tests/test_harness_referee.py": 29,
+    "tests/test_serve_start_phases_smoke.py": 28,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
+    "packages/train/tests/test_dpo_trl_referee.py": 27,
+    "packages/models/tests/test_family_phi3.py": 24,
+    "packages/train/tests/test_plan_tpu_topology.py": 23,
+    "packages/train/tests/test_relocatable_run_dir.py": 22,
+    "packages/serve/tests/test_warmup.py": 22,
+    "tests/test_watch_benchmark_smoke.py": 21,
     "packages/train/tests/test_dpo_trainer.py": 20,
-    "packages/models/tests/test_family_phi3.py": 20,
-    "packages/train/tests/test_sft_trainer.py": 19,
-    "packages/data-cache/tests/test_ray_builder.py": 17,
-    "packages/serve/tests/test_sampler.py": 17,
-    "packages/train/tests/test_run_setup.py": 17,
-    "tests/test_tpu_benchmark_smoke.py": 17,
-    "packages/models/tests/test_family_olmo2.py": 17,
-    "tests/test_compiled_program_release.py": 17,
-    "packages/models/tests/test_paged_decoding.py": 16,
-    "packages/models/tests/test_reports.py": 16,
-    "packages/train/tests/test_serve_command.py": 16,
-    "packages/models/tests/test_mup.py": 16,
-    "packages/train/tests/test_harness_command.py": 15,
-    "packages/models/tests/test_moe_aux_mask.py": 15,
-    "packages/train/tests/test_lora_dpo.py": 15,
-    "packages/train/tests/test_checkpoint_writer_priority.py": 15,
-    "packages/models/tests/test_ragged_paged_pallas.py": 15,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
+    "tests/test_tpu_benchmark_smoke.py": 20,
+    "packages/models/tests/test_paged_decoding.py": 20,
+    "packages/train/tests/test_doremi_update.py": 20,
+    "packages/models/tests/test_family_qwen3.py": 19,
+    "packages/models/tests/test_reports.py": 19,
+    "packages/models/tests/test_model_loss.py": 19,
+    "packages/models/tests/test_ragged_paged_pallas.py": 18,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
+    "packages/train/tests/test_train_while_tokenizing.py": 18,
+    "packages/train/tests/test_trainer_step.py": 18,
+    "packages/train/tests/test_sft_trainer.py": 18,
+    "packages/export/tests/test_real_config_parity.py": 18,
+    "tests/test_context_parallel_benchmark_smoke.py": 17,
+    "packages/models/tests/test_paged_decode_pallas.py": 17,  # new: the token decode kernel in the TPU interpreter
+    "packages/export/tests/test_multiprocess_export.py": 17,
+    "packages/train/tests/test_spike_replay.py": 16,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
+    "packages/train/tests/test_tokenizer_folder_everywhere.py": 16,
+    "packages/train/tests/test_checkpoint_writer_priority.py": 16,
+    "tests/reliability/test_multiprocess_death.py": 16,
+    "tests/test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
 }
 
 

@@ -18,7 +18,6 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from run_wide import shared_folder
 from trainer_fixtures import assert_bitwise_equal, fails, load_config, run_cli
 
 from halyard.train.checkpoint.discovery import latest_complete
@@ -90,6 +89,9 @@ def nucleus_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     run for three tests: the nucleus test's, the watch test's, and the killed run's reference (a nucleus
     changes which tokens are drawn and watching adds figures, not how a run resumes). Trained once per pytest
     run, by the first test worker that needs it (the file's tests may span workers)."""
+    from run_wide import (
+        shared_folder,
+    )  # here: a run's subprocess imports this module (its rewards), without it
 
     def train(folder: Path) -> None:
         args = ["--config", "grpo-demo", "--trainer.run_dir", str(folder / "nucleus"), *SHORT, *NUCLEUS]
