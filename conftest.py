@@ -5,6 +5,7 @@ XLA reads XLA_FLAGS when jax initialises its backend, so this must run before an
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Tests compile hundreds of tiny programs and run each a few times: XLA's backend at -O0, with its older loop
@@ -62,133 +63,104 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
 WORKER_MIN_COMPILE_TIME_SECS = 0.5
 
 # Seconds each slow file's tests took in all (`--durations=0` of a clean-clone `make test` run, files of 15 s
-# or more). Files are collected longest first, each file's tests in their order (a worker that gets several
+# or more), by the file's path from the repository root (several files share a name: test_readme.py, ...).
+# Files are collected longest first, each file's tests in their order (a worker that gets several
 # in a row sets their module fixtures up once): under xdist the long ones start early, and the run ends on
 # short tests instead of one worker running a minute-long file alone while the others idle. Unlisted files
 # come last, in collection order.
+ROOT = Path(__file__).resolve().parent
 FILE_SECONDS = {
-    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-06 18:09, 3 workers on 2 cores, the
-    # loop emitters without fused multiply-adds); the notes below say why a file costs what it does.
-    # A file that starts late runs in the suite's tail.
-    "test_warmup.py": 23,
-    "test_cli_relative_run_dir.py": 9,  # 18 in the 2026-12-07 clean clone; its two runs in the worker: 9.5 -> 4.9 s alone
-    "test_paged_decoding.py": 15,
-    "test_reports.py": 13,
-    "test_optimizer_state_placement.py": 18,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
-    "test_attention_splash.py": 15,
-    "test_docs.py": 387,  # 394 in the 2026-12-07 clean clone; 10_rl at 2 smoke steps since (43 s there, ~36 now)
-    # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; 157 s alone (was 181) since the
-    # nucleus run is the killed run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
-    # 259: 327 in the 2026-12-07 clean-clone run less its SmolLM2-shaped run (68 s; test_grpo_real_shapes.py
-    # asserts the same through the same path)
-    "test_grpo_trainer.py": 250,  # and three runs in the worker instead of `train` processes: ~9 s less
+    # Every figure: worker-seconds in a clean-clone `make test` (2026-12-07 06:36, 3 workers on 2 cores, the
+    # loop emitters without fused multiply-adds, beside another suite on the same machine: 4997 worker-s in all);
+    # the notes say why a file costs what it does (earlier figures in them are from earlier runs). A file that
+    # starts late runs in the suite's tail.
+    "tests/test_docs.py": 354,  # every guide at smoke size in a process of its own, then the site
+    # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; the nucleus run is the killed
+    # run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
+    "packages/train/tests/test_grpo_trainer.py": 226,
+    # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
+    # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
+    "packages/serve/tests/test_deterministic.py": 189,
+    "packages/train/tests/test_invariant_trainer.py": 180,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
+    "packages/train/tests/test_matrix_trainer.py": 162,
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
     # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "test_doremi_trainer.py": 84,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
+    "packages/train/tests/test_doremi_trainer.py": 154,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
-    "test_grpo_real_shapes.py": 113,
-    "test_spike_replay.py": 13,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
-    "test_serve_rl_benchmark_smoke.py": 114,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
-    "test_serve_start_phases_smoke.py": 25,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
-    "test_paged_decode_pallas.py": 20,  # new: the token decode kernel in the TPU interpreter
-    "test_server_backend_start.py": 8,  # new: two fresh processes
-    "test_engine.py": 72,  # new (halyard-serve's): six families against the full forward
-    "test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
-    "test_sharded_engine.py": 29,  # new: tensor parallel and replicas
-    # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
-    # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
-    "test_deterministic.py": 136,
-    "test_rl_losses.py": 33,  # new: TRL's GRPOTrainer on the same arrays
-    "test_training_kill.py": 103,
-    "test_benchmarks_smoke.py": 70,
-    "test_pipeline.py": 51,
-    "test_matrix_trainer.py": 137,
-    "test_invariant_trainer.py": 194,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
-    "test_watch_trainer.py": 19,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
-    "test_watch_benchmark_smoke.py": 9,
-    "test_nonfinite.py": 28,
-    "test_install_alone.py": 65,
-    "test_sampling.py": 82,
-    "test_context_parallel_trainer.py": 68,
-    "test_builtin_configs.py": 21,
-    "test_trainer_multiprocess.py": 26,
-    "test_family_gemma.py": 39,
-    "test_pipeline_benchmark_smoke.py": 43,
-    "test_invariant_benchmark_smoke.py": 37,  # new: 31 s alone
-    "test_invariant_layer_gathers.py": 72,  # new: 22 s alone with a warm compilation cache, about 3x cold
-    "test_server_operation.py": 63,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
-    "test_server_answers.py": 21,
-    "test_train_while_tokenizing.py": 23,
-    "test_damaged_checkpoints.py": 13,
-    "test_checkpoint_benchmark_smoke.py": 25,
-    "test_pipeline_trainer.py": 100,
-    "test_trainer_fit.py": 44,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
-    "test_lora.py": 34,
-    "test_context_parallel_benchmark_smoke.py": 19,
-    "test_family_phi3.py": 15,
-    "test_checkpoint_write_errors.py": 12,
-    "test_stacked.py": 16,
-    "test_family_olmo2.py": 13,
-    "test_first_contact_errors.py": 29,
-    "test_sharding.py": 13,
-    "test_cli_interrupts.py": 27,
-    "test_reductions.py": 16,
-    "test_harness_during_training.py": 13,
-    "test_invariant_step.py": 26,
-    "test_dpo_trl_referee.py": 17,
-    "test_context_parallel_attention.py": 25,
-    "test_broadcast.py": 7,
-    "test_real_config_parity.py": 18,
-    "test_checkpoint_checksums.py": 4,
-    "test_dpo_trainer.py": 17,
-    "test_model_loss.py": 14,
-    "test_mup.py": 7,
-    "test_lora_trainer.py": 53,
-    "test_trainer_step.py": 16,
-    "test_moe_aux_mask.py": 9,
-    "test_worker_life.py": 26,
-    "test_stack.py": 15,
-    "test_plan.py": 28,
-    "test_optimizers_benchmark_smoke.py": 12,
-    "test_mixtral.py": 8,
-    "test_loss.py": 23,
-    "test_checkpoint_crash_and_preemption.py": 8,
-    "test_readme.py": 17,
-    "test_family_qwen3.py": 17,
-    "test_multiprocess_throughput.py": 10,
-    "test_attention_implementations.py": 13,
-    "test_server_load.py": 48,  # new: 15-25 s alone
-    "test_lora_dpo.py": 14,
-    "test_harness_referee.py": 18,
-    "test_continue_schedule.py": 10,
-    "test_attention_softcap.py": 8,
-    "test_sft_trainer.py": 11,
-    "test_run_setup.py": 1,
-    "test_mixture_trainer.py": 47,
-    "test_cache_faults.py": 9,
-    "test_qwen2_sliding_window.py": 9,
-    "test_ragged_paged_pallas.py": 9,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
-    "test_multiprocess_death.py": 14,
-    "test_softmax.py": 10,
-    "test_relocatable_run_dir.py": 6,
-    "test_matrix_interruptions.py": 38,
-    "test_demo.py": 40,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
-    "test_ray_builder.py": 11,
-    "test_every_host_builds.py": 37,
-    "test_harness_command.py": 8,
-    "test_export_integration.py": 9,
-    "test_tokenizer_folder_everywhere.py": 11,
-    "test_serve_command.py": 7,
-    "test_tpu_host_start.py": 43,  # new: train, generate/eval/replay/plan, serve with TPU_* variables set  # new: 15-18 s alone
-    "test_kill_resume.py": 7,
-    "test_checkpoint_roundtrip.py": 12,
-    "test_indexing.py": 11,
-    "test_plan_tpu_topology.py": 23,
-    "test_readme_scripts.py": 27,
-    "test_tpu_benchmark_smoke.py": 11,
-    "test_deterministic_bfloat16.py": 41,  # new: 30 s alone
+    "packages/train/tests/test_grpo_real_shapes.py": 136,
+    "packages/train/tests/test_pipeline_trainer.py": 135,
+    "tests/test_benchmarks_smoke.py": 106,
+    "tests/test_serve_rl_benchmark_smoke.py": 106,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
+    "packages/train/tests/test_context_parallel_trainer.py": 95,
+    "packages/serve/tests/test_engine.py": 82,  # new (halyard-serve's): six families against the full forward
+    "tests/reliability/test_training_kill.py": 81,
+    "packages/train/tests/test_invariant_layer_gathers.py": 76,  # new: 22 s alone with a warm compilation cache, about 3x cold
+    "packages/serve/tests/test_server_operation.py": 76,  # halyard-serve: with test_server_answers.py, one server subprocess (was test_server.py: 33-43 s alone)
+    "tests/test_install_alone.py": 71,
+    "packages/models/tests/test_family_gemma.py": 67,
+    "packages/train/tests/test_mixture_trainer.py": 64,
+    "packages/train/tests/test_tpu_host_start.py": 60,  # train, generate/eval/replay/plan, serve with TPU_* variables set
+    "packages/train/tests/test_demo.py": 59,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
+    "tests/reliability/test_damaged_checkpoints.py": 58,
+    "packages/train/tests/test_trainer_multiprocess.py": 54,
+    "packages/serve/tests/test_server_load.py": 54,  # new: 15-25 s alone
+    "tests/test_invariant_benchmark_smoke.py": 51,  # new: 31 s alone
+    "tests/test_pipeline_benchmark_smoke.py": 50,
+    "packages/train/tests/test_watch_trainer.py": 50,  # 18 s alone: its GRPO run is test_grpo_trainer.py's nucleus run
+    "packages/serve/tests/test_deterministic_bfloat16.py": 49,  # new: 30 s alone
+    "packages/models/tests/test_pipeline.py": 47,
+    "packages/train/tests/test_rl_losses.py": 44,  # new: TRL's GRPOTrainer on the same arrays
+    "packages/train/tests/test_lora_trainer.py": 43,
+    "packages/train/tests/test_every_host_builds.py": 43,
+    "packages/train/tests/test_trainer_fit.py": 42,  # 105 in the 2026-12-07 clean clone less its kill -9 and SIGTERM tests (test_training_kill.py)
+    "packages/train/tests/test_checkpoint_benchmark_smoke.py": 42,
+    "packages/models/tests/test_lora.py": 38,
+    "packages/train/tests/test_matrix_interruptions.py": 38,
+    "packages/named/tests/test_reductions.py": 38,
+    "packages/train/tests/test_cli_interrupts.py": 37,
+    "packages/train/tests/test_builtin_configs.py": 37,
+    "tests/test_worker_life.py": 37,
+    "packages/train/tests/test_plan.py": 35,
+    "packages/serve/tests/test_sharded_engine.py": 34,  # new: tensor parallel and replicas
+    "packages/train/tests/test_first_contact_errors.py": 34,
+    "tests/reliability/test_nonfinite.py": 32,
+    "packages/models/tests/test_context_parallel_attention.py": 31,
+    "packages/train/tests/test_harness_during_training.py": 31,
+    "packages/named/tests/nn/test_stacked.py": 30,
+    "packages/train/tests/test_invariant_step.py": 30,
+    "packages/train/tests/test_readme_scripts.py": 30,
+    "packages/train/tests/test_optimizer_state_placement.py": 29,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
+    "packages/serve/tests/test_server_answers.py": 29,
+    "packages/train/tests/test_harness_referee.py": 29,
+    "tests/test_serve_start_phases_smoke.py": 28,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
+    "packages/train/tests/test_dpo_trl_referee.py": 27,
+    "packages/models/tests/test_family_phi3.py": 24,
+    "packages/train/tests/test_plan_tpu_topology.py": 23,
+    "packages/train/tests/test_relocatable_run_dir.py": 22,
+    "packages/serve/tests/test_warmup.py": 22,
+    "tests/test_watch_benchmark_smoke.py": 21,
+    "packages/train/tests/test_dpo_trainer.py": 20,
+    "tests/test_tpu_benchmark_smoke.py": 20,
+    "packages/models/tests/test_paged_decoding.py": 20,
+    "packages/train/tests/test_doremi_update.py": 20,
+    "packages/models/tests/test_family_qwen3.py": 19,
+    "packages/models/tests/test_reports.py": 19,
+    "packages/models/tests/test_model_loss.py": 19,
+    "packages/models/tests/test_ragged_paged_pallas.py": 18,  # new: the Pallas kernel interpreted: 2 steps, 2 model steps (merged)
+    "packages/train/tests/test_train_while_tokenizing.py": 18,
+    "packages/train/tests/test_trainer_step.py": 18,
+    "packages/train/tests/test_sft_trainer.py": 18,
+    "packages/export/tests/test_real_config_parity.py": 18,
+    "tests/test_context_parallel_benchmark_smoke.py": 17,
+    "packages/models/tests/test_paged_decode_pallas.py": 17,  # new: the token decode kernel in the TPU interpreter
+    "packages/export/tests/test_multiprocess_export.py": 17,
+    "packages/train/tests/test_spike_replay.py": 16,  # 19 in the 2026-12-07 clean clone; its fixture trains in the worker since: 13.6 -> 9.0 s alone
+    "packages/train/tests/test_tokenizer_folder_everywhere.py": 16,
+    "packages/train/tests/test_checkpoint_writer_priority.py": 16,
+    "tests/reliability/test_multiprocess_death.py": 16,
+    "tests/test_serve_transformers_generate.py": 16,  # new: four families against transformers' generate
 }
 
 
@@ -217,7 +189,7 @@ def pytest_collection_modifyitems(items: list) -> None:
         for item in items:
             if "tpu" in item.keywords:
                 item.add_marker(skip)
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
+    items.sort(key=lambda item: -FILE_SECONDS.get(Path(os.path.relpath(item.path, ROOT)).as_posix(), 0))
 
 
 # Every program XLA's CPU backend compiles keeps LLVM's code sections mapped while it is cached, several

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_wide import run_root
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDES = sorted((REPO / "docs" / "guides").glob("[0-9][0-9]_*.py"))
@@ -16,8 +17,11 @@ GUIDES = sorted((REPO / "docs" / "guides").glob("[0-9][0-9]_*.py"))
 
 @pytest.fixture(scope="module")
 def docs_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder for all guides: runs and the stdlib token cache are shared between them, as for a reader."""
-    return tmp_path_factory.mktemp("docs")
+    """One folder for all guides: runs and the stdlib token cache are shared between them, as for a reader;
+    one for the whole pytest run, whichever test worker runs a guide (a cache's build lock lets one build it)."""
+    work = run_root(tmp_path_factory) / "docs"
+    work.mkdir(exist_ok=True)
+    return work
 
 
 def _guide_env(work: Path) -> dict[str, str]:

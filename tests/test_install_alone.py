@@ -1,6 +1,6 @@
 """Each package installs alone from the wheelhouse into a fresh virtual environment and works there.
 
-The wheelhouse is built once per session (tools/wheelhouse.py, what ``make wheels`` runs). A fresh
+The wheelhouse is built once per pytest run (tools/wheelhouse.py, what ``make wheels`` runs). A fresh
 environment gets ``pip install --no-index --find-links WHEELHOUSE halyard-<pkg>``; its third-party
 dependencies are not downloaded again but linked from this environment: a ``.pth`` line points at a
 folder holding only the distributions the package declares (and theirs), so an undeclared dependency
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from run_wide import shared_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import wheelhouse  # tools/wheelhouse.py, what make wheels runs
@@ -38,14 +39,17 @@ MODULES = {
 
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheelhouse")
-    built = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "wheelhouse.py"), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return out
+    """The wheelhouse, built by the first test worker that needs it (a file's tests may span workers)."""
+
+    def build(out: Path) -> None:
+        built = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "wheelhouse.py"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        assert built.returncode == 0, built.stdout + built.stderr
+
+    return shared_folder(tmp_path_factory, "wheelhouse", build)[0]
 
 
 def third_party_distributions(name: str) -> dict[str, importlib.metadata.Distribution]:

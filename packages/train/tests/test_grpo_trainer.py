@@ -87,13 +87,20 @@ NUCLEUS = ["--rl.top_p", "0.9", "--trainer.watch.every", "3"]
 def nucleus_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The SHORT run with a nucleus and watched steps, uninterrupted: its folder and its stdout. One `train`
     run for three tests: the nucleus test's, the watch test's, and the killed run's reference (a nucleus
-    changes which tokens are drawn and watching adds figures, not how a run resumes)."""
-    run_dir = tmp_path_factory.mktemp("grpo") / "nucleus"
-    result = run_cli(
-        ["--config", "grpo-demo", "--trainer.run_dir", str(run_dir), *SHORT, *NUCLEUS], devices=1
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir, result.stdout
+    changes which tokens are drawn and watching adds figures, not how a run resumes). Trained once per pytest
+    run, by the first test worker that needs it (the file's tests may span workers)."""
+    from run_wide import (
+        shared_folder,
+    )  # here: a run's subprocess imports this module (its rewards), without it
+
+    def train(folder: Path) -> None:
+        args = ["--config", "grpo-demo", "--trainer.run_dir", str(folder / "nucleus"), *SHORT, *NUCLEUS]
+        result = run_cli(args, devices=1)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (folder / "stdout.txt").write_text(result.stdout)
+
+    folder = shared_folder(tmp_path_factory, "grpo-nucleus", train)[0]
+    return folder / "nucleus", (folder / "stdout.txt").read_text()
 
 
 def test_a_nucleus_run_trains_with_finite_losses_and_the_samplers_log_probs(
@@ -212,8 +219,8 @@ def test_two_processes_train_what_one_process_of_as_many_devices_trains(tmp_path
     # Two steps: the second step's rollouts come from weights the first update handed over on both processes.
     steps = ["--trainer.steps", "2", "--checkpoint.every_steps", "2", "--trainer.mesh.data", "4"]
     args = lambda folder: ["--config", "grpo-demo", "--trainer.run_dir", str(folder), *SHORT, *steps]
-    alone = run_cli(args(tmp_path / "one"), devices=4)
-    assert alone.returncode == 0, alone.stderr[-3000:]
+    # The one-process run: `train`'s code path in this process, on 4 of its devices (no process start).
+    fit_here(args(tmp_path / "one")[2:], devices=4)
     processes = start_processes(args(tmp_path / "two"))
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import pytest
+from run_wide import run_root, shared_folder
 from trainer_fixtures import assert_bitwise_equal, fails, load_config, run_cli, start_processes, write_config
 
 from halyard.train.checkpoint.manager import CheckpointManager
@@ -102,15 +103,20 @@ def train_here(folder: Path, cache_dir: Path, devices: int, *args: str, **sectio
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("shared-cache")
+    """One token cache for the file's runs in every test worker (its build lock lets one process build it)."""
+    cache = run_root(tmp_path_factory) / "invariant-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """The reference, started as a user starts `train`: with fused multiply-adds unless the command turns them
     off for trainer.invariant (XLA contracts a multiply and an add where both land in one fused loop, which
-    differs between a 1-device and an 8-device program); the other runs are the tests' processes, without."""
-    return train(tmp_path_factory.mktemp("one_device"), cache_dir, 1, native_isa=True)
+    differs between a 1-device and an 8-device program); the other runs are the tests' processes, without.
+    Trained once per pytest run, by the first worker that needs it (the file's tests may span workers)."""
+    fill = lambda folder: train(folder, cache_dir, 1, native_isa=True)
+    return shared_folder(tmp_path_factory, "invariant-one-device", fill)[0]
 
 
 @pytest.mark.parametrize(

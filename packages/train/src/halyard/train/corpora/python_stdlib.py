@@ -52,14 +52,18 @@ def write_python_stdlib_corpus(out_dir: str | Path, max_documents: int | None = 
         return shards
     out.mkdir(parents=True, exist_ok=True)
     root = Path(sysconfig.get_paths()["stdlib"])
+    # Every process of a run (and runs sharing a cache folder) may write at once: each writes files of its
+    # own, then renames them into place (the same bytes), the marker last.
+    temporary = f".{os.getpid()}.tmp"
     with contextlib.ExitStack() as stack:
-        handles = [stack.enter_context(open(s.with_suffix(".tmp"), "w", encoding="utf-8")) for s in shards]
+        handles = [stack.enter_context(open(s.with_suffix(temporary), "w", encoding="utf-8")) for s in shards]
         for i, path in enumerate(files):
             text = path.read_text(encoding="utf-8", errors="replace")
             if text.strip():
                 record = {"text": text, "path": str(path.relative_to(root))}
                 handles[i % SHARDS].write(json.dumps(record) + "\n")
     for shard in shards:
-        shard.with_suffix(".tmp").replace(shard)
-    marker.write_text(json.dumps(selection))
+        shard.with_suffix(temporary).replace(shard)
+    marker.with_suffix(temporary).write_text(json.dumps(selection))
+    marker.with_suffix(temporary).replace(marker)
     return shards

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def train_bpe_tokenizer(shards: list[Path], out_path: str | Path, vocab_size: in
     )
     tokenizer.train_from_iterator(_texts(shards), trainer=trainer)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # processes sharing the folder may train it at once
     tokenizer.save(str(tmp))
     tmp.replace(out)
     return out
