@@ -140,6 +140,7 @@ FILE_SECONDS = {
     "packages/train/tests/test_plan_tpu_topology.py": 23,
     "packages/train/tests/test_relocatable_run_dir.py": 22,
     "packages/serve/tests/test_warmup.py": 22,
+    "packages/serve/tests/test_program_store.py": 31,  # new: three engines a test, fast and deterministic (alone)
     "tests/test_watch_benchmark_smoke.py": 21,
     "packages/train/tests/test_dpo_trainer.py": 20,
     "tests/test_tpu_benchmark_smoke.py": 20,
