@@ -1,10 +1,9 @@
 """Load: 256 concurrent streaming requests through ``openai.AsyncOpenAI`` against a ``halyard-serve``
-subprocess on a tiny model. Every stream completes with the text its request gets alone (deterministic
-mode, seeded: nothing lost, duplicated or mixed up between streams, also for the sequences preempted
-when the pages run out), clients that disconnect mid-stream
-free their pages, malformed requests among them get their 400 and harm no other, and every page is free at
-the end. Then Ctrl-C with streams running: they end with an error event and the process exits with code 0
-within seconds."""
+subprocess on a tiny model. Every stream completes with the text and the log-probs (to the bit) its request
+gets when sent again (deterministic mode, seeded: nothing lost, duplicated or mixed up between streams, also
+for the sequences preempted when the pages run out), clients that disconnect mid-stream free their pages,
+malformed requests among them get their 400 and harm no other, and every page is free at the end. Then Ctrl-C
+with streams running: they end with an error event and the process exits with code 0 within seconds."""
 
 from __future__ import annotations
 
@@ -42,41 +41,50 @@ def _request(number: int) -> dict[str, Any]:
         "max_tokens": 88 if leaving else draw.randint(1, 24),
         "temperature": 1.0,
         "seed": number,
+        "logprobs": 0,  # each token's log-prob, no alternatives: the same step programs as without
         "extra_body": {"ignore_eos": leaving},
         **MALFORMED.get(number, {}),
     }
 
 
-async def _stream(client: openai.AsyncOpenAI, number: int) -> tuple[str, Any]:
-    """The streamed text and finish reason of request ``number`` (the error for a malformed one)."""
+async def _stream(client: openai.AsyncOpenAI, number: int) -> tuple[str, Any, list[tuple[str, float]]]:
+    """The streamed text, finish reason and tokens with their log-probs of request ``number`` (the error
+    for a malformed one)."""
     try:
         stream = await client.completions.create(stream=True, **_request(number))
     except openai.BadRequestError as error:
-        return "", error
-    text, reasons, ids, chunks = "", [], set(), 0
+        return "", error, []
+    text, reasons, ids, chunks, tokens = "", [], set(), 0, []
     async for chunk in stream:
         ids.add(chunk.id)
         chunks += 1
         for choice in chunk.choices:
             assert choice.index == 0
             text += choice.text
+            if choice.logprobs is not None:
+                tokens += zip(choice.logprobs.tokens, choice.logprobs.token_logprobs)
             if choice.finish_reason is not None:
                 reasons.append(choice.finish_reason)
         if number in LEAVING and chunks == 3:
             await stream.close()  # the client goes away mid-stream
-            return text, "left"
+            return text, "left", tokens
     assert len(ids) == 1 and len(reasons) == 1, (number, ids, reasons)
-    return text, reasons[0]
+    return text, reasons[0], tokens
 
 
-async def _whole(client: openai.AsyncOpenAI, number: int) -> tuple[str, str]:
+async def _whole(client: openai.AsyncOpenAI, number: int) -> tuple[str, str, list[tuple[str, float]]]:
     answer = await client.completions.create(**_request(number))
     (choice,) = answer.choices
-    return choice.text, choice.finish_reason
+    assert choice.logprobs is not None
+    return (
+        choice.text,
+        choice.finish_reason,
+        list(zip(choice.logprobs.tokens, choice.logprobs.token_logprobs)),
+    )
 
 
 def test_256_concurrent_streams_complete_and_free_every_page(server: ServerProcess) -> None:
-    async def main() -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    async def main() -> tuple[list[tuple[str, Any, list]], list[tuple[str, str, list]]]:
         async with openai.AsyncOpenAI(
             base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600
         ) as client:
@@ -90,8 +98,9 @@ def test_256_concurrent_streams_complete_and_free_every_page(server: ServerProce
     streamed, whole = asyncio.run(main())
     seconds = time.perf_counter() - started
     kept = [i for i in range(REQUESTS) if i not in LEAVING and i not in MALFORMED]
-    for number, (text, reason) in zip(kept, whole):
-        assert streamed[number] == (text, reason), number  # the same text alone or among 255 others
+    for number, (text, reason, tokens) in zip(kept, whole):
+        # the same tokens and log-probs (to the bit) alone or among 255 others
+        assert streamed[number] == (text, reason, tokens), (number, streamed[number], (text, reason, tokens))
         assert reason in ("stop", "length")
     for number, fields in MALFORMED.items():
         error = streamed[number][1]
