@@ -17,10 +17,10 @@ prefix cache; the deterministic / fast cost is the median of the repetitions' ra
 - ``old_generate``: ``halyard.models.sampling.generate`` as of commit `OLD_GENERATE_COMMIT` (left-padded
   static batches of 32, one compiled loop per batch shape; its compiled shapes are warm in the reported run).
 
-Reported: throughput (requested tokens generated per second of wall time), time to first token per request
-(from the common arrival to its first token: queueing included) as mean / median / p90, and the ratios
-engine / transformers (goal >= 2 on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15), and
-training arithmetic / fast.
+Reported: the machine (`cpu_machine.describe`: cores, hyperthreads, vector instructions, threads), throughput
+(requested tokens generated per second of wall time), time to first token per request (from the common arrival
+to its first token: queueing included) as mean / median / p90, and the ratios engine / transformers (goal >= 2
+on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15), and training arithmetic / fast.
 
 Usage::
 
@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import cpu_machine
 import jax
 import numpy as np
 from benchmark_models import QUICK_LLAMA, llama_config
@@ -354,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "old_generate" not in args.skip:
         arms["old_generate"] = run_old_generate(shapes, workload, args.old_checkout)
     results["arms"] = arms
+    results["machine"] = cpu_machine.describe()  # after the arms: torch's threads once it is imported
     ratios: dict[str, float] = {}
     engine = arms.get("engine")
     if engine is not None:
@@ -370,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ratios[f"{label}_over_fast_seconds"] = statistics.median(each)
             results[f"{label}_over_fast_each_repeat"] = each
     results["ratios"] = ratios
+    print(cpu_machine.summary(results["machine"]))
     for name, arm in arms.items():
         print(
             f"{name:27s} {arm['tokens_per_second']:9.1f} tokens/s  {arm['seconds']:7.2f} s  "

@@ -46,6 +46,36 @@ def test_serve_benchmark_quick(tmp_path: Path) -> None:
     assert result["ratios"]["training_arithmetic_over_fast_seconds"] > 0
     tokens = {arm["tokens"] for arm in result["arms"].values()}
     assert len(tokens) == 1
+    machine = result["machine"]  # what the figures ran on
+    assert machine["logical_cpus"] == len(os.sched_getaffinity(0)) and machine["torch_threads"] >= 1
+
+
+def test_cpu_machine_tells_hyperthreads_from_cores(tmp_path: Path) -> None:
+    """benchmarks/cpu_machine.py: two logical CPUs on one core are one core of two threads; XLA's pool is
+    one thread per logical CPU unless ``PJRT_NPROC`` says otherwise; a missing topology is unknown."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from cpu_machine import describe, summary
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon\nflags\t\t: fma avx2 avx512f avx512_fp16\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\n"
+    )
+    for cpu in (0, 1):
+        topology = tmp_path / "sys" / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text("0\n")  # hyperthreads of one core
+    one_core = describe({}, cpuinfo, tmp_path / "sys", cpus={0, 1})
+    assert (one_core["vendor"], one_core["model"]) == ("GenuineIntel", "Xeon")
+    assert (one_core["logical_cpus"], one_core["physical_cores"], one_core["threads_per_core"]) == (2, 1, 2.0)
+    assert one_core["isa"] == ["avx2", "fma", "avx512f", "avx512_fp16"] and one_core["xla_threads"] == 2
+    assert "1 cores x 2 threads" in summary(one_core)
+    (tmp_path / "sys" / "cpu1" / "topology" / "core_id").write_text("1\n")
+    assert describe({"PJRT_NPROC": "1"}, cpuinfo, tmp_path / "sys", cpus={0, 1})["physical_cores"] == 2
+    assert describe({"PJRT_NPROC": "1"}, cpuinfo, tmp_path / "sys", cpus={0, 1})["xla_threads"] == 1
+    unknown = describe({}, cpuinfo, tmp_path / "sys", cpus={0, 5})
+    assert unknown["physical_cores"] is None and "cores unknown" in summary(unknown)
 
 
 def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None:
