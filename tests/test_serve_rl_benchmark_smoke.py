@@ -72,8 +72,12 @@ def test_cpu_machine_tells_hyperthreads_from_cores(tmp_path: Path) -> None:
     assert one_core["isa"] == ["avx2", "fma", "avx512f", "avx512_fp16"] and one_core["xla_threads"] == 2
     assert "1 cores x 2 threads" in summary(one_core)
     (tmp_path / "sys" / "cpu1" / "topology" / "core_id").write_text("1\n")
-    assert describe({"PJRT_NPROC": "1"}, cpuinfo, tmp_path / "sys", cpus={0, 1})["physical_cores"] == 2
-    assert describe({"PJRT_NPROC": "1"}, cpuinfo, tmp_path / "sys", cpus={0, 1})["xla_threads"] == 1
+    two_cores = describe({"PJRT_NPROC": "1"}, cpuinfo, tmp_path / "sys", cpus={0, 1})
+    assert (two_cores["physical_cores"], two_cores["threads_per_core"], two_cores["xla_threads"]) == (
+        2,
+        1.0,
+        1,
+    )
     unknown = describe({}, cpuinfo, tmp_path / "sys", cpus={0, 5})
     assert unknown["physical_cores"] is None and "cores unknown" in summary(unknown)
 
