@@ -34,12 +34,16 @@ def dense_reference(query, keys, values, positions, *, scale, window=None, cap=N
     return np.einsum("hqk,khd->qhd", weights, values)
 
 
-@pytest.mark.parametrize("window, cap", [(None, None), (5, None), (None, 3.0)])
-def test_blocked_kernel_matches_dense_attention_over_a_mixed_batch(window, cap):
+@pytest.mark.parametrize(
+    "window, cap, groups",
+    [(None, None, (4, 2)), (5, None, (4, 2)), (None, 3.0, (4, 2)), (None, None, (64, 16))],
+)
+def test_blocked_kernel_matches_dense_attention_over_a_mixed_batch(window, cap, groups):
+    """Groups of 4 single tokens and 2 blocks, or groups larger than the program's 48 tokens (one group)."""
     rng = np.random.default_rng(0)
     # (keys already in pages, new tokens): decoding tokens, a chunk from 0, a chunk after a prefix, padding
     sequences = [(9, 1), (0, 21), (3, 1), (16, 19), (30, 1)]
-    kernel = BlockedPagedKernel(query_block=4, group_rows=4, group_blocks=2)
+    kernel = BlockedPagedKernel(query_block=4, group_rows=groups[0], group_blocks=groups[1])
     order = rng.permutation(PAGES)
     tables, taken = [], 0
     for old, new in sequences:
@@ -89,6 +93,20 @@ def test_blocked_kernel_matches_dense_attention_over_a_mixed_batch(window, cap):
         np.testing.assert_allclose(output[start : start + new], expected, atol=bound, rtol=0)
         start += new
     assert start == total
+
+
+def test_single_tokens_are_grouped_longest_first():
+    """Decoding tokens at positions 2, 39 and 16 and a chunk of positions 7 and 8 (pages of 8): the rows
+    reading 5, 3, 2 pages, then the two reading 1 in flat order, then padding (the program's 8 tokens)."""
+    batch = ragged_batch(
+        [1, 1, 1, 2], [3, 40, 17, 9], [[0], [1, 2, 3, 4, 5], [6, 7, 8], [9, 10]],
+        page_size=8, tokens=8, seqs=4, pages=5,
+    )  # fmt: skip
+    kernel = BlockedPagedKernel(query_block=4)
+    pool = kernel.init_pool(1, 11, 8, KV_HEADS, SIZE, jnp.float32)
+    layout = (batch.page_table, batch.cu_q_lens, batch.kv_lens, batch.num_seqs)
+    step = kernel.prepare(pool, *(jnp.asarray(a) for a in layout), tokens=8)
+    assert np.asarray(step.singles)[:, 0].tolist() == [1, 2, 4, 0, 3, 8, 8, 8]
 
 
 def test_token_sequences_gives_each_token_its_sequence_and_position():

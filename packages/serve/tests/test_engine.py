@@ -287,6 +287,32 @@ def test_a_request_of_many_samples_does_not_keep_a_small_one_waiting() -> None:
     assert _steps_until_finished(caller, late) > 20 and caller.stats.preemptions == 0
 
 
+def test_prompt_chunks_fill_the_padding_of_a_steps_program() -> None:
+    """A step runs in a program of 36 tokens (SMALL): past its 2 prefill rows, more prompts fill what the
+    chunks leave, the last one cut to fit, and their greedy tokens are those of the full forward."""
+    model = _llama()
+    short = Engine(model, SMALL)
+    for first in range(4):
+        short.add_request([4 + first, 9, 2, 7, 1], SamplingParams(max_tokens=3))
+    short.step()
+    assert short.stats.tokens_computed == 4 * 5  # four prompts in one step, not two
+    engine = Engine(model, SMALL)
+    prompts = {
+        engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=0.0)): prompt
+        for prompt in (list(range(1 + first, 30 + first)) for first in range(3))
+    }
+    drawn: dict[str, list[int]] = {request: [] for request in prompts}
+    for update in engine.step():
+        drawn[update.request_id] += update.token_ids
+    assert engine.stats.tokens_computed == 36  # two chunks of 16, then 4 tokens of the third prompt
+    assert [sequence.computed for sequence in engine.scheduler.running] == [16, 16, 4]
+    while engine.has_work:
+        for update in engine.step():
+            drawn[update.request_id] += update.token_ids
+    for request, prompt in prompts.items():
+        assert drawn[request] == greedy_reference(model, prompt, 4)[0]
+
+
 def test_sampling_parameters_out_of_range_are_refused_naming_them() -> None:
     for name, value in [
         ("temperature", -1.0),

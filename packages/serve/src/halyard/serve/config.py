@@ -24,7 +24,8 @@ class EngineConfig:
             `DEFAULT_CONTEXT`.
         max_running: the most sequences that run at once (the decoding program's rows).
         chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
-        max_prefill_rows: the most sequences prefilled in one step.
+        max_prefill_rows: the most sequences prefilled in one step, beyond those whose chunks fill the
+            padding of its program (`halyard.serve.scheduler`).
         min_rows: programs are compiled for token counts that are powers of two from this one up to the
             most one step holds (`step_budget`).
         token_buckets: the token counts of the step programs below the most one step holds

@@ -111,6 +111,7 @@ class Engine:
             max_prefill_rows=config.max_prefill_rows,
             recompute_by_decoding=config.deterministic,
             waits_for=lambda sequence: self._requests[sequence.group].waits(sequence),
+            step_room=self._step_room,
         )
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
@@ -317,6 +318,14 @@ class Engine:
             programs_traced=self.runner.programs_traced,
         )
         return updates
+
+    def _step_room(self, sequences: int, tokens: int) -> int:
+        """The tokens one more chunk may add to a step of ``sequences`` chunks and ``tokens`` tokens without a
+        larger program: the padding of its token bucket (0 when a program holds no more sequences)."""
+        max_seqs, _ = self.config.step_budget()
+        if sequences >= max_seqs:
+            return 0
+        return self.runner.bucket(tokens) - tokens
 
     def _dispatch(self, chunks: list[Chunk], previous: Dispatched | None, pipelined: bool) -> Dispatched:
         """Start the program of ``chunks`` (`dispatch`): they take the tokens ``previous`` drew; ``pipelined``:

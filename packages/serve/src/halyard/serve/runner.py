@@ -128,6 +128,10 @@ class ModelRunner:
         """Every shape compiled so far."""
         return list(self._programs)
 
+    def bucket(self, tokens: int) -> int:
+        """The smallest of ``token_sizes`` that holds ``tokens`` (``max_tokens`` for more)."""
+        return next((size for size in self.token_sizes if size >= tokens), self.max_tokens)
+
     def shape_for(
         self, tokens: int, seq_pages: int, *, prompt_logprobs: bool = False, alternatives: bool = False
     ) -> ProgramShape:

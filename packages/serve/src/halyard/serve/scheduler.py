@@ -4,7 +4,9 @@ A sequence is a prompt plus what it generated so far; ``computed`` of its tokens
 in pages. Each step feeds every running sequence tokens it still lacks, and when the fed run reaches its
 last token the engine samples a new one. Prompt tokens are *prefilled*, at most ``chunk_size`` of them a
 step (a long prompt goes in chunks, beside the decoding rows of the others); generated tokens are *decoded*,
-one a step, all decoding sequences together, one row each.
+one a step, all decoding sequences together, one row each. A step's program holds a fixed number of tokens
+(its bucket), so when the chunks leave some of it as padding, more prompt chunks fill it: sequences past
+``max_prefill_rows``, each chunk cut to what is left, taking only free rows and pages (``step_room``).
 
 Admission is fair between *callers* (a caller is whoever sent the request: one HTTP request's prompts and
 samples share one): the waiting sequence whose caller runs the fewest sequences goes first, arrival order
@@ -112,6 +114,9 @@ class Scheduler:
             token's keys and values the first time and again).
         waits_for: ``sequence -> bool``: whether a waiting sequence must not be admitted yet (a sample
             whose first sibling has not written the prompt).
+        step_room: ``(sequences, tokens) -> int``: how many more tokens a step of ``sequences`` chunks and
+            ``tokens`` tokens can take in one more chunk at no cost (the padding of the program it runs
+            in); 0: none. Default: never any.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class Scheduler:
         max_prefill_rows: int,
         recompute_by_decoding: bool = False,
         waits_for: Callable[[SequenceState], bool] = lambda sequence: False,
+        step_room: Callable[[int, int], int] = lambda sequences, tokens: 0,
     ):
         if max_running < 1 or chunk_size < 1 or max_prefill_rows < 1:
             raise ValueError("Scheduler needs max_running, chunk_size and max_prefill_rows of at least 1")
@@ -132,6 +138,7 @@ class Scheduler:
         self.max_prefill_rows = max_prefill_rows
         self.recompute_by_decoding = recompute_by_decoding
         self.waits_for = waits_for
+        self.step_room = step_room
         self.waiting: list[SequenceState] = []
         self.running: list[SequenceState] = []
 
@@ -165,31 +172,73 @@ class Scheduler:
         prefill = [chunk for chunk in prefill if chunk.sequence.running]
         if not preempted:
             self._admit(prefill, preempted)
+        if not preempted:
+            self._fill(decode, prefill)
         decode = [chunk for chunk in decode if chunk.sequence.running]
         prefill = [chunk for chunk in prefill if chunk.sequence.running]
         return Plan(decode, prefill, preempted)
 
-    def _next_stop(self, sequence: SequenceState) -> tuple[bool, int]:
+    def _next_stop(self, sequence: SequenceState, room: int | None = None) -> tuple[bool, int]:
         """``(decoding, stop)``: whether the sequence's next tokens go to the decoding rows, and where its
-        next chunk ends. Prompt tokens are prefilled; generated tokens are decoded one a step, also when a
-        preempted sequence recomputes them with ``recompute_by_decoding`` (so that they go through the
-        same program as the first time); otherwise recomputation is prefilled."""
+        next chunk ends (at most ``room`` tokens on, when given). Prompt tokens are prefilled; generated
+        tokens are decoded one a step, also when a preempted sequence recomputes them with
+        ``recompute_by_decoding`` (so that they go through the same program as the first time); otherwise
+        recomputation is prefilled."""
         prompt_left = sequence.computed < sequence.prompt_length
         if prompt_left or (not self.recompute_by_decoding and sequence.missing > 1):
             limit = (
                 sequence.prompt_length if prompt_left and self.recompute_by_decoding else len(sequence.tokens)
             )
-            return False, sequence.computed + min(self.chunk_size, limit - sequence.computed)
+            size = self.chunk_size if room is None else min(self.chunk_size, room)
+            return False, sequence.computed + min(size, limit - sequence.computed)
         return True, sequence.computed + 1
 
-    def _admit(self, prefill: list[Chunk], preempted: list[SequenceState]) -> None:
+    def _fill(self, decode: list[Chunk], prefill: list[Chunk]) -> None:
+        """Add prefill chunks to ``prefill`` while the step's program has room for them (``step_room``):
+        first running sequences left out by ``max_prefill_rows``, then waiting ones (fairest first) that
+        find a free row and pages; nobody is preempted for them."""
+        planned = {id(chunk.sequence) for chunk in decode + prefill}
+        tokens = sum(chunk.stop - chunk.start for chunk in decode + prefill)
+        for sequence in sorted(self.running, key=operator.attrgetter("arrival")):
+            room = self.step_room(len(planned), tokens)
+            if room < 1:
+                return
+            if id(sequence) in planned or sequence.missing == 0:
+                continue
+            decoding, stop = self._next_stop(sequence, room)
+            if decoding or not self._reserve(sequence, stop):
+                continue
+            prefill.append(Chunk(sequence, sequence.computed, stop))
+            planned.add(id(sequence))
+            tokens += stop - sequence.computed
+        while (room := self.step_room(len(planned), tokens)) > 0:
+            admitted = self._admit(prefill, [], room=room)
+            if admitted is None:
+                return
+            planned.add(id(admitted.sequence))
+            tokens += admitted.stop - admitted.start
+
+    def _reserve(self, sequence: SequenceState, tokens: int) -> bool:
+        """Reserve pages for ``tokens`` tokens of ``sequence`` if there are enough (preempting nobody)."""
+        try:
+            self.pages.reserve(sequence.key, tokens)
+        except OutOfPages:
+            return False
+        return True
+
+    def _admit(
+        self, prefill: list[Chunk], preempted: list[SequenceState], room: int | None = None
+    ) -> Chunk | None:
         """Admit waiting sequences, fairest first (see the module docstring), into ``prefill``; fairness
-        preemptions go to ``preempted``."""
+        preemptions go to ``preempted``. With ``room``: one sequence whose chunk is cut to ``room`` tokens,
+        past ``max_prefill_rows``, if it finds a free row and pages (preempting nobody). Returns the last
+        chunk admitted (None: none)."""
         passed: set[int] = set()  # waiting for a sibling: skipped this step
-        while len(prefill) < self.max_prefill_rows:
+        admitted = None
+        while room is not None or len(prefill) < self.max_prefill_rows:
             candidates = [s for s in self.waiting if id(s) not in passed]
             if not candidates:
-                return
+                return admitted
             running = Counter(s.caller for s in self.running)
             sequence = min(candidates, key=lambda s: (running[s.caller], s.arrival))
             if self.waits_for(sequence):
@@ -200,16 +249,16 @@ class Scheduler:
                 limit = min(len(sequence.tokens), sequence.prompt_length) - 1
                 shared = self.pages.cached_prefix(sequence.tokens, limit=limit)
             sequence.computed = len(shared) * self.pages.page_size
-            decoding, stop = self._next_stop(sequence)
+            decoding, stop = self._next_stop(sequence, room)
             needed = self.pages.pages_for(stop) - len(shared)
             if decoding:
                 sequence.computed = 0
-                return
+                return admitted
             while len(self.running) == self.max_running or needed > self._available_besides(shared):
-                victim = self._fairness_victim(sequence.caller, running)
+                victim = None if room is not None else self._fairness_victim(sequence.caller, running)
                 if victim is None:
                     sequence.computed = 0
-                    return  # nobody overtakes the fairest waiting sequence
+                    return admitted  # nobody overtakes the fairest waiting sequence
                 self._preempt(victim)
                 preempted.append(victim)
                 running[victim.caller] -= 1  # its pages stay cached: ``shared`` still holds the prefix
@@ -218,7 +267,11 @@ class Scheduler:
             sequence.running = True
             self.waiting.remove(sequence)
             self.running.append(sequence)
-            prefill.append(Chunk(sequence, sequence.computed, stop))
+            admitted = Chunk(sequence, sequence.computed, stop)
+            prefill.append(admitted)
+            if room is not None:
+                return admitted
+        return admitted
 
     def _available_besides(self, shared: list[int]) -> int:
         """Pages a new sequence can take once it holds the cached pages ``shared`` (which stop counting as

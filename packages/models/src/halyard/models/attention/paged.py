@@ -15,8 +15,9 @@ The flat batch is cut two ways, each a batch of rows over their sequences' pages
   them all;
 - *single tokens*: every other token (decoding tokens, the ends of chunks) is a row of one query.
 
-Rows run in groups (``group_rows`` single tokens, ``group_blocks`` blocks); a group whose rows see nothing of
-a page (padding, or a short sequence) skips it, so unused rows cost nothing. Where a token falls does not
+Rows run in groups (``group_rows`` single tokens, ``group_blocks`` blocks, fewer in a program of fewer
+tokens); a group whose rows see nothing of a page (padding, or a short sequence) skips it, and single tokens
+are grouped longest first, so that a group's rows read about as many pages. Where a token falls does not
 change its numbers beyond what XLA's shape-dependent reductions do (inside `halyard.named.nn.batch_invariant`
 none: the row sums are in fixed order).
 
@@ -62,7 +63,7 @@ class BlockedPagedKernel:
     """
 
     query_block: int = 16
-    group_rows: int = 32
+    group_rows: int = 16
     group_blocks: int = 4
 
     def init_pool(
@@ -112,7 +113,7 @@ class BlockedPagedKernel:
         tokens: int,
     ) -> BlockedStep:
         """The step's rows (`BlockedStep`): `halyard.models.attention.ragged_paged.RaggedPagedKernel.prepare`."""
-        block = self.query_block
+        block, page_size = self.query_block, pool.keys.array.shape[-1]
         sequence, positions = token_sequences(cu_q_lens, kv_lens, num_seqs, tokens)
         step_start = kv_lens[sequence] - (cu_q_lens[sequence + 1] - cu_q_lens[sequence])
         # a token is in a block row when its whole aligned block of positions is new in this step
@@ -120,6 +121,9 @@ class BlockedPagedKernel:
         in_block = (positions >= 0) & (block_first >= step_start) & (block_first + block <= kv_lens[sequence])
         # single tokens, compacted to the front: [T] token indices (tokens for none)
         singles = _compacted((positions >= 0) & ~in_block, tokens)
+        # longest first: a group reads the pages its longest row reads, so rows of like lengths share groups
+        reads = jnp.where(singles < tokens, positions[jnp.minimum(singles, tokens - 1)] // page_size + 1, 0)
+        singles = singles[jnp.argsort(-reads, stable=True)]
         # blocks: the first token of each, compacted; a block's tokens follow it in the flat batch
         firsts = _compacted(in_block & (positions % block == 0), tokens)[: tokens // block]
         members = jnp.where(firsts[:, None] < tokens, firsts[:, None] + jnp.arange(block), tokens)
@@ -157,7 +161,8 @@ class BlockedStep(NamedTuple):
     Attributes:
         positions: ``[T]`` each token's position (-1: padding).
         tables: ``[T, J]`` each token's sequence's pages.
-        singles: ``[T, 1]`` the single-token rows' tokens, compacted to the front (``T``: none).
+        singles: ``[T, 1]`` the single-token rows' tokens, compacted to the front, those reading the most
+            pages first (``T``: none).
         blocks: ``[T // query_block, query_block]`` the block rows' tokens (``T``: none).
     """
 
@@ -194,6 +199,9 @@ class _Rows(NamedTuple):
         key_pool, value_pool = self.pool.keys.array, self.pool.values.array
         kv_heads, page_size = value_pool.shape[2], value_pool.shape[3]
         count, length = members.shape
+        if count == 0:
+            return output  # a program of fewer tokens than a block has no block rows
+        group = min(group, count)  # a program of fewer rows than a group gathers no pages for rows it lacks
         padded = -(-count // group) * group
         members = jnp.pad(members, ((0, padded - count), (0, 0)), constant_values=num_tokens)
         members = members.reshape(padded // group, group, length)

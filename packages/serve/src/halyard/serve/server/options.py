@@ -47,7 +47,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "max_context": "the longest sequence, prompt plus completion (default: the model's positions, else 4096)",
         "max_running": "the most sequences decoding at once (rows of the decoding program)",
         "chunk_size": "the most prompt tokens a sequence is fed per step (chunked prefill)",
-        "max_prefill_rows": "the most sequences prefilled in one step",
+        "max_prefill_rows": "the most sequences prefilled in one step, beyond those that fill its program's padding",
         "deterministic_rows": "with --deterministic: the most rows of one step program (default: --max-running, "
         "one program a step; fewer split a step into several)",
         "max_n": "the most samples (n) one request may ask for, over all its prompts; a request's samples must "
