@@ -116,6 +116,19 @@ def test_compile_threads_is_checked() -> None:
         EngineConfig(compile_threads=0)
 
 
+def test_the_default_token_ladder_has_half_steps_from_48() -> None:
+    """64 rows beside 4 chunks of 128 (576 tokens at most): powers of two, and from 48 up 1.5 times each,
+    so a step of 40 tokens runs in a program of 48 and one of 300 in one of 384."""
+    config = EngineConfig(page_size=8, num_pages=80, max_context=64, max_running=64, chunk_size=128)
+    runner = Engine(tiny_model("llama"), config).runner
+    half_steps = [48, 96, 192, 384]
+    assert runner.token_sizes == sorted([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, *half_steps, 576])
+    assert [runner.shape_for(tokens, 1).tokens for tokens in (32, 40, 65, 300, 513)] == [32, 48, 96, 384, 576]
+    assert Engine(tiny_model("llama"), dataclasses.replace(config, min_rows=128)).runner.token_sizes == [
+        128, 192, 256, 384, 512, 576,
+    ]  # fmt: skip
+
+
 def test_token_buckets_are_the_programs_below_the_most_and_bad_ones_are_refused() -> None:
     """``token_buckets=(2,)``: a step of at most 2 tokens runs in a program of 2, a larger one at the most
     (10); in deterministic mode warm-up compiles those two (one page bucket) and row-checks the smaller, and a

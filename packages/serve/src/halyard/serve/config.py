@@ -26,12 +26,13 @@ class EngineConfig:
         chunk_size: the most prompt tokens one sequence is fed per step (chunked prefill).
         max_prefill_rows: the most sequences prefilled in one step, beyond those whose chunks fill the
             padding of its program (`halyard.serve.scheduler`).
-        min_rows: programs are compiled for token counts that are powers of two from this one up to the
-            most one step holds (`step_budget`).
+        min_rows: programs are compiled for token counts from this one up to the most one step holds
+            (`step_budget`): this one times powers of two, and from 48 up also 1.5 times each (48, 96,
+            192, ...; `halyard.serve.runner.token_ladder`), so a step is at most a third padding.
         token_buckets: the token counts of the step programs below the most one step holds
-            (`step_budget`), ascending, instead of ``min_rows``' powers of two: a step runs in the smallest
+            (`step_budget`), ascending, instead of ``min_rows``' ladder: a step runs in the smallest
             that holds its tokens (in deterministic mode, the smallest whose row check passed), else in a
-            program of the most. Empty: ``min_rows``' powers of two. An RL engine sets its decoding rows'
+            program of the most. Empty: ``min_rows``' ladder. An RL engine sets its decoding rows'
             buckets alone, so steps with prefill chunks run at the most and it compiles (and row-checks)
             fewer programs.
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside

@@ -321,7 +321,8 @@ class Engine:
 
     def _step_room(self, sequences: int, tokens: int) -> int:
         """The tokens one more chunk may add to a step of ``sequences`` chunks and ``tokens`` tokens without a
-        larger program: the padding of its token bucket (0 when a program holds no more sequences)."""
+        larger program: the padding of the program it runs in (`ModelRunner.bucket`; 0 when a program holds no
+        more sequences)."""
         max_seqs, _ = self.config.step_budget()
         if sequences >= max_seqs:
             return 0

@@ -60,10 +60,10 @@ class ModelRunner:
         max_seq_pages: the most pages one sequence may hold (its context divided by ``page_size``).
         max_tokens: the most tokens of one program.
         max_seqs: the most sequences of one program.
-        min_tokens: the smallest token count a program is compiled for (token counts are powers of two
-            from it, then ``max_tokens``).
+        min_tokens: the smallest token count a program is compiled for (token counts are `token_ladder`'s
+            from it).
         token_buckets: the token counts of programs below ``max_tokens``, ascending, instead of
-            ``min_tokens``' powers of two (empty: those).
+            ``min_tokens``' ladder (empty: that).
         fixed_tokens: deterministic mode: a program has ``max_tokens`` tokens, or fewer only where
             `rows_agree` showed that fewer give every sequence the same bits.
         invariant: trace the programs inside `batch_invariant` (see the module docstring).
@@ -103,7 +103,7 @@ class ModelRunner:
         self.token_sizes = (
             [*(size for size in token_buckets if size < max_tokens), max_tokens]
             if token_buckets
-            else _buckets(min_tokens, max_tokens)
+            else token_ladder(min_tokens, max_tokens)
         )
         """The token counts of this runner's programs, ascending (the last is ``max_tokens``)."""
         self.fixed_tokens = fixed_tokens
@@ -129,8 +129,12 @@ class ModelRunner:
         return list(self._programs)
 
     def bucket(self, tokens: int) -> int:
-        """The smallest of ``token_sizes`` that holds ``tokens`` (``max_tokens`` for more)."""
-        return next((size for size in self.token_sizes if size >= tokens), self.max_tokens)
+        """The tokens of the smallest program a step of ``tokens`` tokens can run in: the smallest of
+        ``token_sizes`` that holds them (``max_tokens`` for more); with ``fixed_tokens``, the smallest whose
+        row check passed so far (for some page count), else ``max_tokens``."""
+        passed = {shape.tokens for shape, agrees in self.row_checks.items() if agrees}
+        sizes = (s for s in self.token_sizes if s >= tokens and (not self.fixed_tokens or s in passed))
+        return next(sizes, self.max_tokens)
 
     def shape_for(
         self, tokens: int, seq_pages: int, *, prompt_logprobs: bool = False, alternatives: bool = False
@@ -346,6 +350,19 @@ def fetched(outputs: StepOutputs) -> StepOutputs:
     the device."""
     on_host: StepOutputs = jax.device_get(outputs._replace(padded_token=None))
     return on_host._replace(padded_token=outputs.padded_token)
+
+
+HALF_STEPS_FROM = 48
+"""The smallest token count halfway between two of the ladder's powers of two (`token_ladder`)."""
+
+
+def token_ladder(smallest: int, largest: int) -> list[int]:
+    """The token counts of a runner's programs without ``token_buckets``: ``smallest`` times powers of two
+    and, from `HALF_STEPS_FROM` up, 1.5 times each (48, 96, 192, ...: a step's program is then at most a
+    third padding, not half), below ``largest``, then ``largest``."""
+    steps = _buckets(smallest, largest)[:-1]
+    halves = [size * 3 // 2 for size in steps if size * 3 // 2 >= HALF_STEPS_FROM]
+    return [*sorted({*steps, *(size for size in halves if size < largest)}), largest]
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:
