@@ -131,9 +131,9 @@ class ModelRunner:
     def bucket(self, tokens: int) -> int:
         """The tokens of the smallest program a step of ``tokens`` tokens can run in: the smallest of
         ``token_sizes`` that holds them (``max_tokens`` for more); with ``fixed_tokens``, the smallest whose
-        row check passed so far (for some page count), else ``max_tokens``."""
-        passed = {shape.tokens for shape, agrees in self.row_checks.items() if agrees}
-        sizes = (s for s in self.token_sizes if s >= tokens and (not self.fixed_tokens or s in passed))
+        row check did not fail so far (`rows_agree`: a count that failed over some pages fails for all)."""
+        failed = {shape.tokens for shape, agrees in self.row_checks.items() if not agrees}
+        sizes = (s for s in self.token_sizes if s >= tokens and s not in failed)
         return next(sizes, self.max_tokens)
 
     def shape_for(
