@@ -28,7 +28,7 @@ class EngineConfig:
             padding of its program (`halyard.serve.scheduler`).
         min_rows: programs are compiled for token counts from this one up to the most one step holds
             (`step_budget`): this one times powers of two, and from 48 up also 1.5 times each (48, 96,
-            192, ...; `halyard.serve.runner.token_ladder`), so a step is at most a third padding.
+            192, ...; `halyard.serve.program.token_ladder`), so a step is at most a third padding.
         token_buckets: the token counts of the step programs below the most one step holds
             (`step_budget`), ascending, instead of ``min_rows``' ladder: a step runs in the smallest
             that holds its tokens (in deterministic mode, the smallest whose row check passed), else in a

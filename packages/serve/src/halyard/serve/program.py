@@ -64,6 +64,30 @@ def round_up_power_of_two(value: int, smallest: int = 1) -> int:
     return size
 
 
+HALF_STEPS_FROM = 48
+"""The smallest token count halfway between two of the ladder's powers of two (`token_ladder`)."""
+
+
+def token_ladder(smallest: int, largest: int) -> list[int]:
+    """The token counts of a runner's programs without ``token_buckets``: ``smallest`` times powers of two
+    and, from `HALF_STEPS_FROM` up, 1.5 times each (48, 96, 192, ...: a step's program is then at most a
+    third padding, not half), below ``largest``, then ``largest``."""
+    steps = doubling_sizes(smallest, largest)[:-1]
+    halves = [size * 3 // 2 for size in steps if size * 3 // 2 >= HALF_STEPS_FROM]
+    return [*sorted({*steps, *(size for size in halves if size < largest)}), largest]
+
+
+def doubling_sizes(smallest: int, largest: int) -> list[int]:
+    """The sizes `round_up_power_of_two` gives from ``smallest`` (``smallest`` times powers of two) below
+    ``largest``, then ``largest``."""
+    sizes = []
+    size = round_up_power_of_two(1, smallest)
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
 @dataclasses.dataclass(frozen=True)
 class ProgramShape:
     """The static shape of one compiled step program.

@@ -6,7 +6,7 @@ prefill chunks side by side, `halyard.models.attention.ragged_paged`) against th
 donated to the program and so written in place, then the paged kernel attends), then, per sequence, the
 logits of its last token and the next token drawn from them (`halyard.serve.sampler`), and optionally the
 top alternatives of the drawn tokens and the log-probability of every fed token's successor (prompt
-log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to a bucket (a power of two, or
+log-probs). The shapes come from a small fixed set: ``tokens`` is rounded up to a bucket (`token_ladder`'s, or
 one of ``token_buckets``; at most the most one program holds), ``seqs`` follows it, and the pages a
 sequence can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``programs_loaded``, ``compile_seconds``; `ModelRunner.shape_set` lists
@@ -42,7 +42,15 @@ from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.compile_events import thread_compiles
 from halyard.serve.packed_inputs import Packing, pack, unpack
 from halyard.serve.params import MAX_TOP_LOGPROBS
-from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, example_inputs, round_up_power_of_two
+from halyard.serve.program import (
+    ProgramShape,
+    StepInputs,
+    StepOutputs,
+    doubling_sizes,
+    example_inputs,
+    round_up_power_of_two,
+    token_ladder,
+)
 from halyard.serve.program_store import ProgramStore
 from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
 from halyard.serve.sampler import draw
@@ -161,7 +169,7 @@ class ModelRunner:
             self._shape(tokens, pages, prompt_logprobs, alternatives)
             for prompt_logprobs, alternatives in (variants if logprob_variants else variants[:1])
             for tokens in self.token_sizes
-            for pages in _buckets(1, self.max_seq_pages)
+            for pages in doubling_sizes(1, self.max_seq_pages)
         ]
 
     def shape_set(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
@@ -350,30 +358,6 @@ def fetched(outputs: StepOutputs) -> StepOutputs:
     the device."""
     on_host: StepOutputs = jax.device_get(outputs._replace(padded_token=None))
     return on_host._replace(padded_token=outputs.padded_token)
-
-
-HALF_STEPS_FROM = 48
-"""The smallest token count halfway between two of the ladder's powers of two (`token_ladder`)."""
-
-
-def token_ladder(smallest: int, largest: int) -> list[int]:
-    """The token counts of a runner's programs without ``token_buckets``: ``smallest`` times powers of two
-    and, from `HALF_STEPS_FROM` up, 1.5 times each (48, 96, 192, ...: a step's program is then at most a
-    third padding, not half), below ``largest``, then ``largest``."""
-    steps = _buckets(smallest, largest)[:-1]
-    halves = [size * 3 // 2 for size in steps if size * 3 // 2 >= HALF_STEPS_FROM]
-    return [*sorted({*steps, *(size for size in halves if size < largest)}), largest]
-
-
-def _buckets(smallest: int, largest: int) -> list[int]:
-    """The sizes `round_up_power_of_two` gives from ``smallest`` (``smallest`` times powers of two) below
-    ``largest``, then ``largest``."""
-    sizes = []
-    size = round_up_power_of_two(1, smallest)
-    while size < largest:
-        sizes.append(size)
-        size *= 2
-    return [*sizes, largest]
 
 
 def _step(

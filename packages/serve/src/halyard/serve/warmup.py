@@ -1,7 +1,7 @@
 """Compiling every step program an engine can ask for before the first request (`EngineConfig.warmup`).
 
 The shapes form a small fixed set (`ModelRunner.shape_set`): one flat step program for every token bucket
-(`halyard.serve.runner.token_ladder` from ``min_rows``, or ``token_buckets``, up to the most tokens of one step,
+(`halyard.serve.program.token_ladder` from ``min_rows``, or ``token_buckets``, up to the most tokens of one step,
 `EngineConfig.step_budget`) and every
 page bucket (powers of two up to the pages of the longest sequence). They are compiled several at once
 (`EngineConfig.compile_threads`; XLA compiles outside Python's lock, so a TPU host's cores compile side by
