@@ -19,6 +19,7 @@ from halyard.named.nn.block_seq import BlockSeq
 from halyard.named.nn.dropout import Dropout
 from halyard.named.nn.embedding import Embedding
 from halyard.named.nn.gemm_dot import default_dot_general, gemm_dot_general
+from halyard.named.nn.int8 import INT8_MAX, absmax_int8
 from halyard.named.nn.invariance import (
     ROW_BLOCK,
     UNFUSED_FLAG,
@@ -50,6 +51,7 @@ from halyard.named.nn.target_backend import compiling_for, target_backend
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_SAVED_NAMES",
+    "INT8_MAX",
     "REMAT_POLICIES",
     "ROW_BLOCK",
     "UNFUSED_FLAG",
@@ -64,6 +66,7 @@ __all__ = [
     "RMSNorm",
     "RematPolicy",
     "Stacked",
+    "absmax_int8",
     "activation",
     "attention_weights",
     "batch_invariant",
