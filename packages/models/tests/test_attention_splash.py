@@ -6,6 +6,7 @@ bidirectional, packed-document, soft-capped and grouped-query attention, on one 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import equinox as eqx
@@ -195,3 +196,32 @@ def test_a_model_with_splash_has_the_reference_models_loss_and_gradients() -> No
     )
     with pytest.raises(ValueError, match="attention_implementation='flash'"):
         model_config("llama", attention_implementation="flash")
+
+
+@pytest.mark.parametrize(
+    ("remat", "recomputed"), [("save_dots", False), ("save_attention", False), ("full", True)]
+)
+def test_the_backward_reads_the_kernels_residuals_instead_of_running_its_forward_again(
+    remat: str, recomputed: bool
+) -> None:
+    # A layer (a projection, then splash attention) under the remat policy, differentiated and compiled: the
+    # policies that keep kernel residuals run the splash forward kernel in the forward pass only; "full" runs
+    # it in the backward pass's recomputation (the op names of the compiled program say where each runs).
+    from halyard.named.nn.remat import checkpoint_layer
+
+    case = Case("remat", length=128)
+    query, key, value, _ = _inputs(case)
+
+    def layer(weight: jax.Array) -> jax.Array:
+        projected = NamedArray(query.array @ weight, query.axes)
+        output = attention(
+            projected, key, value, case.mask(), implementation="splash", splash_block_sizes=SMALL_BLOCKS
+        )
+        return output.array.sum()
+
+    program = (
+        jax.jit(jax.grad(checkpoint_layer(layer, remat))).lower(jnp.eye(case.head_size)).compile().as_text()
+    )
+    forward_kernels = set(re.findall(r'"[^"]*splash_mha_fwd', program))
+    assert forward_kernels, "the splash forward kernel is in the program"
+    assert any("rematted_computation" in name for name in forward_kernels) == recomputed, forward_kernels

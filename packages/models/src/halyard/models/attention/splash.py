@@ -32,6 +32,7 @@ from jaxtyping import Array, Shaped
 
 from halyard.models.attention.context_parallel import ContextSplit
 from halyard.models.attention.layout import FlatAttention
+from halyard.named.nn import KERNEL_RESIDUALS
 
 HIDDEN_SEGMENT = -(2**31)
 """The segment id of padded keys (and queries): no real token holds it, so they are never seen."""
@@ -288,4 +289,7 @@ def _kernel(
             q_seq_shards=1,
             attn_logits_soft_cap=logit_softcap,
             interpret=interpret,
+            # The forward's output and log-sum-exp, kept by the remat policies that keep kernel residuals
+            # (the backward kernels then need no second forward pass).
+            residual_checkpoint_name=KERNEL_RESIDUALS,
         )

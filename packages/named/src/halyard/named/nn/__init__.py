@@ -40,6 +40,7 @@ from halyard.named.nn.masks import causal_mask, segment_mask, sliding_window_mas
 from halyard.named.nn.normalization import LayerNorm, RMSNorm
 from halyard.named.nn.remat import (
     ATTENTION_SAVED_NAMES,
+    KERNEL_RESIDUALS,
     REMAT_POLICIES,
     RematPolicy,
     effective_remat,
@@ -52,6 +53,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_SAVED_NAMES",
     "INT8_MAX",
+    "KERNEL_RESIDUALS",
     "REMAT_POLICIES",
     "ROW_BLOCK",
     "UNFUSED_FLAG",

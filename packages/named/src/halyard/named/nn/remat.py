@@ -3,12 +3,15 @@
 - ``"none"``: keep every activation for the backward pass (fastest, most memory).
 - ``"full"``: keep only each layer's input; recompute the layer in the backward pass.
 - ``"save_dots"``: keep the results of matmuls without batch dimensions (the projections), recompute
-  the cheap elementwise work and the attention scores (``dots_with_no_batch_dims_saveable``).
+  the cheap elementwise work and the attention scores (``dots_with_no_batch_dims_saveable``). An
+  attention kernel's own residuals (values named `KERNEL_RESIDUALS`: the splash kernel's output and
+  log-sum-exp) are kept too, so the backward pass does not run the kernel's forward again.
 - ``"nested"``: group the L layers into about sqrt(L) blocks of about sqrt(L) layers; keep only block
   inputs, and recompute a block layer by layer (memory ~ 2 sqrt(L) layer inputs). In an unrolled
   `BlockSeq` this is the same as ``"full"``.
 - ``"save_attention"``: keep only the attention kernel's inputs and output (the values a layer names
-  `ATTENTION_SAVED_NAMES` with ``checkpoint_name``: rotated queries, keys, values, the attended output);
+  `ATTENTION_SAVED_NAMES` with ``checkpoint_name``: rotated queries, keys, values, the attended output,
+  and the kernel's residuals);
   recompute the projections' neighbours, norms and the MLP. A fraction of ``"save_dots"``'s memory
   (with grouped-query attention and a 4x MLP about a fifth), and the quadratic attention is not redone
   outside its kernel's own backward. In a block that names nothing it is ``"full"``.
@@ -28,13 +31,18 @@ import jax
 
 RematPolicy = Literal["none", "full", "save_dots", "nested", "offload", "save_attention"]
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "save_dots", "nested", "offload", "save_attention")
+KERNEL_RESIDUALS = "attention_kernel_residuals"
+"""The ``checkpoint_name`` of an attention kernel's forward residuals (the splash kernel's output and
+log-sum-exp, named inside its ``custom_vjp`` forward): kept by ``"save_dots"`` and ``"save_attention"``, so
+the backward pass reads them instead of running the kernel's forward a second time."""
 ATTENTION_SAVED_NAMES: tuple[str, ...] = (
     "attention_query",
     "attention_key",
     "attention_value",
     "attention_output",
+    KERNEL_RESIDUALS,
 )
-"""The ``checkpoint_name`` names ``"save_attention"`` keeps (set by the attention layer)."""
+"""The ``checkpoint_name`` names ``"save_attention"`` keeps (set by the attention layer and its kernel)."""
 
 
 def check_remat(remat: str) -> str:
@@ -86,9 +94,11 @@ def checkpoint_layer(
     if remat in ("full", "nested"):
         return jax.checkpoint(fn, prevent_cse=False)
     if remat == "save_dots":
-        return jax.checkpoint(
-            fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable, prevent_cse=False
+        policy = jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            jax.checkpoint_policies.save_only_these_names(KERNEL_RESIDUALS),
         )
+        return jax.checkpoint(fn, policy=policy, prevent_cse=False)
     if remat == "save_attention":
         kept = [name for name in ATTENTION_SAVED_NAMES if name not in recomputed]
         policy = jax.checkpoint_policies.save_only_these_names(*kept)
