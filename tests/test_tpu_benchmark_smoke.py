@@ -40,3 +40,45 @@ def test_tpu_train_cpu_smoke(tmp_path: Path) -> None:
         and "no-such-kernel" in failed["status"]
     )
     assert "| save_dots | xla | 4 x 1 |" in output.with_suffix(".md").read_text()
+
+
+def test_tpu_levanter_runs_each_setting_without_halyards_packages_and_compares(tmp_path: Path) -> None:
+    # A stand-in for the Levanter bundle's run.sh: it records the PYTHONPATH and arguments it got and writes
+    # lev.json as the real one does (the real bundle needs the registries and a TPU: ../shared/levanter/).
+    bundle = tmp_path / "lev"
+    bundle.mkdir()
+    (bundle / "run.sh").write_text(
+        'echo "$PYTHONPATH" > "$OUT/pythonpath"; echo "$1" > "$OUT/args"\n'
+        'case "$1" in *recompute*) tokens=1000;; *) echo "RESOURCE_EXHAUSTED"; exit 1;; esac\n'
+        'printf \'{"status": "ok", "tokens_per_s": %s, "median_step_s": 2.0, "import_s": 20, "init_s": 30, '
+        '"first_step_s_incl_compile": 25, "attention": {"ran": "splash"}, "versions": "x"}\' $tokens > "$OUT/lev.json"\n'
+    )
+    halyard = tmp_path / "halyard.json"
+    halyard.write_text(json.dumps({"rows": [
+        {"status": "ok", "tokens_per_second": 1500.0, "start_to_first_step_seconds": 44.0},
+        {"status": "failed (exit 1)"},
+    ]}))  # fmt: skip
+    output = tmp_path / "levanter.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tpu_levanter.py"), "--bundle", str(bundle),
+         "--setting", "16,2,recompute", "32,1,default", "--halyard", str(halyard),
+         "--work-dir", str(tmp_path / "work"), "--output", str(output)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "/tmp/halyard/carried:/machine/jax"},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(output.read_text())
+    ran, failed = result["rows"]
+    assert (
+        ran["status"] == "ok"
+        and ran["tokens_per_second"] == 1000
+        and ran["start_to_first_step_seconds"] == 75
+    )
+    assert (
+        "--batch-size 16 --microbatch 2" in ran["levanter_args"]
+        and "--remat recompute" in ran["levanter_args"]
+    )
+    assert failed["status"].startswith("failed (exit 1): ") and "RESOURCE_EXHAUSTED" in failed["status"]
+    assert result["halyard_over_levanter"] == 1.5
+    assert result["start_to_first_step"] == {"halyard": 44.0, "levanter": 75}
+    assert (tmp_path / "work" / "16_2_recompute" / "pythonpath").read_text().strip() == "/machine/jax"
