@@ -5,6 +5,8 @@ the trainer's own step; a family whose layers cannot be quantized is refused in 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import yaml
 from trainer_fixtures import StopAfter, assert_bitwise_equal, fails, load_config, run_losses, write_config
 
 from halyard.train.cli import main, train_main
+from halyard.train.plan.tpu_topology import libtpu_path
 from halyard.train.trainer.trainer import Trainer
 
 STEPS = 6
@@ -88,6 +91,38 @@ def test_the_plan_finds_the_int8_products_of_the_trainers_step(
         report
     ), report
     assert "int8 peak 1979 TOPS" in report and "step time with int8" in report
+
+
+# In a child process, so that libtpu never loads into the test worker: the run's step compiled by the TPU's own
+# compiler for one v5e chip; prints how many of its products are int32 sums of two int8 operands.
+TPU_CHILD = """
+import re, sys
+from halyard.named.nn import compiling_for
+from halyard.shard import use_layout
+from halyard.train.builtin_configs import resolve_config_paths
+from halyard.train.config.parse import parse_config
+from halyard.train.plan.step_memory import _abstract_batch, _with_shardings
+from halyard.train.plan.tpu_topology import topology_devices
+from halyard.train.run.setup import RunSetup
+from halyard.train.run_config import TrainConfig
+config = parse_config(TrainConfig, resolve_config_paths(["--config", sys.argv[1], "--trainer.mesh.fsdp", "1"]))
+setup = RunSetup(config, devices=topology_devices("TPU v5e", 1)[0])
+state = _with_shardings(*setup.abstract_state)
+with use_layout(setup.layout, setup.mesh), compiling_for("tpu", "tpu"):
+    text = setup.train_step().lower(state, _abstract_batch(config, setup), None).compile().as_text()
+int8 = set(re.findall(r"(%[\\w.-]+) = s8\\[", text))
+products = re.findall(r"= s32\\[[^ ]* (?:convolution|dot)\\((%[\\w.-]+), (%[\\w.-]+)\\)", text)
+print(sum(a in int8 and b in int8 for a, b in products))
+"""
+
+
+@pytest.mark.skipif(libtpu_path() is None, reason="needs libtpu (make venv installs it) to compile for a TPU")
+def test_the_tpu_compiler_keeps_the_int8_products(int8_config: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", TPU_CHILD, str(int8_config)], capture_output=True, text=True, timeout=600
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.split()[-1] == "21", child.stdout[-2000:]  # 7 projections x 3 products, as lowered
 
 
 def test_a_family_whose_layers_cannot_be_quantized_is_refused_in_one_line(
