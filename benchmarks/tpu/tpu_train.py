@@ -166,6 +166,14 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def use_one_cpu_device() -> None:
+    """JAX on one CPU device, in this process and the runs it starts: as on one chip (not the test suite's
+    eight simulated devices)."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+    os.environ["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=1", *flags])
+
+
 def describe_device(cpu_smoke: bool) -> tuple[str, str]:
     """(device kind, jax version), read in a process of its own: this one must not hold the chip."""
     code = "import jax; print(jax.devices()[0].device_kind); print(jax.__version__)"
@@ -207,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seq_len = args.seq_len or (64 if args.cpu_smoke else 2048)
     args.steps = args.steps or (3 if args.cpu_smoke else 10)
     if args.cpu_smoke:
-        os.environ["JAX_PLATFORMS"] = "cpu"  # one device, as on one chip (not the test suite's eight)
-        flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in flag]
-        os.environ["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=1", *flags])
+        use_one_cpu_device()
         args.max_documents = min(args.max_documents, 30)
         args.tokenizer_vocab = 512  # the smoke model's vocabulary
     args.work_dir.mkdir(parents=True, exist_ok=True)

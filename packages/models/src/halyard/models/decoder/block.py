@@ -68,6 +68,7 @@ class DecoderBlock(eqx.Module):
         std = layout.init_std
         out_std = std if layout.out_init_std is None else layout.out_init_std
         mlp_out_std = std if layout.mlp_out_init_std is None else layout.mlp_out_init_std
+        projection = config.projection_dot_general()
         attention = SelfAttention.init(
             Embed, num_heads=shape.heads, num_kv_heads=shape.kv_heads, head_size=shape.head_size,
             max_position=shape.max_position, key=attention_key, dtype=dtype,
@@ -76,7 +77,7 @@ class DecoderBlock(eqx.Module):
             norm_offset=layout.norm_offset, init_std=std, out_init_std=out_std,
             query_init_std=layout.query_init_std, implementation=config.attention_implementation,
             block_size=config.attention_block_size, context_parallel=config.context_parallel,
-            splash_block_sizes=config.splash_block_sizes,
+            splash_block_sizes=config.splash_block_sizes, dot_general=projection,
         )  # fmt: skip
         mlp: MLP | GatedMLP | MoeMLP
         if layout.mlp == "moe":
@@ -88,7 +89,7 @@ class DecoderBlock(eqx.Module):
             mlp_class = MLP if layout.mlp == "plain" else GatedMLP
             mlp = mlp_class.init(
                 Embed, Mlp, key=mlp_key, act=layout.activation, use_bias=layout.mlp_bias,
-                init_std=std, down_init_std=mlp_out_std, dtype=dtype,
+                init_std=std, down_init_std=mlp_out_std, dtype=dtype, dot_general=projection,
             )  # fmt: skip
 
         def norm(present: bool) -> Norm | None:

@@ -56,11 +56,8 @@ class DecoderConfig(DecoderSpec):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward), each layer at its own window; see `halyard.models.flops`."""
-        s, layout = self.shape, self.layout()
-        if layout.mlp == "moe":
-            mlp = layout.experts_per_token * 3 * s.embed * s.mlp + layout.num_experts * s.embed
-        else:
-            mlp = (2 if layout.mlp == "plain" else 3) * s.embed * s.mlp
+        s = self.shape
+        mlp = self._mlp_params_per_token()
 
         def flops(num_layers: int, window: int | None) -> float:
             return decoder_flops_per_token(
@@ -79,6 +76,21 @@ class DecoderConfig(DecoderSpec):
             if kind.window is not None:
                 total += flops(1, kind.window) - flops(1, None)
         return total
+
+    def int8_flops_per_token(self) -> float:
+        """Of `flops_per_token`, the training FLOPs per token ``quantization: int8`` runs as int8 matmuls: the
+        layers' projections (q, k, v, o and the MLP; forward and both gradient products); 0 without it."""
+        if self.quantization != "int8":
+            return 0.0
+        s = self.shape
+        projections = s.embed * s.head_size * (2 * s.heads + 2 * s.kv_heads) + self._mlp_params_per_token()
+        return 3.0 * 2 * s.layers * projections
+
+    def _mlp_params_per_token(self) -> int:
+        s, layout = self.shape, self.layout()
+        if layout.mlp == "moe":
+            return layout.experts_per_token * 3 * s.embed * s.mlp + layout.num_experts * s.embed
+        return (2 if layout.mlp == "plain" else 3) * s.embed * s.mlp
 
 
 def check_positive(config: object, *fields: str, optional: bool = False) -> None:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from halyard.models.config import ModelConfig
 from halyard.models.decoder.layout import BlockLayout, LayerKind
+from halyard.named.nn import DotGeneral, int8_dot_general
 
 
 class DecoderShape(NamedTuple):
@@ -39,10 +40,41 @@ class DecoderShape(NamedTuple):
     learned_positions: bool = False
 
 
+QUANTIZATIONS = ("none", "int8")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec(ModelConfig):
     """The questions every decoder family's config answers, as the skeleton reads them (`DecoderConfig`
-    derives from it and adds what follows: building the model, parameter and FLOP counts)."""
+    derives from it and adds what follows: building the model, parameter and FLOP counts).
+
+    Attributes:
+        quantization: ``none`` or ``int8``: the layers' projections (attention q/k/v/o, the MLP) run as
+            int8 x int8 -> int32 matmuls in the forward pass and both gradient products, the input scaled
+            per token and the weight per output channel (`halyard.named.nn.int8_dot_general`); weights,
+            optimizer state, the embedding, attention itself, the output head and the loss stay in their
+            dtypes. Twice the bf16 matmul rate on a TPU v5e; refused for MoE experts (``ragged_dot``).
+    """
+
+    quantization: str = "none"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"model.quantization={self.quantization} ({name}): choose one of {', '.join(QUANTIZATIONS)}"
+            )
+        if self.quantization == "int8" and self.layout().mlp == "moe":
+            raise ValueError(
+                f"model.quantization=int8 ({name}): the MoE experts' matmuls (ragged_dot) cannot be "
+                f"quantized; train {self.family} with model.quantization none"
+            )
+
+    def projection_dot_general(self) -> DotGeneral | None:
+        """The contraction of the layers' projections: `int8_dot_general` with ``quantization: int8``,
+        else None (`Linear`'s default)."""
+        return int8_dot_general if self.quantization == "int8" else None
 
     @property
     @abc.abstractmethod

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 
 from halyard.named import Axis, NamedArray
-from halyard.named.nn import Linear, activation
+from halyard.named.nn import DotGeneral, Linear, activation
 from halyard.shard import constrain
 
 
@@ -30,6 +30,7 @@ class _FeedForward(eqx.Module):
         init_std: float,
         down_init_std: float,
         dtype: Any,
+        dot_general: DotGeneral | None = None,
     ) -> Self:
         """Create the projections with N(0, std**2) weights and zero biases.
 
@@ -40,14 +41,21 @@ class _FeedForward(eqx.Module):
             use_bias: biases on every projection.
             init_std, down_init_std: weight std of the input projections and of ``down`` (residual projection).
             dtype: parameter dtype.
+            dot_general: the projections' contraction (None: `Linear`'s default; `int8_dot_general` for
+                int8 training).
         """
         activation(act)  # an unknown name is a ValueError listing the known ones
         *input_keys, down_key = jax.random.split(key, cls.inputs + 1)
         inputs = [
-            Linear.init(Embed, Mlp, key=k, use_bias=use_bias, init_std=init_std, dtype=dtype)
+            Linear.init(
+                Embed, Mlp, key=k, use_bias=use_bias, init_std=init_std, dtype=dtype, dot_general=dot_general
+            )
             for k in input_keys
         ]
-        down = Linear.init(Mlp, Embed, key=down_key, use_bias=use_bias, init_std=down_init_std, dtype=dtype)
+        down = Linear.init(
+            Mlp, Embed, key=down_key, use_bias=use_bias, init_std=down_init_std, dtype=dtype,
+            dot_general=dot_general,
+        )  # fmt: skip
         return cls(*inputs, down, act)
 
 

@@ -7,6 +7,7 @@ new keys and values are stored in the pool and the queries attend over their seq
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -19,7 +20,7 @@ from halyard.models.layers.paged_kv import PagedLayer
 from halyard.models.reports import report_attention_logit_max
 from halyard.models.rotary import RotaryConfig, apply_rotary
 from halyard.named import Axis, NamedArray
-from halyard.named.nn import Linear, RMSNorm
+from halyard.named.nn import DotGeneral, Linear, RMSNorm
 from halyard.shard import constrain
 
 HEADS = "heads"
@@ -83,6 +84,7 @@ class SelfAttention(eqx.Module):
         block_size: int | None = None,
         context_parallel: str = "auto",
         splash_block_sizes: SplashBlockSizes | None = None,
+        dot_general: DotGeneral | None = None,
         dtype: Any,
     ) -> SelfAttention:
         """Create the four projections (N(0, std**2) weights, zero biases).
@@ -104,6 +106,8 @@ class SelfAttention(eqx.Module):
             block_size: queries and keys per block of the ``blocked`` kernel (None: the backend's default).
             context_parallel: attention over a sequence split across devices (`attention`'s argument).
             splash_block_sizes: the ``splash`` kernel's tiles (None: its defaults).
+            dot_general: the four projections' contraction (None: `Linear`'s default; `int8_dot_general`
+                for int8 training).
             dtype: parameter dtype.
 
         Raises:
@@ -120,18 +124,11 @@ class SelfAttention(eqx.Module):
         )
         q_key, k_key, v_key, o_key = jax.random.split(key, 4)
         q_std = init_std if query_init_std is None else query_init_std
-        q_proj = Linear.init(
-            Embed, (Heads, HeadSize), key=q_key, use_bias=qkv_bias, init_std=q_std, dtype=dtype
-        )
-        k_proj = Linear.init(
-            Embed, (KVHeads, HeadSize), key=k_key, use_bias=qkv_bias, init_std=init_std, dtype=dtype
-        )
-        v_proj = Linear.init(
-            Embed, (KVHeads, HeadSize), key=v_key, use_bias=qkv_bias, init_std=init_std, dtype=dtype
-        )
-        o_proj = Linear.init(
-            (Heads, HeadSize), Embed, key=o_key, use_bias=out_bias, init_std=out_init_std, dtype=dtype
-        )
+        projection = functools.partial(Linear.init, dtype=dtype, dot_general=dot_general)
+        q_proj = projection(Embed, (Heads, HeadSize), key=q_key, use_bias=qkv_bias, init_std=q_std)
+        k_proj = projection(Embed, (KVHeads, HeadSize), key=k_key, use_bias=qkv_bias, init_std=init_std)
+        v_proj = projection(Embed, (KVHeads, HeadSize), key=v_key, use_bias=qkv_bias, init_std=init_std)
+        o_proj = projection((Heads, HeadSize), Embed, key=o_key, use_bias=out_bias, init_std=out_init_std)
         q_norm = k_norm = None
         if qk_norm is not None:
             q_axes = (HeadSize,) if qk_norm == "head" else (Heads, HeadSize)

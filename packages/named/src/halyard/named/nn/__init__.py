@@ -20,6 +20,7 @@ from halyard.named.nn.dropout import Dropout
 from halyard.named.nn.embedding import Embedding
 from halyard.named.nn.gemm_dot import default_dot_general, gemm_dot_general
 from halyard.named.nn.int8 import INT8_MAX, absmax_int8
+from halyard.named.nn.int8_dot import int8_dot_general
 from halyard.named.nn.invariance import (
     ROW_BLOCK,
     UNFUSED_FLAG,
@@ -40,6 +41,7 @@ from halyard.named.nn.masks import causal_mask, segment_mask, sliding_window_mas
 from halyard.named.nn.normalization import LayerNorm, RMSNorm
 from halyard.named.nn.remat import (
     ATTENTION_SAVED_NAMES,
+    INT8_PROJECTION,
     KERNEL_RESIDUALS,
     REMAT_POLICIES,
     RematPolicy,
@@ -53,6 +55,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_SAVED_NAMES",
     "INT8_MAX",
+    "INT8_PROJECTION",
     "KERNEL_RESIDUALS",
     "REMAT_POLICIES",
     "ROW_BLOCK",
@@ -82,6 +85,7 @@ __all__ = [
     "gelu_new",
     "gemm_dot_general",
     "identity",
+    "int8_dot_general",
     "invariant_matmul",
     "invariant_rows",
     "inverse_sqrt",

@@ -47,6 +47,18 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 """Dense peak FLOP/s per chip, by table key and dtype name (see the module docstring for sources)."""
 
+INT8_PEAK_OPS: dict[str, float] = {
+    "A100": 624e12,
+    "H100 SXM": 1979e12,
+    "H100 PCIe": 1513e12,
+    "H200": 1979e12,
+    "TPU v5e": 394e12,
+    "TPU v5p": 918e12,
+    "TPU v6e": 1836e12,
+}
+"""Dense int8 peak operations/s per chip (the vendors' figures; TPU v4 has none above its bf16 rate), for
+the matmuls ``model.quantization: int8`` runs on the int8 units."""
+
 # `device_kind` strings as JAX reports them, lower-cased, mapped to table keys; the first match wins.
 _KIND_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("h200",), "H200"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from halyard.train.config.errors import ConfigError
-from halyard.train.perf.peaks import PEAK_FLOPS, table_key
+from halyard.train.perf.peaks import INT8_PEAK_OPS, PEAK_FLOPS, table_key
 
 HBM_GIB: dict[str, float] = {
     "A100": 80.0,
@@ -37,6 +37,11 @@ class Accelerator:
     """Memory of one chip."""
     usable_fraction: float
     """Share of `memory_gib` a JAX program can use by default."""
+
+    @property
+    def int8_peak_ops(self) -> float:
+        """Dense int8 peak operations/s of one chip (`INT8_PEAK_OPS`; `peak_flops` where the table has none)."""
+        return INT8_PEAK_OPS.get(self.name, self.peak_flops)
 
     @property
     def backend(self) -> str | None:

@@ -173,9 +173,35 @@ def format_plan(
         f"  FLOPs per step      {step_flops:.3g}",
         f"  step time           {ideal:.3g} s at 100% MFU, {ideal / mfu:.3g} s at {mfu:.0%} MFU "
         f"({tokens / (ideal / mfu):,.0f} tokens/s)",
+        *_int8_lines(memory, chip, tokens, mfu),
         *_compiler_lines(memory, compiled_for),
     ]
     return "\n".join(lines)
+
+
+def _int8_lines(memory: StepMemory, chip: Accelerator, tokens: int, mfu: float) -> list[str]:
+    """With ``model.quantization: int8``: the int8 products found in the step, and the step time with the
+    projections' share of the FLOPs at the chip's int8 peak (the rest at ``peak_flops``)."""
+    found = memory.int8_matmuls
+    if found is None:
+        return []
+    share = memory.int8_flops_per_token / memory.flops_per_token
+    seconds = (
+        tokens
+        * (
+            memory.int8_flops_per_token / chip.int8_peak_ops
+            + (memory.flops_per_token - memory.int8_flops_per_token) / chip.peak_flops
+        )
+        / memory.num_devices
+    )
+    return [
+        f"  int8 (model.quantization=int8): {found.total} int8 x int8 -> int32 matmuls in the step "
+        f"({found.forward} forward, {found.input_gradient} input-gradient, {found.weight_gradient} "
+        f"weight-gradient); the projections are {share:.0%} of the FLOPs, at the int8 peak "
+        f"{chip.int8_peak_ops / 1e12:g} TOPS",
+        f"  step time with int8 {seconds:.3g} s at 100% of those peaks, {seconds / mfu:.3g} s at {mfu:.0%} "
+        f"({tokens / (seconds / mfu):,.0f} tokens/s)",
+    ]
 
 
 def _compiler_lines(memory: StepMemory, compiled_for: str | None) -> list[str]:

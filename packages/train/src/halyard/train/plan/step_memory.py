@@ -26,6 +26,7 @@ from halyard.train.config.errors import ConfigError
 from halyard.train.doremi.step import REFERENCE_MODEL
 from halyard.train.mixture.config import mixture_sources
 from halyard.train.objectives.dpo import PAIR_KEYS, REFERENCE_KEYS
+from halyard.train.plan.int8_matmuls import Int8Matmuls, int8_matmuls
 from halyard.train.run.setup import RunSetup
 from halyard.train.run_config import TrainConfig
 from halyard.train.trainer.preflight import check_shapes
@@ -75,6 +76,10 @@ class StepMemory:
     """trainer.offload_optimizer_state: the optimizer state lives in host memory (not in `total`)."""
     target_backend: str | None = None
     """The backend the step was traced for (None: the compiling one's)."""
+    int8_matmuls: Int8Matmuls | None = None
+    """With ``model.quantization: int8``: the int8 products of the lowered step (None otherwise)."""
+    int8_flops_per_token: float = 0.0
+    """Of `flops_per_token`, what runs as int8 (the layers' projections under ``model.quantization: int8``)."""
 
     @property
     def activations(self) -> int:
@@ -127,6 +132,7 @@ def step_memory(
         compiled = lowered.compile(compiler_options=_cpu_options(devices))
     analysis = compiled.memory_analysis()
     model: Any = setup.model_config
+    int8 = getattr(model, "quantization", "none") == "int8"
     params = _bytes_per_device(state.params)
     optimizer_state = _bytes_per_device(state.opt_state)
     on_host = config.trainer.offload_optimizer_state
@@ -156,6 +162,8 @@ def step_memory(
         reference_params=params if config.trainer.objective == "grpo" and config.rl.kl_beta > 0 else 0,
         optimizer_on_host=on_host,
         target_backend=target_backend,
+        int8_matmuls=int8_matmuls(lowered.as_text()) if int8 else None,
+        int8_flops_per_token=float(model.int8_flops_per_token()) if int8 else 0.0,
     )
 
 
