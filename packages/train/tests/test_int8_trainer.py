@@ -12,10 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from trainer_fixtures import StopAfter, assert_bitwise_equal, fails, load_config, run_losses, write_config
+from trainer_fixtures import (
+    StopAfter,
+    assert_bitwise_equal,
+    fails,
+    load_config,
+    run_losses,
+    save_tiny_hf_llama,
+    write_config,
+)
 
 from halyard.train.cli import main, train_main
 from halyard.train.plan.tpu_topology import libtpu_path
+from halyard.train.run.sources import model_config_of
 from halyard.train.trainer.trainer import Trainer
 
 STEPS = 6
@@ -91,6 +100,12 @@ def test_the_plan_finds_the_int8_products_of_the_trainers_step(
         report
     ), report
     assert "int8 peak 1979 TOPS" in report and "step time with int8" in report
+
+
+def test_int8_applies_to_a_model_read_from_a_hugging_face_folder(tmp_path: Path, int8_config: Path) -> None:
+    folder = save_tiny_hf_llama(tmp_path / "hf")
+    model = model_config_of(load_config(int8_config, "--trainer.init", f"hf:{folder}"))
+    assert model.quantization == "int8" and model.hidden_size == 32  # the run's setting, the folder's shape
 
 
 # In a child process, so that libtpu never loads into the test worker: the run's step compiled by the TPU's own

@@ -136,3 +136,9 @@ def test_sharded_over_eight_devices_it_gives_the_single_devices_bits() -> None:
     sharded = jax.jit(step)(jax.device_put(x, rows), jax.device_put(w, weight), jax.device_put(dy, rows))
     for a, b in zip(sharded, whole, strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_a_contraction_with_batch_dimensions_is_refused() -> None:
+    x, w = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
+    with pytest.raises(ValueError, match="int8_dot_general quantizes a projection"):
+        int8_dot_general(x, w, (((2,), (1,)), ((0,), (0,))))

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from halyard.export import import_hf, read_hf_config
-from halyard.models import ModelConfig
+from halyard.models import DecoderConfig, ModelConfig
 from halyard.shard import Layout
 from halyard.train.checkpoint.discovery import resolve_checkpoint
 from halyard.train.checkpoint.manager import CheckpointManager
@@ -26,9 +26,11 @@ are settings of the run (kernels, remat, dtypes) that the ``model:`` section app
 
 
 def run_settings(config: TrainConfig) -> dict[str, Any]:
-    """The ``model:`` section's values of the fields every family shares (`ModelConfig`'s, less
-    `CHECKPOINT_FIELDS`), by name: applied on top of the config.json of ``trainer.init=hf:``."""
-    shared = (field.name for field in dataclasses.fields(ModelConfig))
+    """The ``model:`` section's values of the fields every family shares (`ModelConfig`'s, and a decoder's
+    `DecoderSpec` ones such as ``quantization``, less `CHECKPOINT_FIELDS`), by name: applied on top of the
+    config.json of ``trainer.init=hf:``."""
+    shared_by = DecoderConfig if isinstance(config.model, DecoderConfig) else ModelConfig
+    shared = (field.name for field in dataclasses.fields(shared_by))
     return {name: getattr(config.model, name) for name in shared if name not in CHECKPOINT_FIELDS}
 
 
