@@ -71,6 +71,12 @@ ERRORS: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"five": 10}}, "logit_bias"),
     ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/completions", {"prompt": PROMPT, "response_format": {"type": "yaml"}}, "response_format"),
+    # a word-level tokenizer without a decoder: llguidance cannot read it, so nothing can be constrained
+    (
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
     ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 0.5}, "presence_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),

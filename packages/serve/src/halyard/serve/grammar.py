@@ -1,7 +1,7 @@
 """Structured outputs: the grammar a request's tokens must follow, and each sample's place in it.
 
 The grammars are llguidance's (a Rust library with Python wheels and no dependencies: JSON schemas, Lark
-grammars and regular expressions, compiled against the served tokenizer). `Grammars` compiles a request's
+grammars and regular expressions, compiled against the served tokenizer; the server uses JSON schemas). `Grammars` compiles a request's
 grammar once, refusing one the library cannot compile with the library's reason; each sample of a
 constrained request follows it with a `Constraint` (an ``LLMatcher``), which gives the mask of the tokens
 allowed next (a packed bitmask, one bit per vocabulary entry, computed on the host) and consumes the token
@@ -113,10 +113,6 @@ class Grammars:
         except (ValueError, TypeError) as error:
             raise ParameterError(parameter, f"{parameter}: not a JSON schema ({error})") from None
         return self.compile(source, parameter)
-
-    def lark(self, grammar: str, parameter: str) -> Grammar:
-        """The grammar of a Lark text (llguidance's dialect; ``%json {...}`` embeds a JSON schema)."""
-        return self.compile(llguidance.LLMatcher.grammar_from_lark(grammar), parameter)
 
     def compile(self, source: str, parameter: str) -> Grammar:
         """llguidance's grammar ``source`` checked against this tokenizer.

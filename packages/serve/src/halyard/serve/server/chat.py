@@ -66,7 +66,7 @@ def _grammar_and_tools(state: ServerState, body: ChatRequest) -> tuple[Grammar |
     """The grammar of ``response_format`` or of the tools' ``tool_choice`` (at most one), and the tools' plan."""
     grammar = None
     if body.response_format is not None:
-        grammar = response_grammar(body.response_format, state.grammar_compiler("response_format"))
+        grammar = response_grammar(body.response_format, lambda: state.grammar_compiler("response_format"))
     plan = None
     if body.tools or body.tool_choice is not None:
         plan = tool_plan(

@@ -36,7 +36,7 @@ async def create_completion(request: Request) -> Response:
     grammar = (
         None
         if body.response_format is None
-        else response_grammar(body.response_format, state.grammar_compiler("response_format"))
+        else response_grammar(body.response_format, lambda: state.grammar_compiler("response_format"))
     )
     params, score_only = body.to_sampling(grammar)
     prompts = [

@@ -3,6 +3,7 @@ read from the OpenAI fields."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from halyard.serve.grammar import Grammar, Grammars
@@ -12,10 +13,12 @@ from halyard.serve.server.errors import APIError, parameter_error
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
-def response_grammar(response_format: dict[str, Any] | None, grammars: Grammars) -> Grammar | None:
+def response_grammar(
+    response_format: dict[str, Any] | None, compiler: Callable[[], Grammars]
+) -> Grammar | None:
     """The grammar of ``response_format``: None for ``text`` (or none given), any JSON object for
     ``json_object``, JSON valid under ``json_schema.schema`` for ``json_schema`` (``strict`` or not: the
-    output always validates).
+    output always validates). ``compiler`` gives the grammar compiler (only when a grammar is needed).
 
     Raises:
         APIError: an unknown type, a ``json_schema`` without a schema, or a schema the grammar library
@@ -30,7 +33,7 @@ def response_grammar(response_format: dict[str, Any] | None, grammars: Grammars)
         )
     try:
         if kind == "json_object":
-            return grammars.json_schema(None, "response_format")
+            return compiler().json_schema(None, "response_format")
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -39,7 +42,7 @@ def response_grammar(response_format: dict[str, Any] | None, grammars: Grammars)
                     "response_format: json_schema needs {'name': ..., 'schema': {...}}; the schema is missing",
                     "response_format",
                 )
-            return grammars.json_schema(schema, "response_format")
+            return compiler().json_schema(schema, "response_format")
     except ParameterError as error:
         raise parameter_error(error) from None
     return None
