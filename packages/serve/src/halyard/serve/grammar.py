@@ -19,7 +19,15 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
-from halyard.serve.params import ParameterError
+
+class GrammarError(ValueError):
+    """A grammar the library cannot compile; ``parameter`` names the request field it came from, and the
+    message starts with it (a server answers 400 with both)."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(message)
+        self.parameter = parameter
+
 
 COMPACT_JSON = {"whitespace_flexible": False}
 """JSON without whitespace between tokens (``{"a":1}``): a model cannot spend its tokens on blank space."""
@@ -103,7 +111,7 @@ class Grammars:
         """The grammar of compact JSON that validates against ``schema`` (None: any JSON object).
 
         Raises:
-            ParameterError: (``parameter``) a schema the library cannot compile, with its reason.
+            GrammarError: (``parameter``) a schema the library cannot compile, with its reason.
         """
         try:
             source = llguidance.LLMatcher.grammar_from_json_schema(
@@ -111,17 +119,17 @@ class Grammars:
                 overrides=COMPACT_JSON,  # type: ignore[arg-type]
             )
         except (ValueError, TypeError) as error:
-            raise ParameterError(parameter, f"{parameter}: not a JSON schema ({error})") from None
+            raise GrammarError(parameter, f"{parameter}: not a JSON schema ({error})") from None
         return self.compile(source, parameter)
 
     def compile(self, source: str, parameter: str) -> Grammar:
         """llguidance's grammar ``source`` checked against this tokenizer.
 
         Raises:
-            ParameterError: (``parameter``) the library cannot compile it; the message is its reason.
+            GrammarError: (``parameter``) the library cannot compile it; the message is its reason.
         """
         error = llguidance.LLMatcher.validate_grammar(source, self.tokenizer)
         if error and not error.startswith("WARNING"):
             reason = " ".join(error.split())
-            raise ParameterError(parameter, f"{parameter}: the grammar library cannot compile it: {reason}")
+            raise GrammarError(parameter, f"{parameter}: the grammar library cannot compile it: {reason}")
         return Grammar(source, self.tokenizer, self.vocab_size)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from halyard.serve.grammar import Grammar, Grammars
-from halyard.serve.params import ParameterError
-from halyard.serve.server.errors import APIError, parameter_error
+from halyard.serve.grammar import Grammar, GrammarError, Grammars
+from halyard.serve.server.errors import APIError
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
@@ -43,8 +42,8 @@ def response_grammar(
                     "response_format",
                 )
             return compiler().json_schema(schema, "response_format")
-    except ParameterError as error:
-        raise parameter_error(error) from None
+    except GrammarError as error:
+        raise APIError(str(error), error.parameter) from None
     return None
 
 

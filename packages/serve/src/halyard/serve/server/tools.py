@@ -20,9 +20,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from halyard.serve.grammar import Grammar, Grammars
-from halyard.serve.params import ParameterError
-from halyard.serve.server.errors import APIError, parameter_error
+from halyard.serve.grammar import Grammar, GrammarError, Grammars
+from halyard.serve.server.errors import APIError
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -155,8 +154,8 @@ def tool_plan(
             grammar = compiler().json_schema(schema, "tools")
         elif choice != "auto":
             grammar = compiler().json_schema(functions[choice], "tools")
-    except ParameterError as error:
-        raise parameter_error(error) from None
+    except GrammarError as error:
+        raise APIError(str(error), error.parameter) from None
     definitions = [{"type": "function", "function": tool["function"]} for tool in tools]
     return ToolPlan(functions, definitions, choice, grammar)
 
