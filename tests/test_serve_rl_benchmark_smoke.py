@@ -120,3 +120,17 @@ def test_rl_benchmark_quick(tmp_path: Path) -> None:
     result = _run("rl/rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]
     assert abs(shares - 1.0) < 1e-6 and result["rollout_tokens_per_second"] > 0
+
+
+def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:
+    """benchmarks/serve_structured.py at a tiny size: every figure is produced (the chip's are the lead's)."""
+    result = _run(
+        "serve_structured.py", "--size", "small", "--requests", "2", "--constrained", "1", "--tokens", "8",
+        "--repeats", "1", output=tmp_path / "structured.json",
+    )  # fmt: skip
+    assert result["mask_us"] > 0 and set(result["arms"]) == {"free_only", "with_constrained", "logit_bias"}
+    assert (
+        result["arms"]["with_constrained"]["steps_pipelined"]
+        < result["arms"]["logit_bias"]["steps_pipelined"]
+    )
+    assert all(ratio > 0 for ratio in result["ratios"].values())

@@ -12,6 +12,7 @@
 # ```
 
 # %%
+import json
 import os
 import signal
 import socket
@@ -131,6 +132,68 @@ print("alone and among 20 others: the same tokens and log-prob bits")
 # inside `batch_invariant`, bit for bit. That is what reinforcement learning on-policy needs
 # ([10_rl](10_rl.md)); it costs about 1.3x the fast mode's time (benchmarks/README.md), so it is off unless
 # asked for.
+
+# %% [markdown]
+# ## Structured outputs
+#
+# A grammar makes a model write what a program can parse: the server's `response_format` (a JSON schema, or
+# any JSON object), `tools` with `tool_choice: required` or a named function, and the engine's
+# `SamplingParams(grammar=...)` all constrain the draw. Each step, each constrained row gets a mask of the
+# tokens its grammar allows next (llguidance, on the host), and the step program sets the other logits to
+# `-inf` before the filters and the draw. The grammar library reads the vocabulary from the tokenizer's
+# `tokenizer.json` (a byte-level one here: the digit tokenizer above has no bytes for `{`). Even a random
+# model then writes valid JSON; a sample ends (`stop`) when its grammar is complete.
+
+# %%
+from tokenizers import trainers  # noqa: E402
+
+from halyard.serve.grammar import Grammars  # noqa: E402
+
+byte_tokenizer = Tokenizer(models.BPE())
+byte_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+byte_tokenizer.decoder = decoders.ByteLevel()
+byte_tokenizer.train_from_iterator(
+    ['{"city": "Paris", "days": 3}'] * 10,
+    trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|end|>"]
+    ),
+)
+byte_vocab = byte_tokenizer.get_vocab_size()
+json_model = init_model(config.replace(vocab_size=byte_vocab), jax.random.key(1))
+grammars = Grammars(byte_tokenizer.to_str(), byte_vocab, eos_token_ids=[0])
+schema = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+}
+json_engine = Engine(json_model, EngineConfig(page_size=16, num_pages=32, max_running=4, max_context=96))
+answers = json_engine.generate(
+    [byte_tokenizer.encode("weather:").ids] * 2,
+    [
+        SamplingParams(max_tokens=40, seed=1, grammar=grammars.json_schema(schema, "response_format")),
+        SamplingParams(max_tokens=8, seed=1),  # a free request, in the same steps
+    ],
+)
+constrained, free = (byte_tokenizer.decode(answer.samples[0].token_ids) for answer in answers)
+print(constrained, answers[0].samples[0].finish_reason, "| free:", repr(free))
+assert answers[0].samples[0].finish_reason == "stop" and json.loads(constrained)["city"] in ("Paris", "Rome")
+
+# %% [markdown]
+# Through the server, the same is a request field, and `client.beta.chat.completions.parse` with a pydantic
+# model works too:
+#
+# ```python
+# client.chat.completions.create(model=..., messages=[...],
+#     response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}})
+# client.chat.completions.create(model=..., messages=[...], tools=[...], tool_choice="required")
+# ```
+#
+# A step with a constrained row is not pipelined (its next mask needs the token it draws), so the host's
+# work no longer overlaps the device's for that step; the packages/serve README lists every cost. `logit_bias`
+# (token id -> bias in [-100, 100]) goes through the same adjustment of the logits, and keeps pipelining.
 
 # %% [markdown]
 # ## The server

@@ -20,7 +20,7 @@ from server_fixtures import MODEL_NAME, WORDS, ServerProcess, start_server, tiny
 
 REQUESTS = 256
 LEAVING = range(7, REQUESTS, 16)  # these clients read three chunks and disconnect
-MALFORMED = {50: {"temperature": -1.0}, 150: {"prompt": "the " * 200}, 220: {"logit_bias": {"3": 5}}}
+MALFORMED = {50: {"temperature": -1.0}, 150: {"prompt": "the " * 200}, 220: {"logit_bias": {"3": 500}}}
 
 
 @pytest.fixture(scope="module")

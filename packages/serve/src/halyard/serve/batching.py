@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from halyard.models.attention.ragged_paged import PADDING_SLOT, RaggedBatch
-from halyard.serve.program import ProgramShape, StepInputs
+from halyard.serve.program import ProgramShape, StepInputs, no_adjustments
 from halyard.serve.requests import RequestState
-from halyard.serve.sampler import RowSettings
+from halyard.serve.sampler import LogitAdjustments, RowSettings
 from halyard.serve.scheduler import Chunk
 
 
@@ -68,7 +68,23 @@ def step_inputs(
             sequence = chunk.sequence
             following = sequence.tokens[chunk.start + 1 : min(chunk.stop + 1, sequence.prompt_length)]
             next_tokens[start : start + len(following)] = following
-    return StepInputs(tokens, batch, last, settings, next_tokens)
+    adjustments = None
+    if shape.mask_words:
+        adjustments = no_adjustments(seqs, shape.mask_words)
+        for row, (chunk, request) in enumerate(zip(chunks, requests)):
+            if chunk.samples:
+                _adjust(adjustments, row, request, request.sample_of(chunk.sequence).constraint)
+    return StepInputs(tokens, batch, last, settings, next_tokens, adjustments=adjustments)
+
+
+def _adjust(adjustments: LogitAdjustments, row: int, request: RequestState, constraint: Any) -> None:
+    """Write row ``row``'s grammar mask (its sample's next tokens; ``constraint`` None: all) and biases."""
+    if constraint is not None:
+        constraint.fill_mask(adjustments.allowed, row)
+    biases = request.params.logit_bias
+    if biases:
+        adjustments.bias_tokens[row, : len(biases)] = [token for token, _ in biases]
+        adjustments.bias_values[row, : len(biases)] = [bias for _, bias in biases]
 
 
 def _padded(values: Any, size: int, dtype: Any, fill: int) -> np.ndarray:

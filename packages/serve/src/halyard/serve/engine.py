@@ -14,7 +14,9 @@ fetches step k's tokens. Step k+1 is scheduled before they are known: each token
 `PLACEHOLDER` in its sequence, and the programs of step k+1 take it from step k's outputs on the device; a
 sample that step k ends (a stop token) has a wasted row in step k+1, whose result is dropped. A sample's
 last token by ``max_tokens`` is known ahead, so it gets no such row. A step of several programs (deterministic
-mode, more sequences than ``deterministic_rows``) fetches its own tokens before the next step is scheduled.
+mode, more sequences than ``deterministic_rows``) fetches its own tokens before the next step is scheduled, and
+so does a step with a row that draws under a grammar (its next mask, computed on the host, needs the token:
+`halyard.serve.grammar`).
 Feeding a token from the device or from the host gives its row the same bits: it is an index, the programs
 compute the same (`EngineStats.steps_pipelined` counts the pipelined steps). A program's dispatch and the
 folding in of what it drew are `halyard.serve.step_programs`'.
@@ -289,7 +291,9 @@ class Engine:
         previous = self._in_flight
         max_seqs, max_tokens = self.config.step_budget()
         groups = program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
-        pipelined = len(groups) == 1  # several programs: each would feed from several before it
+        # several programs: each would feed from several before it; a grammar's row: its next mask needs the
+        # token this step draws (steps with a constrained row run unpipelined; see the module docstring)
+        pipelined = len(groups) == 1 and not any(self._constrained(group) for group in groups)
         dispatched = [self._dispatch(group, previous, pipelined) for group in groups]
         self._in_flight = dispatched.pop() if pipelined else None
         self.stats.steps_pipelined += pipelined
@@ -327,6 +331,10 @@ class Engine:
         if sequences >= max_seqs:
             return 0
         return self.runner.bucket(tokens) - tokens
+
+    def _constrained(self, chunks: list[Chunk]) -> bool:
+        """Whether a chunk draws under a grammar."""
+        return any(c.samples and self._requests[c.sequence.group].params.grammar is not None for c in chunks)
 
     def _dispatch(self, chunks: list[Chunk], previous: Dispatched | None, pipelined: bool) -> Dispatched:
         """Start the program of ``chunks`` (`dispatch`): they take the tokens ``previous`` drew; ``pipelined``:

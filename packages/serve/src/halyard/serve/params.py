@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from halyard.serve.grammar import Grammar
 
 MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for per token (OpenAI's limit)."""
+
+MAX_LOGIT_BIAS = 300
+"""The most tokens one request may bias (``logit_bias``; each row of a step program holds this many)."""
 
 
 class ParameterError(ValueError):
@@ -40,6 +47,11 @@ class SamplingParams:
         top_logprobs: also return this many most likely alternatives per token (at most 20).
         prompt_logprobs: return the log-probability of every prompt token after the first (``echo``);
             such a request never reads the prefix cache.
+        logit_bias: ``(token id, bias)`` pairs added to those tokens' logits before the filters and the
+            draw (OpenAI's ``logit_bias``, bias in [-100, 100]; the reported ``logprob`` stays the model's).
+        grammar: the grammar every sample's tokens follow (`halyard.serve.grammar.Grammars` compiles it):
+            each step masks the tokens it does not allow next; a sample ends (``stop``) when the grammar is
+            complete. None: unconstrained.
     """
 
     max_tokens: int = 16
@@ -55,6 +67,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, parameter: str, message: str) -> None:
@@ -87,6 +101,25 @@ class SamplingParams:
             "top_logprobs",
             f"must lie in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
         )
+
+        check(
+            len(self.logit_bias) <= MAX_LOGIT_BIAS,
+            "logit_bias",
+            f"biases {len(self.logit_bias)} tokens, more than {MAX_LOGIT_BIAS}",
+        )
+        check(
+            all(
+                isinstance(t, int) and t >= 0 and math.isfinite(b) and -100 <= b <= 100
+                for t, b in self.logit_bias
+            ),
+            "logit_bias",
+            "must map token ids (integers >= 0) to biases in [-100, 100]",
+        )
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a step's row of this request needs a mask or a bias (`halyard.serve.grammar`)."""
+        return self.grammar is not None or bool(self.logit_bias)
 
     @property
     def greedy(self) -> bool:

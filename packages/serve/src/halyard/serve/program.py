@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from halyard.models.attention.ragged_paged import RaggedBatch
-from halyard.serve.sampler import RowSettings
+from halyard.serve.params import MAX_LOGIT_BIAS
+from halyard.serve.sampler import LogitAdjustments, RowSettings
 
 
 class StepInputs(NamedTuple):
@@ -28,6 +29,8 @@ class StepInputs(NamedTuple):
             token goes there; -1 elsewhere (None: nothing fed; the runner fills in -1).
         previous: int32 ``[max_seqs]``: the previous program's drawn tokens, still on the device
             (`StepOutputs.padded_token`); None with ``fed_from``.
+        adjustments: the rows' grammar masks and logit biases (`LogitAdjustments`); None in a program
+            without (`ProgramShape.mask_words` 0).
     """
 
     tokens: np.ndarray
@@ -37,6 +40,7 @@ class StepInputs(NamedTuple):
     next_tokens: np.ndarray | None
     fed_from: np.ndarray | None = None
     previous: Any = None
+    adjustments: LogitAdjustments | None = None
 
 
 class StepOutputs(NamedTuple):
@@ -98,6 +102,8 @@ class ProgramShape:
         seq_pages: the pages one sequence can read (a bucket).
         prompt_logprobs: whether it computes every token's successor log-probability.
         alternatives: whether it computes each drawn token's top alternatives.
+        mask_words: the int32 words of a row's token mask (its vocabulary over 32) in a program that takes
+            grammar masks and logit biases (`LogitAdjustments`); 0 in one that takes none.
     """
 
     tokens: int
@@ -105,6 +111,12 @@ class ProgramShape:
     seq_pages: int
     prompt_logprobs: bool
     alternatives: bool = False
+    mask_words: int = 0
+
+
+def mask_words(vocab_size: int) -> int:
+    """The int32 words of one row's token bitmask (32 tokens a word; `ProgramShape.mask_words`)."""
+    return (vocab_size + 31) // 32
 
 
 def example_inputs(shape: ProgramShape) -> StepInputs:
@@ -134,4 +146,14 @@ def example_inputs(shape: ProgramShape) -> StepInputs:
         last=int_seqs,
         settings=settings,
         next_tokens=np.zeros((tokens,), np.int32) if shape.prompt_logprobs else None,
+        adjustments=no_adjustments(seqs, shape.mask_words) if shape.mask_words else None,
+    )
+
+
+def no_adjustments(seqs: int, mask_words: int) -> LogitAdjustments:
+    """`LogitAdjustments` of ``seqs`` rows that allow every token and bias none."""
+    return LogitAdjustments(
+        allowed=np.full((seqs, mask_words), -1, np.int32),
+        bias_tokens=np.full((seqs, MAX_LOGIT_BIAS), mask_words * 32, np.int32),
+        bias_values=np.zeros((seqs, MAX_LOGIT_BIAS), np.float32),
     )

@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Hashable
 from typing import Any
 
+from halyard.serve.grammar import Constraint
 from halyard.serve.outputs import TopLogprobs, Update
 from halyard.serve.params import ParameterError, SamplingParams
 from halyard.serve.scheduler import SequenceState
@@ -49,6 +50,17 @@ def check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int, 
             f"max_tokens: the prompt's {len(prompt)} tokens plus max_tokens={params.max_tokens} exceed the "
             f"context of {max_context} tokens; ask for at most {max_context - len(prompt)}",
         )
+    biased = [t for t, _ in params.logit_bias if t >= vocab_size]
+    if biased:
+        raise ParameterError(
+            "logit_bias", f"logit_bias: token id {biased[0]} is outside the vocabulary of {vocab_size}"
+        )
+    if params.grammar is not None and params.grammar.vocab_size != vocab_size:
+        raise ParameterError(
+            "response_format",
+            f"response_format: the grammar was compiled for a vocabulary of {params.grammar.vocab_size} tokens, "
+            f"the model has {vocab_size}",
+        )
 
 
 @dataclasses.dataclass
@@ -57,6 +69,7 @@ class SampleState:
 
     index: int
     sequence: SequenceState
+    constraint: Constraint | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     pending: Update | None = None
@@ -99,6 +112,7 @@ class RequestState:
                     use_prefix_cache=not (params.prompt_logprobs and index == 0),
                     caller=caller,
                 ),
+                None if params.grammar is None else params.grammar.constraint(),
             )
             for index in range(params.n)
         ]
@@ -152,8 +166,9 @@ class RequestState:
         update.logprobs.append(logprob)
         update.sampled_logprobs.append(sampled_logprob)
         update.top_logprobs.append(top[: self.params.top_logprobs])
-        if token in self.stop_tokens:
-            self._finish(sample, "stop", token)
+        complete = sample.constraint is not None and sample.constraint.consume(token)
+        if token in self.stop_tokens or complete:
+            self._finish(sample, "stop", token if token in self.stop_tokens else None)
         elif position + 1 - sequence.prompt_length >= self.params.max_tokens:
             self._finish(sample, "length", None)
         return update

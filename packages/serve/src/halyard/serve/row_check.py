@@ -28,7 +28,7 @@ import numpy as np
 
 from halyard.models.attention.ragged_paged import PADDING_SLOT, ragged_batch
 from halyard.named import NamedArray
-from halyard.serve.program import ProgramShape, StepInputs, StepOutputs
+from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, no_adjustments
 from halyard.serve.sampler import RowSettings
 
 PROBE_SEED = 20261205
@@ -115,6 +115,8 @@ def probe_inputs(
         position=np.asarray(kv_lens, np.int32),
     )
     following = rng.integers(-1, vocab, full.tokens + small.tokens).astype(np.int32)
+    # a program with grammar masks: each row's own random mask (the full program's rows the same)
+    masks = rng.integers(-(2**31), 2**31, (len(q_lens), full.mask_words), dtype=np.int64).astype(np.int32)
 
     def inputs(shape: ProgramShape, first: int, count: int, storing: int) -> StepInputs:
         """``shape``'s inputs of sequences ``first`` to ``first + count``, the first ``storing`` of them
@@ -137,7 +139,18 @@ def probe_inputs(
         last[:count] = batch.cu_q_lens[1 : count + 1] - 1
         start = sum(q_lens[:first])
         next_tokens = following[start : start + shape.tokens] if shape.prompt_logprobs else None
-        return StepInputs(flat, batch._replace(slots=slots), last, RowSettings(*padded), next_tokens)
+        adjustments = None
+        if shape.mask_words:
+            adjustments = no_adjustments(shape.seqs, shape.mask_words)
+            adjustments.allowed[:count] = masks[chosen]
+        return StepInputs(
+            flat,
+            batch._replace(slots=slots),
+            last,
+            RowSettings(*padded),
+            next_tokens,
+            adjustments=adjustments,
+        )
 
     bounds = [first for first, _ in groups] + [stored]
     runs = [

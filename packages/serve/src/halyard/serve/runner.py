@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,7 @@ from halyard.serve.program import (
     StepOutputs,
     doubling_sizes,
     example_inputs,
+    mask_words,
     round_up_power_of_two,
     token_ladder,
 )
@@ -145,21 +147,33 @@ class ModelRunner:
         return next(sizes, self.max_tokens)
 
     def shape_for(
-        self, tokens: int, seq_pages: int, *, prompt_logprobs: bool = False, alternatives: bool = False
+        self,
+        tokens: int,
+        seq_pages: int,
+        *,
+        prompt_logprobs: bool = False,
+        alternatives: bool = False,
+        adjusted: bool = False,
     ) -> ProgramShape:
         """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
         next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
-        sequence as the ``max_tokens`` program does (`rows_agree`)."""
+        sequence as the ``max_tokens`` program does (`rows_agree`). ``adjusted``: a program that takes grammar
+        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
         sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
+        words = mask_words(self.vocab_size) if adjusted else 0
         for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
-            shape = self._shape(size, pages, prompt_logprobs, alternatives)
+            shape = self._shape(size, pages, prompt_logprobs, alternatives, words)
             if not self.fixed_tokens or self.rows_agree(shape):
                 return shape
-        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives)
+        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words)
 
-    def _shape(self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool) -> ProgramShape:
-        return ProgramShape(tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives)
+    def _shape(
+        self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool, mask_words: int = 0
+    ) -> ProgramShape:
+        return ProgramShape(
+            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words
+        )
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
         """One shape per token bucket and page bucket (each one's log-prob variants too with
@@ -224,7 +238,7 @@ class ModelRunner:
         disagreed = {s.tokens for s, agrees in self.row_checks.items() if not agrees}
         if shape.tokens in disagreed:
             return False  # this many tokens disagreed over other pages: taken to disagree here too (safe)
-        full = self._shape(self.max_tokens, shape.seq_pages, shape.prompt_logprobs, shape.alternatives)
+        full = dataclasses.replace(shape, tokens=self.max_tokens, seqs=min(self.max_tokens, self.max_seqs))
         agrees, compared, probe = True, 0, 0
         while agrees and compared < PROBE_ROWS:
             groups, full_inputs = probe_inputs(
@@ -386,7 +400,7 @@ def _step_body(
     chosen = plain.array[inputs.last]
     logits = compute.logits(named(chosen, ("batch", "embed"))).unwrap("batch", "vocab")
     num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
-    drawn = draw(logits, inputs.settings, num_top if alternatives else 0)
+    drawn = draw(logits, inputs.settings, num_top if alternatives else 0, inputs.adjustments)
     prompt: tuple = (None, None, None)
     if inputs.next_tokens is not None:
         all_logits = compute.logits(plain).unwrap("pos", "vocab")

@@ -45,6 +45,34 @@ class RowSettings(NamedTuple):  # numpy arrays on the host, jax arrays inside th
     position: Any
 
 
+class LogitAdjustments(NamedTuple):  # numpy arrays on the host, jax arrays inside the program
+    """Per-row changes to the logits before the draw: a grammar's mask and ``logit_bias``
+    (`halyard.serve.grammar`). A row without either allows every token and biases none, and draws as it
+    would in a program without adjustments.
+
+    Attributes:
+        allowed: int32 ``[rows, words]``: bit ``t % 32`` of word ``t // 32`` set where token ``t`` may be drawn.
+        bias_tokens: int32 ``[rows, MAX_LOGIT_BIAS]``: the biased token ids, the vocabulary size where unused.
+        bias_values: float32 ``[rows, MAX_LOGIT_BIAS]``: what is added to their logits.
+    """
+
+    allowed: Any
+    bias_tokens: Any
+    bias_values: Any
+
+
+def adjusted_logits(logits: jax.Array, adjustments: LogitAdjustments) -> jax.Array:
+    """``logits`` (float32 ``[rows, vocab]``) with the tokens a row's mask leaves out at ``-inf`` and its
+    biases added; entries neither touches keep their bits."""
+    rows, vocab = logits.shape
+    bits = jnp.arange(32, dtype=jnp.int32)
+    allowed = (adjustments.allowed[:, :, None] >> bits) & 1  # [rows, words, 32]
+    allowed = allowed.reshape(rows, -1)[:, :vocab]
+    masked = jnp.where(allowed != 0, logits, -jnp.inf)
+    row = jnp.arange(rows)[:, None]
+    return masked.at[row, adjustments.bias_tokens].add(adjustments.bias_values, mode="drop")
+
+
 class Drawn(NamedTuple):
     """What `draw` returns per row: the token, its two log-probabilities and the top alternatives (None
     when none were asked for)."""
@@ -76,7 +104,9 @@ def first_argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where((x == largest) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
 
 
-def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
+def draw(
+    logits: jax.Array, settings: RowSettings, num_top: int, adjustments: LogitAdjustments | None = None
+) -> Drawn:
     """Each row's next token (see the module docstring).
 
     A step whose rows are all greedy skips what only sampling needs (the filters, the Gumbel noise); no
@@ -87,8 +117,12 @@ def draw(logits: jax.Array, settings: RowSettings, num_top: int) -> Drawn:
         settings: per-row settings.
         num_top: alternatives returned per row (the most likely tokens under the model's distribution);
             0 for none.
+        adjustments: masks and biases applied before the filters (None: none); ``logprob`` and the
+            alternatives stay the model's.
     """
     logprobs = row_log_softmax(logits)
+    if adjustments is not None:
+        logits = adjusted_logits(logits, adjustments)
     greedy = first_argmax(logits)
     rows = jnp.arange(logits.shape[0])
 

@@ -62,6 +62,7 @@ def dispatch(
         max(len(t) for t in tables),
         prompt_logprobs=wants_prompt,
         alternatives=alternatives,
+        adjusted=constrained_rows(chunks, requests),
     )
     inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
@@ -79,6 +80,12 @@ def dispatch(
         if pipelined and chunk.samples and not last:
             sequence.tokens.append(PLACEHOLDER)  # its token, once fetched, goes at index chunk.stop
     return chunks, requests, outputs
+
+
+def constrained_rows(chunks: list[Chunk], requests: list[RequestState]) -> bool:
+    """Whether any of ``chunks`` draws a token under a grammar or a logit bias (its program then takes
+    `halyard.serve.sampler.LogitAdjustments`)."""
+    return any(c.samples and r.params.constrained for c, r in zip(chunks, requests))
 
 
 def absorb_program(

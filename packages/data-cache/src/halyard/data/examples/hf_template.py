@@ -84,7 +84,12 @@ def render_with_template(
 
 
 def render_prompt_with_template(
-    template: str, prompt: list[dict[str, str]], where: str, bos_token: str = "", eos_token: str = ""
+    template: str,
+    prompt: list[dict[str, Any]],
+    where: str,
+    bos_token: str = "",
+    eos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render ``prompt`` with a Jinja chat template and its generation prompt: the text a model continues
     to answer (a reinforcement-learning prompt, a chat request).
@@ -94,11 +99,13 @@ def render_prompt_with_template(
         prompt: the conversation so far (checked ``{"role", "content"}`` dicts).
         where: ``file:line`` for messages.
         bos_token, eos_token: the values of the template's ``bos_token`` and ``eos_token`` variables.
+        tools: the template's ``tools`` variable (OpenAI's function definitions, as transformers'
+            ``apply_chat_template(tools=...)`` passes them); None: none.
 
     Raises:
         ExampleError: the template raised (named with ``where``).
     """
-    return _render(_compiled(template), prompt, True, where, bos_token, eos_token)
+    return _render(_compiled(template), prompt, True, where, bos_token, eos_token, tools)
 
 
 def render_reply_with_template(
@@ -144,6 +151,7 @@ def _render(
     where: str,
     bos_token: str,
     eos_token: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     try:
         return str(
@@ -152,6 +160,7 @@ def _render(
                 add_generation_prompt=generation_prompt,
                 bos_token=bos_token,
                 eos_token=eos_token,
+                tools=tools,
             )
         )
     except ExampleError as error:

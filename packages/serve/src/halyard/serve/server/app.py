@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from halyard.serve.config import EngineConfig
+from halyard.serve.grammar import Grammars
 from halyard.serve.replicas import Replicas
 from halyard.serve.server.chat import create_chat_completion
 from halyard.serve.server.completions import create_completion
@@ -72,7 +73,9 @@ def create_app(
     """
     engine = build_engine(served, config, tensor=tensor, replicas=replicas)
     driver = AsyncEngine(engine)
-    state = ServerState(driver, served.tokenizer, served.name, engine.max_context, now(), api_key)
+    vocab = served.model.unembedding.axis_size("vocab")
+    grammars = Grammars(served.tokenizer.serialized(), vocab, served.eos_token_ids)  # read on a thread
+    state = ServerState(driver, served.tokenizer, served.name, engine.max_context, now(), api_key, grammars)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ from halyard.serve.server.formatting import completion_logprobs, event_stream, n
 from halyard.serve.server.generation import Generation, unless_disconnected
 from halyard.serve.server.protocol import CompletionRequest, parse_body
 from halyard.serve.server.state import ServerState
+from halyard.serve.server.structured import response_grammar
 
 
 @dataclasses.dataclass
@@ -32,7 +33,12 @@ async def create_completion(request: Request) -> Response:
     body: CompletionRequest = parse_body(await request.body(), CompletionRequest)
     state.check_model(body.model)
     encoded = body.prompts(lambda text: state.tokenizer.encode(text, special_tokens=True))
-    params, score_only = body.to_sampling()
+    grammar = (
+        None
+        if body.response_format is None
+        else response_grammar(body.response_format, lambda: state.grammar_compiler("response_format"))
+    )
+    params, score_only = body.to_sampling(grammar)
     prompts = [
         _Prompt(ids, text if text is not None else state.tokenizer.decode(ids)) for ids, text in encoded
     ]

@@ -12,8 +12,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from halyard.serve.grammar import Grammar
 from halyard.serve.params import MAX_TOP_LOGPROBS, ParameterError, SamplingParams
 from halyard.serve.server.errors import APIError, parameter_error, validation_error
+from halyard.serve.server.structured import token_biases
 
 NEUTRAL = object()
 """Marks a refused field's accepted values: see `OpenAIRequest.NOT_IMPLEMENTED`."""
@@ -82,13 +84,14 @@ class OpenAIRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    # Implemented: halyard.serve.server.structured.
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "presence_penalty": (None, 0, 0.0),
         "frequency_penalty": (None, 0, 0.0),
         "repetition_penalty": (None, 1, 1.0),
-        "logit_bias": (None, NEUTRAL),
     }
     """Field -> the values it may hold (``NEUTRAL``: empty). Any other value is refused with a 400."""
 
@@ -122,9 +125,11 @@ class OpenAIRequest(BaseModel):
         logprobs: bool,
         top_logprobs: int,
         prompt_logprobs: bool,
+        grammar: Grammar | None = None,
         renamed: dict[str, str] | None = None,
     ) -> SamplingParams:
-        """The engine's settings for this request (``renamed``: engine names -> the request's fields).
+        """The engine's settings for this request (``grammar``: what its tokens must follow;
+        ``renamed``: engine names -> the request's fields).
 
         Raises:
             APIError: a value out of range (naming its field).
@@ -145,6 +150,8 @@ class OpenAIRequest(BaseModel):
                 logprobs=logprobs,
                 top_logprobs=top_logprobs,
                 prompt_logprobs=prompt_logprobs,
+                logit_bias=token_biases(self.logit_bias),
+                grammar=grammar,
             )
         except ParameterError as error:
             raise parameter_error(error, renamed) from None
@@ -211,9 +218,9 @@ class CompletionRequest(OpenAIRequest):
             "prompt",
         )
 
-    def to_sampling(self) -> tuple[SamplingParams, bool]:
-        """The engine's settings, and whether the one generated token is to be dropped (``max_tokens`` 0
-        with ``echo``: the prompt is scored, nothing is generated)."""
+    def to_sampling(self, grammar: Grammar | None = None) -> tuple[SamplingParams, bool]:
+        """The engine's settings (``grammar``: of ``response_format``), and whether the one generated token
+        is to be dropped (``max_tokens`` 0 with ``echo``: the prompt is scored, nothing is generated)."""
         max_tokens = 16 if self.max_tokens is None else self.max_tokens
         score_only = max_tokens == 0 and self.echo
         if max_tokens < 1 and not score_only:
@@ -228,6 +235,7 @@ class CompletionRequest(OpenAIRequest):
             logprobs=self.logprobs is not None,
             top_logprobs=top,
             prompt_logprobs=self.echo and self.logprobs is not None,
+            grammar=grammar,
         )
         return params, score_only
 
@@ -241,13 +249,17 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message of a chat. ``content``: a string or a list of text parts (joined by newlines)."""
+    """One message of a chat. ``content``: a string or a list of text parts (joined by newlines); an
+    assistant's ``tool_calls`` and a ``tool`` message's ``tool_call_id`` (the reply to a call) go to the
+    template as transformers passes them (a call's ``arguments`` as an object)."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The message as the chat template reads it (``developer`` is OpenAI's newer ``system``)."""
@@ -260,7 +272,26 @@ class ChatMessage(BaseModel):
         }
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [_template_call(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's tool call as chat templates read it: ``function.arguments`` an object (OpenAI sends
+    JSON text)."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise APIError(
+                f"messages: a tool call's arguments are not JSON ({arguments[:80]!r})", "messages"
+            ) from None
+    return {**call, "function": function}
 
 
 class ChatRequest(OpenAIRequest):
@@ -275,7 +306,6 @@ class ChatRequest(OpenAIRequest):
     parallel_tool_calls: bool | None = None  # harmless without tools
     prediction: dict[str, Any] | None = None  # a latency hint: the result is the same without it
     modalities: list[str] | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -287,12 +317,9 @@ class ChatRequest(OpenAIRequest):
 
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **OpenAIRequest.NOT_IMPLEMENTED,
-        "tools": (None, NEUTRAL),
-        "tool_choice": (None, "none"),
         "functions": (None, NEUTRAL),
         "function_call": (None, "none"),
         "modalities": (None, ["text"]),
-        "response_format": (None, {"type": "text"}),
         "audio": (None,),
         "reasoning_effort": (None,),
         "web_search_options": (None,),
@@ -306,8 +333,11 @@ class ChatRequest(OpenAIRequest):
         if self.top_logprobs and not self.logprobs:
             raise APIError("top_logprobs: needs logprobs=true", "top_logprobs")
 
-    def to_sampling(self, prompt_length: int, max_context: int) -> SamplingParams:
-        """The engine's settings; without a token limit a reply may fill the context."""
+    def to_sampling(
+        self, prompt_length: int, max_context: int, grammar: Grammar | None = None
+    ) -> SamplingParams:
+        """The engine's settings (``grammar``: of ``response_format`` or the tools); without a token limit a
+        reply may fill the context."""
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
@@ -324,6 +354,7 @@ class ChatRequest(OpenAIRequest):
             logprobs=bool(self.logprobs),
             top_logprobs=self.top_logprobs or 0,
             prompt_logprobs=False,
+            grammar=grammar,
             renamed={"max_tokens": self.limit_field},
         )
 

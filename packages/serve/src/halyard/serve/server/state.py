@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 
+from halyard.serve.grammar import Grammars
 from halyard.serve.server.driver import AsyncEngine
 from halyard.serve.server.errors import APIError
 from halyard.serve.server.tokenizer import TextTokenizer
@@ -22,6 +23,8 @@ class ServerState:
         max_context: the engine's longest sequence (prompt plus completion), in tokens.
         created: when the server started (seconds since the epoch; ``/v1/models``' ``created``).
         api_key: the bearer token ``/v1`` routes require, or None for none.
+        grammars: compiles ``response_format`` and tool grammars against the tokenizer (None: none; such
+            requests are refused).
     """
 
     driver: AsyncEngine
@@ -30,6 +33,22 @@ class ServerState:
     max_context: int
     created: int
     api_key: str | None = None
+    grammars: Grammars | None = None
+
+    def grammar_compiler(self, param: str) -> Grammars:
+        """`grammars`, or a 400 (param ``param``) saying why this server cannot constrain outputs."""
+        try:
+            if self.grammars is None:
+                raise ValueError("none was given")
+            self.grammars.tokenizer  # noqa: B018 (read: raises when the library cannot read it)
+        except ValueError as error:
+            raise APIError(
+                f"{param}: this server cannot constrain outputs: the grammar library cannot read the model's "
+                f"tokenizer ({error})",
+                param,
+                code="unsupported",
+            ) from None
+        return self.grammars
 
     def check_model(self, name: str) -> None:
         """Raises `APIError` (param ``model``) unless ``name`` is the served model."""

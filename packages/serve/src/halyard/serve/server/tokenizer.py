@@ -48,9 +48,14 @@ class TextTokenizer:
         found = None if token is None else self._tokenizer.token_to_id(token)
         return None if found is None else int(found)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def serialized(self) -> str:
+        """The tokenizer as ``tokenizer.json`` holds it (the grammar library reads the vocabulary from it)."""
+        return str(self._tokenizer.to_str())
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """``messages`` rendered by the chat template with the generation prompt (the assistant's turn
-        opened), as transformers' ``apply_chat_template(..., add_generation_prompt=True)`` renders them.
+        opened), as transformers' ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
+        renders them.
 
         Raises:
             APIError: the model has no chat template, or the template refused the messages (param
@@ -69,6 +74,7 @@ class TextTokenizer:
                 "messages",
                 bos_token=self.spec.bos_token or "",
                 eos_token=self.spec.eos_token or "",
+                tools=tools,
             )
         except ExampleError as error:
             raise APIError(str(error), "messages") from None
