@@ -123,9 +123,9 @@ def test_rl_benchmark_quick(tmp_path: Path) -> None:
 
 
 def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:
-    """benchmarks/serve_structured.py at a tiny size: every figure is produced (the chip's are the lead's)."""
+    """benchmarks/serving/serve_structured.py at a tiny size: every figure is produced (the chip's are the lead's)."""
     result = _run(
-        "serve_structured.py", "--size", "small", "--requests", "2", "--constrained", "1", "--tokens", "8",
+        "serving/serve_structured.py", "--size", "small", "--requests", "2", "--constrained", "1", "--tokens", "8",
         "--repeats", "1", output=tmp_path / "structured.json",
     )  # fmt: skip
     assert result["mask_us"] > 0 and set(result["arms"]) == {"free_only", "with_constrained", "logit_bias"}

@@ -18,8 +18,8 @@ bfloat16 (vocabulary 151,936); ``--size small``: a two-layer Qwen2 (a CPU, secon
 
 Usage::
 
-    python benchmarks/serve_structured.py --size tpu
-    python benchmarks/serve_structured.py --size small --requests 4 --constrained 2 --tokens 16   # smoke
+    python benchmarks/serving/serve_structured.py --size tpu
+    python benchmarks/serving/serve_structured.py --size small --requests 4 --constrained 2 --tokens 16   # smoke
 
 Results: printed and JSON (``--output``, default benchmarks/results/serve_structured.json).
 """
@@ -40,7 +40,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from halyard.serve import Engine, SamplingParams
 from halyard.serve.grammar import Grammars
 
-RESULTS = Path(__file__).parent / "results" / "serve_structured.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_structured.json"
 SCHEMA = {
     "type": "object",
     "properties": {
