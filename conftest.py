@@ -90,7 +90,7 @@ FILE_SECONDS = {
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
     "packages/train/tests/test_grpo_real_shapes.py": 136,
-    "packages/train/tests/test_pipeline_trainer.py": 135,
+    "packages/train/tests/test_pipeline_trainer.py": 120,  # 10 steps instead of 20: 74.7 -> 66.2 CPU s alone (estimate)
     "tests/test_benchmarks_smoke.py": 106,
     "tests/test_serve_rl_benchmark_smoke.py": 106,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
     "packages/train/tests/test_context_parallel_trainer.py": 95,
