@@ -55,12 +55,14 @@ sys.dont_write_bytecode = False
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-# The `train` / `halyard` subprocesses store every program that took 0.05 s or more to compile: each
-# starts cold and compiles the same few dozen small programs (the orbax slices of a checkpoint save, the
-# optimizer's initialisation) that earlier subprocesses compiled (about 10% of their CPU time). The test
-# workers keep 0.5 s (`pytest_configure`): they live for hundreds of tests, and write less.
+# The `train` / `halyard` subprocesses and the test workers store every program that took 0.05 s or more to
+# compile. Each subprocess starts cold and compiles the same few dozen small programs (the orbax slices of a
+# checkpoint save, the optimizer's initialisation) that earlier subprocesses compiled (about 10% of their CPU
+# time). A worker compiles again what another worker, the worker it replaced or its own previous Trainer
+# compiled (a resumed run's step: new jitted functions, which jax's in-memory caches do not match): at 0.5 s
+# instead, test_matrix_trainer.py took 73.7 CPU s alone from a cold cache against 69.1, test_family_gemma.py
+# 45.8 against 43.8 (its programs differ from test to test: what the writes cost is not seen).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
-WORKER_MIN_COMPILE_TIME_SECS = 0.5
 
 # Seconds each slow file's tests took in all (`--durations=0` of a clean-clone `make test` run, files of 15 s
 # or more), by the file's path from the repository root (several files share a name: test_readme.py, ...).
@@ -82,18 +84,19 @@ FILE_SECONDS = {
     # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
     "packages/serve/tests/test_deterministic.py": 189,
     "packages/train/tests/test_invariant_trainer.py": 180,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
-    "packages/train/tests/test_matrix_trainer.py": 162,
-    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run, and each worker sent
-    # part of the file in the run's small last shares sets its module fixture (the doremi command, ~40 s) up again.
-    "packages/train/tests/test_doremi_trainer.py": 154,  # 94 in the 2026-12-07 clean clone; `halyard doremi` in the worker since
+    "packages/train/tests/test_matrix_trainer.py": 152,  # the workers' cache at 0.05 s: 73.7 -> 69.1 CPU s alone (estimate)
+    # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run. The doremi command (its
+    # fixture, ~40 s) runs once per pytest run since, however many workers share the file; the `--reference`
+    # rerun in the worker: 74.6 -> 71.2 CPU s alone (estimate: one fixture fewer than in the suite's 154).
+    "packages/train/tests/test_doremi_trainer.py": 110,
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
     "packages/train/tests/test_grpo_real_shapes.py": 136,
-    "packages/train/tests/test_pipeline_trainer.py": 135,
+    "packages/train/tests/test_pipeline_trainer.py": 120,  # 10 steps instead of 20: 74.7 -> 66.2 CPU s alone (estimate)
     "tests/test_benchmarks_smoke.py": 106,
     "tests/test_serve_rl_benchmark_smoke.py": 106,  # the serve, TPU-profile, host-step and RL benchmarks at quick size
-    "packages/train/tests/test_context_parallel_trainer.py": 95,
+    "packages/train/tests/test_context_parallel_trainer.py": 85,  # 10 steps instead of 20: 76.8 -> 68.5 CPU s alone (estimate)
     "packages/serve/tests/test_engine.py": 82,  # new (halyard-serve's): six families against the full forward
     "tests/reliability/test_training_kill.py": 81,
     "packages/train/tests/test_invariant_layer_gathers.py": 76,  # new: 22 s alone with a warm compilation cache, about 3x cold
@@ -168,7 +171,9 @@ FILE_SECONDS = {
 def pytest_configure(config: object) -> None:
     import jax
 
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", WORKER_MIN_COMPILE_TIME_SECS)
+    # set here too: jax read its settings when conftest imported halyard.shard, before the variable was set
+    seconds = float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", seconds)
 
 
 def tpu_available() -> bool:

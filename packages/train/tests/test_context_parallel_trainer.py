@@ -31,8 +31,9 @@ from halyard.train.checkpoint.layout import step_directory
 from halyard.train.cli import main, train_main
 from halyard.train.trainer.trainer import Trainer
 
-STEPS = 20
-RUN = {"trainer": {"steps": STEPS}, "checkpoint": {"every_steps": 10}}
+STEPS = 10  # two checkpoints (at HALF and STEPS) to resume and move from; a wrong split parts by step 2
+HALF = STEPS // 2  # the checkpoint a run resumes from, or moves to a mesh without the split from
+RUN = {"trainer": {"steps": STEPS}, "checkpoint": {"every_steps": HALF}}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def train_recording(config: Path, mesh: list[str]) -> list[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def ring_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[Path, list[tuple[str, int]]]:
-    """The run split over ring sequence 4 x data 2, trained through `train` (checkpoints at 10 and 20): its
+    """The run split over ring sequence 4 x data 2, trained through `train` (checkpoints at 5 and 10): its
     folder and what it traced. The ring split's test checks it, the resume test resumes to its bits."""
     folder = tmp_path_factory.mktemp("ring")
     config = write_config(folder / "run.yaml", folder / "run", cache_dir, **RUN)
@@ -107,17 +108,17 @@ def test_a_context_parallel_run_resumes_bitwise_and_restores_without_the_split(
     reference = Trainer(load_config(whole.parent / "run.yaml", *RING)).restore_state(STEPS)
     split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir, **RUN), *RING)
     with pytest.raises(SystemExit):
-        Trainer(split, preemption=StopAfter(10)).fit()
+        Trainer(split, preemption=StopAfter(HALF)).fit()
     resumed = Trainer(split).fit()
     assert_bitwise_equal(reference.params, resumed.state.params)
-    assert [h["loss"] for h in resumed.history] == run_losses(whole)[10:]
-    # The step-10 checkpoint on a mesh without a sequence split (8 data-parallel devices).
+    assert [h["loss"] for h in resumed.history] == run_losses(whole)[HALF:]
+    # The step-5 checkpoint on a mesh without a sequence split (8 data-parallel devices).
     moved = write_config(tmp_path / "moved.yaml", tmp_path / "moved", cache_dir, **RUN)
-    checkpoint = step_directory(tmp_path / "split" / "checkpoints", 10)
+    checkpoint = step_directory(tmp_path / "split" / "checkpoints", HALF)
     assert checkpoint.is_dir(), sorted(p.name for p in checkpoint.parent.iterdir())
     assert train_main(["--config", str(moved), "--trainer.init", f"checkpoint:{checkpoint}"]) == 0
-    # the ring run's checkpoint took its 10 updates on another mesh than the reference's
-    assert_trajectory_close(run_losses(tmp_path / "moved"), one_device[10:], updates_before=10)
+    # the ring run's checkpoint took its 5 updates on another mesh than the reference's
+    assert_trajectory_close(run_losses(tmp_path / "moved"), one_device[HALF:], updates_before=HALF)
 
 
 def test_what_cannot_split_is_refused_in_one_line(

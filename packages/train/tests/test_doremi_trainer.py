@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 from float_tolerance import FUNCTION_TERMS, decoder_terms, summation_tolerance, training_terms
+from run_wide import shared_folder
 from trainer_fixtures import (
     TINY,
     StopAfter,
@@ -77,16 +78,26 @@ def doremi_sections(cache: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def doremi_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``halyard doremi --config C`` once (`main`, what the command runs, in this process), its output and
-    folder."""
-    tmp_path = tmp_path_factory.mktemp("doremi")
-    path = write_config(
-        tmp_path / "doremi.yaml", tmp_path / "run", tmp_path / "cache", **doremi_sections(tmp_path / "cache")
-    )
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):  # the command's code in this process: its programs stay here
-        assert main(["doremi", "--config", str(path)]) == 0
-    return {"tmp": tmp_path, "config": path, "folder": tmp_path / "run", "stdout": printed.getvalue()}
+    """``halyard doremi --config C`` once per pytest run (`main`, what the command runs, in the first test
+    worker that needs it; the file's tests may span workers), its output and folder. Tests write their own
+    runs into their own folders; the command's folder is only read (and rewritten with the same contents)."""
+
+    def doremi(folder: Path) -> None:
+        path = write_config(
+            folder / "doremi.yaml", folder / "run", folder / "cache", **doremi_sections(folder / "cache")
+        )
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["doremi", "--config", str(path)]) == 0
+        (folder / "stdout.txt").write_text(printed.getvalue())
+
+    folder = shared_folder(tmp_path_factory, "doremi-command", doremi)[0]
+    return {
+        "tmp": folder,
+        "config": folder / "doremi.yaml",
+        "folder": folder / "run",
+        "stdout": (folder / "stdout.txt").read_text(),
+    }
 
 
 def test_doremi_writes_the_learned_weights_and_the_main_run_config(doremi_run: dict[str, Any]) -> None:
@@ -122,28 +133,28 @@ def test_doremi_writes_the_learned_weights_and_the_main_run_config(doremi_run: d
     assert f"train --config {folder / 'main.yaml'}" in doremi_run["stdout"]
 
 
-def test_halyard_plot_draws_the_weights_trajectory(doremi_run: dict[str, Any]) -> None:
+def test_halyard_plot_draws_the_weights_trajectory(doremi_run: dict[str, Any], tmp_path: Path) -> None:
     proxy = doremi_run["folder"] / "proxy"
-    out = doremi_run["tmp"] / "weights.png"
+    out = tmp_path / "weights.png"
     assert main(["plot", "--run", str(proxy), "--metric", "doremi/*/weight", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000
 
 
 def proxy_config(
-    doremi_run: dict[str, Any], name: str, checkpoint_every: int = STEPS, **trainer: Any
+    doremi_run: dict[str, Any], where: Path, name: str, checkpoint_every: int = STEPS, **trainer: Any
 ) -> Path:
-    """A proxy run of its own (``trainer.objective: doremi``) against the command's reference, checkpointed
-    every ``checkpoint_every`` steps (and at its last step, or when asked to stop)."""
-    tmp_path: Path = doremi_run["tmp"]
-    sections = doremi_sections(tmp_path / "cache")
+    """A proxy run of its own (``trainer.objective: doremi``) in ``where/name`` against the command's reference,
+    checkpointed every ``checkpoint_every`` steps (and at its last step, or when asked to stop)."""
+    cache: Path = doremi_run["tmp"] / "cache"
+    sections = doremi_sections(cache)
     sections["trainer"].update(objective="doremi", **trainer)
     sections["checkpoint"] = {"every_steps": checkpoint_every}
     sections["doremi"] = {"reference": str(doremi_run["folder"] / "reference")}
-    return write_config(tmp_path / f"{name}.yaml", tmp_path / name, tmp_path / "cache", **sections)
+    return write_config(where / f"{name}.yaml", where / name, cache, **sections)
 
 
-def test_halyard_plan_compiles_the_proxy_step(doremi_run: dict[str, Any]) -> None:
-    config = load_config(proxy_config(doremi_run, "planned"))
+def test_halyard_plan_compiles_the_proxy_step(doremi_run: dict[str, Any], tmp_path: Path) -> None:
+    config = load_config(proxy_config(doremi_run, tmp_path, "planned"))
     plan = step_memory(config, jax.devices()[:1])
     weights = sum(
         leaf.size * 4 for leaf in jax.tree_util.tree_leaves(RunSetup(config).abstract_trained.abstract)
@@ -151,11 +162,13 @@ def test_halyard_plan_compiles_the_proxy_step(doremi_run: dict[str, Any]) -> Non
     assert plan.batch > weights  # the reference's weights come with the batch
 
 
-def test_the_proxy_on_an_fsdp_mesh_learns_the_same_weights(doremi_run: dict[str, Any]) -> None:
+def test_the_proxy_on_an_fsdp_mesh_learns_the_same_weights(
+    doremi_run: dict[str, Any], tmp_path: Path
+) -> None:
     """The proxy and its reference sharded over 8 devices with FSDP: the first steps' domain weights, excess
     losses and per-domain losses are those of the command's (data-parallel) proxy."""
     fsdp = {"layout": "fsdp", "min_shard": 1, "mesh": {"data": 1, "fsdp": 8}}
-    config = load_config(proxy_config(doremi_run, "fsdp", **fsdp))
+    config = load_config(proxy_config(doremi_run, tmp_path, "fsdp", **fsdp))
     with pytest.raises(SystemExit):
         Trainer(config, preemption=StopAfter(4)).fit()
     got = [row for row in read_jsonl(Path(config.trainer.run_dir) / "metrics.jsonl") if "loss" in row]
@@ -199,14 +212,13 @@ def newest_checkpoint(checkpoints: Path) -> int:
         return latest_complete(checkpoints) or 0
 
 
-def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any]) -> None:
+def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any], tmp_path: Path) -> None:
     """The proxy (its domain weights and their sum in the checkpointed state) killed with SIGKILL after a
     checkpoint and resumed ends where the uninterrupted proxy run of the command ended. A checkpoint every
     30 steps: one every step made the resumed run write 117 of them (two thirds of this test's time)."""
-    tmp_path: Path = doremi_run["tmp"]
     folder: Path = doremi_run["folder"]
     every = 30
-    path = proxy_config(doremi_run, "killed", checkpoint_every=every)
+    path = proxy_config(doremi_run, tmp_path, "killed", checkpoint_every=every)
     code = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, "--config", str(path)],
@@ -234,15 +246,19 @@ def test_a_killed_proxy_run_resumes_to_the_same_bits(doremi_run: dict[str, Any])
     assert_bitwise_equal(whole.opt_state, resumed.opt_state)  # the domain weights and their running sum too
 
 
-def test_a_given_reference_is_used_and_finished_runs_are_kept(doremi_run: dict[str, Any]) -> None:
+def test_a_given_reference_is_used_and_finished_runs_are_kept(
+    doremi_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--reference RUN`` trains no reference; the command run again keeps the finished proxy and writes the
-    same weights."""
+    same weights. (`main`, what the command runs, in this process: the fixture's run started it the same way.)"""
     folder: Path = doremi_run["folder"]
     before = json.loads((folder / "domain_weights.json").read_text())
-    args = ["doremi", "--config", str(doremi_run["config"]), "--reference", str(folder / "reference")]
-    done = subprocess.run([sys.executable, "-m", "halyard.train.cli", *args], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "the reference run" not in done.stdout and f"{folder / 'proxy'} is finished; kept" in done.stdout
+    capsys.readouterr()
+    assert (
+        main(["doremi", "--config", str(doremi_run["config"]), "--reference", str(folder / "reference")]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert "the reference run" not in printed and f"{folder / 'proxy'} is finished; kept" in printed
     assert json.loads((folder / "domain_weights.json").read_text()) == before
 
 
@@ -259,22 +275,26 @@ def test_a_given_reference_is_used_and_finished_runs_are_kept(doremi_run: dict[s
     ],
 )
 def test_a_proxy_config_that_cannot_train_is_refused_in_one_line(
-    doremi_run: dict[str, Any], capsys: pytest.CaptureFixture[str], override: str, message: str
+    doremi_run: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    override: str,
+    message: str,
 ) -> None:
-    path = proxy_config(doremi_run, "refused")
+    path = proxy_config(doremi_run, tmp_path, "refused")
     code, error = fails(capsys, ["train", "--config", str(path), override])
     assert code == 2 and message in error, error
 
 
 @pytest.mark.multiprocess
-def test_two_processes_train_the_proxy_like_one(doremi_run: dict[str, Any]) -> None:
+def test_two_processes_train_the_proxy_like_one(doremi_run: dict[str, Any], tmp_path: Path) -> None:
     """2 processes x 2 devices: the proxy (the reference restored onto both processes' devices) logs the
     domain weights, excess losses and per-domain losses of the 8-device single-process proxy."""
-    processes = start_processes(["--config", str(proxy_config(doremi_run, "two-hosts", steps=4))])
+    processes = start_processes(["--config", str(proxy_config(doremi_run, tmp_path, "two-hosts", steps=4))])
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr[-3000:]
-    alone = Trainer(load_config(proxy_config(doremi_run, "one-host", steps=4))).fit()
-    logged = [row for row in read_jsonl(doremi_run["tmp"] / "two-hosts" / "metrics.jsonl") if "loss" in row]
+    alone = Trainer(load_config(proxy_config(doremi_run, tmp_path, "one-host", steps=4))).fit()
+    logged = [row for row in read_jsonl(tmp_path / "two-hosts" / "metrics.jsonl") if "loss" in row]
     assert len(logged) == len(alone.history) == 4
     assert_proxy_steps_close(logged, alone.history)

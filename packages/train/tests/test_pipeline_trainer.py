@@ -25,11 +25,12 @@ from halyard.train.checkpoint.layout import step_directory
 from halyard.train.cli import main, train_main
 from halyard.train.trainer.trainer import Trainer
 
-STEPS = 20
+STEPS = 10  # two checkpoints (at HALF and STEPS) to resume and move from; a mesh that computes wrong parts by step 2
+HALF = STEPS // 2  # the checkpoint a run resumes from, or moves to another mesh from
 RUN = {
     "model": {"num_layers": 4},
     "trainer": {"steps": STEPS, "min_shard": 1},
-    "checkpoint": {"every_steps": 10},
+    "checkpoint": {"every_steps": HALF},
 }
 STAGE2 = ["--trainer.mesh.stage", "2", "--model.pipeline_microbatches", "2"]
 
@@ -46,7 +47,7 @@ def one_device(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
 
 @pytest.fixture(scope="module")
 def stage2_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """The run pipelined over stage 2 x data 4, trained through `train` (checkpoints at 10 and 20)."""
+    """The run pipelined over stage 2 x data 4, trained through `train` (checkpoints at 5 and 10)."""
     folder = tmp_path_factory.mktemp("stage2")
     config = write_config(folder / "run.yaml", folder / "run", cache_dir, **RUN)
     assert train_main(["--config", str(config), *STAGE2]) == 0
@@ -84,18 +85,18 @@ def test_a_pipelined_run_resumes_bitwise_and_moves_to_and_from_a_mesh_without_st
     reference = Trainer(load_config(stage2_run.parent / "run.yaml", *STAGE2)).restore_state(STEPS)
     split = load_config(write_config(tmp_path / "split.yaml", tmp_path / "split", cache_dir, **RUN), *STAGE2)
     with pytest.raises(SystemExit):
-        Trainer(split, preemption=StopAfter(10)).fit()
+        Trainer(split, preemption=StopAfter(HALF)).fit()
     resumed = Trainer(split).fit()
     assert_bitwise_equal(reference.params, resumed.state.params)
-    assert [h["loss"] for h in resumed.history] == run_losses(stage2_run)[10:]
-    expected = run_losses(one_device)[10:]
-    # The pipelined step-10 checkpoint on 8 data-parallel devices, and the 1-device one pipelined.
-    # (the pipelined run's checkpoint took its 10 updates on another mesh than the reference's)
+    assert [h["loss"] for h in resumed.history] == run_losses(stage2_run)[HALF:]
+    expected = run_losses(one_device)[HALF:]
+    # The pipelined step-5 checkpoint on 8 data-parallel devices, and the 1-device one pipelined.
+    # (the pipelined run's checkpoint took its 5 updates on another mesh than the reference's)
     for name, source, mesh, updates_before in (
-        ("unpipelined", tmp_path / "split", [], 10),
+        ("unpipelined", tmp_path / "split", [], HALF),
         ("pipelined", one_device, STAGE2, 0),
     ):
-        checkpoint = step_directory(source / "checkpoints", 10)
+        checkpoint = step_directory(source / "checkpoints", HALF)
         moved = write_config(tmp_path / f"{name}.yaml", tmp_path / name, cache_dir, **RUN)
         assert train_main(["--config", str(moved), "--trainer.init", f"checkpoint:{checkpoint}", *mesh]) == 0
         losses = run_losses(tmp_path / name)
