@@ -1,0 +1,171 @@
+"""Weight-only int8 (``EngineConfig.quantization="int8"``): the engine holds its projections as int8, its
+log-probs stay within a bound derived from absmax_int8's half-step error, new weights are quantized as the
+first were, and deterministic mode stays bitwise with int8 weights.
+
+The bound. absmax_int8 gives every weight ``w`` of an output channel of scale ``s`` a value ``q * s`` within
+``s / 2`` of it. To first order a token's log-prob ``l`` then moves by ``sum_w dl/dw * (q s - w)``, at most
+``B = sum_w |dl/dw| * s / 2`` over the quantized weights (the gradient taken at the float weights). The test
+accepts ``2 B`` (the factor for the higher-order terms) plus the two engines' own rounding against the
+exact values (`tiny_models.logprob_tolerance`, each). Both engines compute in float32, so the difference is
+the quantization alone (in bfloat16 the rounding of activations would add its own)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from deterministic_case import TARGET, TARGET_PROMPT, VOCAB, config, model
+from tiny_models import forward_logprobs, logprob_tolerance, tiny_model
+
+from halyard.models import CausalLM
+from halyard.named import Axis, named
+from halyard.named.nn import Linear
+from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.int8_weights import Int8Linear, quantized
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from serve_int8_hlo import weight_copies
+
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(0, 61, 24)]
+SMALL = EngineConfig(
+    page_size=8, num_pages=16, max_context=64, max_running=2, chunk_size=32, quantization="int8"
+)
+
+
+@pytest.fixture(scope="module")
+def float_model() -> CausalLM:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def int8_engine(float_model: CausalLM) -> Engine:
+    return Engine(float_model, SMALL)
+
+
+def _prompt_logprobs(engine: Engine, prompt: list[int]) -> np.ndarray:
+    (output,) = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=True))
+    assert output.prompt_logprobs is not None
+    return np.float64(output.prompt_logprobs[1:])
+
+
+def _pairs(float_tree: object, int8_model: CausalLM) -> list[tuple[Linear, Int8Linear]]:
+    """The float tree's `Linear` nodes beside the int8 model's `Int8Linear` at the same places."""
+    is_linear = lambda node: isinstance(node, Linear)
+    pairs = zip(
+        jax.tree.leaves(float_tree, is_leaf=is_linear), jax.tree.leaves(int8_model, is_leaf=is_linear)
+    )
+    return [(f, q) for f, q in pairs if isinstance(q, Int8Linear)]
+
+
+def _half_steps(layer: Int8Linear) -> np.ndarray:
+    """``s / 2`` for every element of ``layer``'s weight (its channel's scale over the contracted axes)."""
+    assert layer.scale is not None
+    contracted = {axis.name for axis in layer.In}
+    reduce = [i for i, axis in enumerate(layer.weight.axes) if axis.name in contracted]
+    return np.expand_dims(np.asarray(layer.scale.array), reduce) / 2
+
+
+def _first_order_bounds(model: CausalLM, int8_model: CausalLM, tokens: list[int]) -> np.ndarray:
+    """``B`` (module docstring) of each token after the first."""
+    sequence = jnp.asarray([tokens], jnp.int32)
+
+    @eqx.filter_jit
+    def gradient(model: CausalLM, position: jax.Array) -> CausalLM:
+        def logprob(model: CausalLM) -> jax.Array:
+            logits = model(named(sequence, ("batch", "pos"))).unwrap("batch", "pos", "vocab")[0]
+            return jax.nn.log_softmax(logits[position - 1])[sequence[0, position]]
+
+        return eqx.filter_grad(logprob)(model)
+
+    bounds = []
+    for position in range(1, len(tokens)):
+        pairs = _pairs(gradient(model, jnp.asarray(position)), int8_model)
+        assert len(pairs) == 7  # q, k, v, o, gate, up, down (stacked over the layers)
+        bounds.append(sum(float(np.sum(np.abs(g.weight.array) * _half_steps(q))) for g, q in pairs))
+    return np.asarray(bounds)
+
+
+def test_int8_linear_is_within_half_a_step_per_weight() -> None:
+    """One product: ``|x · (q s) - x · w| <= s / 2 * sum |x|`` per output channel, plus float32 rounding."""
+    In, Out = Axis("embed", 48), Axis("mlp", 40)
+    plain = Linear.init(In, Out, key=jax.random.key(0), use_bias=True)
+    plain = dataclasses.replace(plain, bias=plain.bias + 0.5) if plain.bias is not None else plain
+    layer = Int8Linear.quantize(plain)
+    x = named(jax.random.normal(jax.random.key(1), (5, 48)), ("batch", "embed"))
+    difference = np.abs(np.asarray(layer(x).array) - np.asarray(plain(x).array))
+    assert layer.scale is not None
+    bound = np.asarray(layer.scale.array)[None] / 2 * np.abs(np.asarray(x.array)).sum(-1, keepdims=True)
+    rounding = (
+        48 * np.finfo(np.float32).eps * np.abs(np.asarray(x.array)) @ np.abs(np.asarray(plain.weight.array))
+    )
+    assert np.all(difference <= bound + rounding) and difference.max() > 0
+    assert layer.weight.dtype == jnp.int8 and layer.scale.axes == (Out,)
+
+
+def test_the_engine_holds_its_projections_in_int8(int8_engine: Engine) -> None:
+    held = int8_engine.runner.model
+    nodes = jax.tree.leaves(held, is_leaf=lambda node: isinstance(node, Linear))
+    layers = [node for node in nodes if isinstance(node, Int8Linear)]
+    assert len(layers) == 7  # q, k, v, o, gate, up, down (stacked over the layers)
+    for layer in layers:
+        assert layer.weight.dtype == jnp.int8 and layer.scale is not None
+        assert layer.scale.dtype == jnp.float32 and layer.scale.axis_names[0] == "layers"
+    assert held.unembedding.dtype == jnp.float32  # the head (this model's is untied) and embedding stay
+    assert held.embed.weight.dtype == jnp.float32
+
+
+def test_log_probs_against_float_weights_within_the_derived_bound(
+    float_model: CausalLM, int8_engine: Engine
+) -> None:
+    float_engine = Engine(float_model, dataclasses.replace(SMALL, quantization="none"))
+    difference = np.abs(_prompt_logprobs(int8_engine, PROMPT) - _prompt_logprobs(float_engine, PROMPT))
+    bound = _first_order_bounds(float_model, int8_engine.runner.model, PROMPT)
+    rounding = 2 * logprob_tolerance(float_model, [PROMPT])
+    assert np.all(difference <= 2 * bound + rounding), (difference / bound).max()
+    assert difference.max() > 10 * rounding  # the int8 weights are what the engine ran
+
+
+def test_update_weights_quantizes_the_new_weights(int8_engine: Engine) -> None:
+    other = tiny_model("llama", seed=5)
+    int8_engine.update_weights(other)
+    compiled = int8_engine.stats.programs_compiled
+    expected = forward_logprobs(quantized(other, "int8"), PROMPT)
+    expected = expected[np.arange(len(PROMPT) - 1), PROMPT[1:]]
+    got = _prompt_logprobs(int8_engine, PROMPT)
+    np.testing.assert_allclose(got, expected, atol=logprob_tolerance(other, [PROMPT]), rtol=0)
+    assert int8_engine.stats.programs_compiled == compiled  # same structure: nothing compiled again
+
+
+def test_no_more_weight_copies_than_bfloat16() -> None:
+    """The compiled product of an int8 weight writes no more full-size float copies of it than a bfloat16
+    weight's (on the CPU one each: its products take float32; on the TPU, benchmarks/serve_int8_hlo.py)."""
+    copies = weight_copies(8, 64, 128)
+    assert copies["int8"] <= copies["bfloat16"] <= 1
+
+
+def test_deterministic_mode_is_bitwise_with_int8_weights() -> None:
+    """The deterministic-mode request (`deterministic_case`) alone and among 20 others, int8 weights."""
+    engine = Engine(model(), dataclasses.replace(config(64), quantization="int8"))
+    (alone,) = engine.generate([TARGET_PROMPT], TARGET)
+    rng = np.random.default_rng(7)
+    others = [[int(t) for t in rng.integers(0, VOCAB, int(rng.integers(1, 120)))] for _ in range(20)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 40)), temperature=1.0, seed=i) for i in range(20)]
+    prompts = others[:9] + [TARGET_PROMPT] + others[9:]
+    among = engine.generate(prompts, params[:9] + [TARGET] + params[9:])[9]
+    assert among.samples[0].token_ids == alone.samples[0].token_ids
+    assert np.array_equal(np.float32(among.samples[0].logprobs), np.float32(alone.samples[0].logprobs))
+
+
+def test_bad_quantization_values_are_one_line_errors() -> None:
+    with pytest.raises(
+        ValueError, match=r"^EngineConfig.quantization must be one of none, int8, got 'int4'$"
+    ):
+        EngineConfig(quantization="int4")
+    with pytest.raises(ValueError, match="does not go with training_arithmetic"):
+        EngineConfig(quantization="int8", deterministic=True, training_arithmetic=True)
