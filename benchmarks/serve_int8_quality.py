@@ -11,6 +11,10 @@ continuations that are identical.
 
     XLA_FLAGS= .venv/bin/halyard train --config demo          # runs/demo, a few minutes
     python3 benchmarks/serve_int8_quality.py --run runs/demo
+    # the wider run of benchmarks/results/serve_int8_quality_demo-wide_*.json (about 15 minutes):
+    XLA_FLAGS= .venv/bin/halyard train --config demo --trainer.run_dir runs/demo-wide --model.hidden_size 192 \
+        --model.intermediate_size 512 --trainer.steps 400 --data.max_documents 800 --trainer.eval_every 200
+    python3 benchmarks/serve_int8_quality.py --run runs/demo-wide
     python3 benchmarks/serve_int8_quality.py --quick           # a tiny random model, seconds (a test runs it)
 
 JSON: ``--output`` (default benchmarks/results/serve_int8_quality_<run name>_<date>.json).

@@ -1,9 +1,9 @@
-"""Weight-only int8 (``EngineConfig.quantization="int8"``): the engine holds its projections as int8, its
-log-probs stay within a bound derived from absmax_int8's half-step error, new weights are quantized as the
-first were, and deterministic mode stays bitwise with int8 weights.
+"""Weight-only int8 (``EngineConfig.quantization="int8"``): the engine holds its projections and output head
+as int8, its log-probs stay within a bound derived from absmax_int8's half-step error, new weights are
+quantized as the first were, and deterministic mode stays bitwise with int8 weights.
 
-The bound. absmax_int8 gives every weight ``w`` of an output channel of scale ``s`` a value ``q * s`` within
-``s / 2`` of it. To first order a token's log-prob ``l`` then moves by ``sum_w dl/dw * (q s - w)``, at most
+The bound. absmax_int8 gives every weight ``w`` of an output channel (a vocabulary row of the head) of scale
+``s`` a value ``q * s`` within ``s / 2`` of it. To first order a token's log-prob ``l`` then moves by ``sum_w dl/dw * (q s - w)``, at most
 ``B = sum_w |dl/dw| * s / 2`` over the quantized weights (the gradient taken at the float weights). The test
 accepts ``2 B`` (the factor for the higher-order terms) plus the two engines' own rounding against the
 exact values (`tiny_models.logprob_tolerance`, each). Both engines compute in float32, so the difference is
@@ -27,7 +27,7 @@ from halyard.models import CausalLM
 from halyard.named import Axis, named
 from halyard.named.nn import Linear
 from halyard.serve import Engine, EngineConfig, SamplingParams
-from halyard.serve.int8_weights import Int8Linear, quantized
+from halyard.serve.int8_weights import Int8HeadModel, Int8Linear, quantized
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from serve_int8_hlo import weight_copies
@@ -71,8 +71,8 @@ def _half_steps(layer: Int8Linear) -> np.ndarray:
     return np.expand_dims(np.asarray(layer.scale.array), reduce) / 2
 
 
-def _first_order_bounds(model: CausalLM, int8_model: CausalLM, tokens: list[int]) -> np.ndarray:
-    """``B`` (module docstring) of each token after the first."""
+def _first_order_bounds(model: CausalLM, int8_model: Int8HeadModel, tokens: list[int]) -> np.ndarray:
+    """``B`` (module docstring) of each token after the first: the projections' terms and the head's."""
     sequence = jnp.asarray([tokens], jnp.int32)
 
     @eqx.filter_jit
@@ -85,9 +85,16 @@ def _first_order_bounds(model: CausalLM, int8_model: CausalLM, tokens: list[int]
 
     bounds = []
     for position in range(1, len(tokens)):
-        pairs = _pairs(gradient(model, jnp.asarray(position)), int8_model)
+        grad = gradient(model, jnp.asarray(position))
+        pairs = _pairs(grad, int8_model.inner)
         assert len(pairs) == 7  # q, k, v, o, gate, up, down (stacked over the layers)
-        bounds.append(sum(float(np.sum(np.abs(g.weight.array) * _half_steps(q))) for g, q in pairs))
+        projections = sum(float(np.sum(np.abs(g.weight.array) * _half_steps(q))) for g, q in pairs)
+        head = (
+            np.abs(grad.unembedding.rearrange("vocab", "embed").array)
+            * int8_model.head_scale.array[:, None]
+            / 2
+        )
+        bounds.append(projections + float(np.sum(head)))
     return np.asarray(bounds)
 
 
@@ -108,16 +115,18 @@ def test_int8_linear_is_within_half_a_step_per_weight() -> None:
     assert layer.weight.dtype == jnp.int8 and layer.scale.axes == (Out,)
 
 
-def test_the_engine_holds_its_projections_in_int8(int8_engine: Engine) -> None:
+def test_the_engine_holds_its_projections_and_head_in_int8(int8_engine: Engine) -> None:
     held = int8_engine.runner.model
-    nodes = jax.tree.leaves(held, is_leaf=lambda node: isinstance(node, Linear))
+    assert isinstance(held, Int8HeadModel)
+    assert held.head.dtype == jnp.int8 and held.head_scale.dtype == jnp.float32
+    assert held.head_scale.axis_names == ("vocab",)
+    nodes = jax.tree.leaves(held.inner, is_leaf=lambda node: isinstance(node, Linear))
     layers = [node for node in nodes if isinstance(node, Int8Linear)]
     assert len(layers) == 7  # q, k, v, o, gate, up, down (stacked over the layers)
     for layer in layers:
         assert layer.weight.dtype == jnp.int8 and layer.scale is not None
         assert layer.scale.dtype == jnp.float32 and layer.scale.axis_names[0] == "layers"
-    assert held.unembedding.dtype == jnp.float32  # the head (this model's is untied) and embedding stay
-    assert held.embed.weight.dtype == jnp.float32
+    assert held.inner.embed.weight.dtype == jnp.float32  # the lookup reads the model's own table
 
 
 def test_log_probs_against_float_weights_within_the_derived_bound(

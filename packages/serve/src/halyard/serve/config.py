@@ -69,10 +69,11 @@ class EngineConfig:
             from there, and lowers them from the step programs the first stored in its ``halyard-programs``
             folder instead of tracing the model (`halyard.serve.program_store`). None: no cache, unless this
             process set one already (then no stored programs).
-        quantization: ``none``, or ``int8``: the attention and MLP projections' weights held as int8 with a
-            float32 scale per output channel, converted inside each product (`halyard.serve.int8_weights`;
-            the embedding and head stay). Halves those weights' bytes that decoding reads each step; not with
-            ``training_arithmetic`` (a trainer's log-probs come from the unquantized weights).
+        quantization: ``none``, or ``int8``: the attention and MLP projections' weights and the output head
+            held as int8 with a float32 scale per output channel, converted inside each product
+            (`halyard.serve.int8_weights`; the embedding lookup reads the model's table). Halves the weight
+            bytes decoding reads each step (from bfloat16); not with ``training_arithmetic`` (a trainer's
+            log-probs come from the unquantized weights).
     """
 
     page_size: int = 64

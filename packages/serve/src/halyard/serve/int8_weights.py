@@ -1,13 +1,14 @@
 """Weight-only int8 serving (``EngineConfig.quantization="int8"``): every attention and MLP projection of
 the model becomes an `Int8Linear`, its weight int8 with one float32 scale per output channel
-(`halyard.named.nn.absmax_int8` over the contracted axes).
+(`halyard.named.nn.absmax_int8` over the contracted axes), and the output head is read from an int8 copy
+with a scale per vocabulary row (`Int8HeadModel`).
 
-The weight stays int8 in device memory; the product converts it to the activations' dtype as its operand
+The weights stay int8 in device memory; a product converts them to the activations' dtype as its operand
 (inside the dot's fusion on the TPU, where decoding is bound by reading the weights) and multiplies each
 output channel by its scale afterwards: ``x · (q * s) = (x · q) * s`` for a scale per output channel.
 
-The embedding and the output head stay in the model's dtype (a tied head is the embedding table, which the
-model's ``logits`` reads as a plain matrix), as do the MoE experts and router and the norms.
+The embedding lookup reads the model's own table (a decode step reads one row per token of it), and the
+norms, MoE experts and router stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+import halyard.named as hn
 from halyard.models import CausalLM
+from halyard.models.attention import AttentionMask
 from halyard.models.layers.mlp import MLP, GatedMLP
+from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.layers.self_attention import SelfAttention
+from halyard.models.model import DecoderOutput
 from halyard.named import NamedArray
 from halyard.named.nn import Linear, absmax_int8
 
@@ -67,6 +72,62 @@ class Int8Linear(Linear):
         return y if self.bias is None else y + self.bias
 
 
+class Int8HeadModel(CausalLM):
+    """``inner`` whose logits come from an int8 copy of its output matrix, one float32 scale per vocabulary
+    row: ``(hidden · head) * head_scale``. Everything else (the decoder, the embedding lookup, the pool) is
+    ``inner``'s.
+
+    Attributes:
+        inner: the model (its projections `Int8Linear` when built by `quantized`).
+        head: int8 ``inner.unembedding`` (``vocab`` and ``embed``).
+        head_scale: float32 over ``vocab``.
+    """
+
+    inner: CausalLM
+    head: NamedArray
+    head_scale: NamedArray
+
+    @classmethod
+    def wrap(cls, inner: CausalLM) -> Int8HeadModel:
+        """``inner`` with its output matrix quantized."""
+        matrix = inner.unembedding
+        values, scale = absmax_int8(matrix.array, matrix.axis_index("embed"))
+        vocab = tuple(axis for axis in matrix.axes if axis.name != "embed")
+        return cls(inner, NamedArray(values, matrix.axes), NamedArray(scale.reshape(-1), vocab))
+
+    @property
+    def model_config(self) -> Any:
+        return self.inner.model_config
+
+    def decoder(
+        self, tokens: NamedArray, *, mask: AttentionMask, positions: NamedArray, cache: PagedKV | None = None
+    ) -> DecoderOutput:
+        return self.inner.decoder(tokens, mask=mask, positions=positions, cache=cache)
+
+    @property
+    def unembedding(self) -> NamedArray:
+        """The int8 head times its scales (for callers other than `logits`, which scales after the product)."""
+        return self.head.astype(jnp.float32) * self.head_scale
+
+    @property
+    def position_limit(self) -> int | None:
+        return self.inner.position_limit
+
+    @property
+    def logit_softcap(self) -> float | None:
+        return self.inner.logit_softcap
+
+    def init_pages(self, num_pages: int, page_size: int, implementation: str = "auto") -> PagedKV:
+        return self.inner.init_pages(num_pages, page_size, implementation)
+
+    def logits(self, hidden: NamedArray) -> NamedArray:
+        """float32 logits: the int8 head converted to ``hidden``'s dtype in the product, then scaled."""
+        product = hn.dot(hidden, self.head.astype(hidden.dtype), axis="embed")
+        logits = product.astype(jnp.float32) * self.head_scale.astype(jnp.float32)
+        cap = self.logit_softcap
+        return logits if cap is None else hn.tanh(logits / cap) * cap
+
+
 def check_quantization(value: object, option: str = "EngineConfig.quantization") -> str:
     """``value`` if it is one of `QUANTIZATIONS`; otherwise a one-line `ValueError` naming ``option``."""
     if value not in QUANTIZATIONS:
@@ -75,14 +136,19 @@ def check_quantization(value: object, option: str = "EngineConfig.quantization")
 
 
 def quantized(model: CausalLM, quantization: str) -> CausalLM:
-    """``model`` with its projections in int8 for ``quantization="int8"`` (already quantized ones stay);
-    ``model`` itself for ``"none"``. Runs as one compiled program, where the weights are."""
-    if check_quantization(quantization) == "none":
+    """``model`` with its projections and output head in int8 for ``quantization="int8"`` (a model
+    `quantized` already is returned as it is); ``model`` itself for ``"none"``. Runs as one compiled program,
+    where the weights are."""
+    if check_quantization(quantization) == "none" or isinstance(model, Int8HeadModel):
         return model
-    return _quantize_projections(model)
+    return _quantize(model)
 
 
 @eqx.filter_jit
+def _quantize(model: CausalLM) -> CausalLM:
+    return Int8HeadModel.wrap(_quantize_projections(model))
+
+
 def _quantize_projections(model: CausalLM) -> CausalLM:
     def convert(node: Any) -> Any:
         if not isinstance(node, _QUANTIZED_MODULES):

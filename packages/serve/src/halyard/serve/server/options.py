@@ -84,8 +84,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         choices=QUANTIZATIONS,
         default="none",
-        help="int8: hold the attention and MLP weights as int8 with a scale per output channel (half their "
-        "bytes; the embedding and head stay); not with --training-arithmetic (default: none)",
+        help="int8: hold the attention and MLP weights and the output head as int8 with a scale per output "
+        "channel (half their bytes); not with --training-arithmetic (default: none)",
     )
     engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"

@@ -37,7 +37,8 @@ def generate_main(argv: Sequence[str]) -> int:
         "--quantization",
         choices=QUANTIZATIONS,
         default="none",
-        help="int8: the attention and MLP weights as int8 with a scale per output channel (default: none)",
+        help="int8: the attention and MLP weights and the output head as int8 with a scale per output "
+        "channel (default: none)",
     )
     args = parser.parse_args(argv)
 
