@@ -1,6 +1,6 @@
 """``halyard-serve --quantization int8`` through the official ``openai`` client: one server (deterministic mode,
-the shared tiny folder) whose greedy answers are the int8 model's full forward, and the option's one-line
-errors."""
+the shared tiny folder) whose greedy answers are the int8 model's full forward; the loader quantizing on the
+device; the option's one-line errors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from server_fixtures import MESSAGES, MODEL_NAME, PROMPT, ServerProcess, start_s
 from tiny_models import greedy_reference, logprob_tolerance
 from tokenizers import Tokenizer
 
-from halyard.serve.int8_weights import quantized
+from halyard.serve.int8_weights import Int8HeadModel, quantized
+from halyard.serve.server import load_hf_folder
 from halyard.serve.server.cli import main
 
 
@@ -70,3 +71,11 @@ def test_bad_values_are_one_line_errors(capsys: pytest.CaptureFixture[str], fold
     assert main(["--hf", str(folder), "--quantization", "int8", "--training-arithmetic"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: --quantization='int8' does not go with --training-arithmetic")
+
+
+def test_the_loader_quantizes_on_the_device(folder: Path) -> None:
+    """``load_hf_folder(quantization="int8")`` (what ``--quantization int8`` loads with): the served model is
+    int8 before the engine starts, so no full-precision copy outlives the loading."""
+    assert isinstance(load_hf_folder(folder, quantization="int8").model, Int8HeadModel)
+    with pytest.raises(ValueError, match="^quantization must be one of none, int8, got 'int4'$"):
+        load_hf_folder(folder, quantization="int4")
