@@ -1,4 +1,6 @@
-"""Smoke runs of benchmarks/serving/serve.py and benchmarks/rl/rl.py at their quick sizes: every figure is produced.
+"""Smoke runs of benchmarks/serving/serve.py and benchmarks/rl/rl.py at their quick sizes: every figure is produced
+(also of the int8 ones: serving/serve_int8_quality.py --quick, and the TPU profile's decode with --quantization none
+int8).
 
 (The old generate arm checks out an earlier commit and the deterministic arm repeats the engine's: both are
 left to the full runs, which benchmarks/README.md reports.)"""
@@ -134,3 +136,24 @@ def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:
         < result["arms"]["logit_bias"]["steps_pipelined"]
     )
     assert all(ratio > 0 for ratio in result["ratios"].values())
+
+
+def test_quality_benchmark_quick(tmp_path: Path) -> None:
+    result = _run("serving/serve_int8_quality.py", "--quick", output=tmp_path / "quality.json")
+    assert set(result["arms"]) == {"bfloat16", "int8"} and "--quick" in result["command"]
+    int8 = result["arms"]["int8"]
+    assert 0.9 < int8["perplexity_ratio_to_bfloat16"] < 1.1
+    assert 0 < int8["logprob_difference_mean"] <= int8["logprob_difference_max"]
+    assert 0 <= int8["greedy_identical_continuations"] <= int8["greedy_tokens_before_divergence"] <= 1
+
+
+def test_tpu_profile_decodes_with_both_quantizations(tmp_path: Path) -> None:
+    result = _run(
+        "serving/serve.py", "--profile", "tpu-small", "--phases", "decode", "--no-warmup", "--quantization", "none",
+        "int8", output=tmp_path / "serve_tpu.json",
+    )  # fmt: skip
+    none, int8 = result["arms"]["none"], result["arms"]["int8"]
+    assert none["decode"]["steps_measured"] == int8["decode"]["steps_measured"] == 4
+    assert int8["weight_bytes"] < none["weight_bytes"] == result["weight_bytes"]
+    ratio = int8["decode"]["tokens_per_second"] / none["decode"]["tokens_per_second"]
+    assert result["int8_over_none_decode_tokens_per_second"] == ratio

@@ -22,6 +22,12 @@ Usage::
     python benchmarks/serving/serve.py --profile tpu --compilation-cache /tmp/jax-cache      # on the TPU
     python benchmarks/serving/serve.py --profile tpu-small                                   # anywhere, seconds
 
+With ``--quantization none int8`` the phases run for a bf16 engine, then for an int8 one
+(`halyard.serve.EngineConfig.quantization`; their roofline counts the int8 weights' bytes), and the JSON gives
+their decode tokens/s ratio::
+
+    python3 benchmarks/serving/serve.py --profile tpu --phases decode --quantization none int8 --compilation-cache /tmp/jc
+
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_tpu.json).
 """
 
@@ -45,6 +51,7 @@ import numpy as np
 from halyard.export.config_reading import config_from_hf_dict
 from halyard.models import CausalLM, init_model, model_config
 from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.int8_weights import QUANTIZATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_tpu.json"
@@ -274,6 +281,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--trace", type=Path, default=None, help="a folder for a profiler trace of the decode phase"
     )
+    parser.add_argument(
+        "--quantization",
+        nargs="+",
+        choices=QUANTIZATIONS,
+        default=["none"],
+        help="EngineConfig.quantization: each in turn, one engine after the other (none int8: both, and "
+        "their decode tokens/s ratio) (default: none)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -283,6 +298,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         engine_sizes = dict(size.engine, page_size=args.page_size, num_pages=pool_tokens // args.page_size)
         size = dataclasses.replace(size, engine=engine_sizes)
     model = make_model(args.size)
+    results: dict[str, Any] = dict(
+        size=args.size, backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
+        jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), arms={},
+    )  # fmt: skip
+    for quantization in args.quantization:
+        arm = run_arm(model, size, args, quantization, parser, results)
+        if quantization == args.quantization[0]:  # the figures of one setting where they always were
+            results.update(arm)
+    decode = {q: arm["decode"]["tokens_per_second"] for q, arm in results["arms"].items() if "decode" in arm}
+    if "none" in decode and "int8" in decode:
+        results["int8_over_none_decode_tokens_per_second"] = decode["int8"] / decode["none"]
+        print(f"int8 / bf16 decode tokens/s: {results['int8_over_none_decode_tokens_per_second']:.3f}")
+    args.output.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def run_arm(
+    model: CausalLM,
+    size: Size,
+    args: argparse.Namespace,
+    quantization: str,
+    parser: argparse.ArgumentParser,
+    results: dict[str, Any],
+) -> dict[str, Any]:
+    """The phases of one engine of ``model`` with ``quantization`` (its figures also in ``results["arms"]``,
+    written to ``args.output`` after every phase: a cut-off run keeps its figures)."""
     began = time.perf_counter()
     engine = Engine(
         model,
@@ -291,48 +332,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             warmup=not args.no_warmup,
             compilation_cache=args.compilation_cache,
             deterministic=args.deterministic,
+            quantization=quantization,
         ),
     )
+    served = engine.runner.model  # int8: the quantized weights, whose bytes the roofline counts
     gc.collect()  # as `halyard serve` does once started: the start's objects out of the collector's scans
     gc.freeze()
-    results: dict[str, Any] = dict(
-        size=args.size, backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
-        jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    arm: dict[str, Any] = dict(
+        quantization=quantization,
         engine_config={k: v for k, v in dataclasses.asdict(engine.config).items()},
         start_seconds=time.perf_counter() - began, programs_compiled_at_start=engine.stats.programs_compiled,
-        compile_seconds_at_start=engine.stats.compile_seconds, weight_bytes=bytes_of(model),
+        compile_seconds_at_start=engine.stats.compile_seconds, weight_bytes=bytes_of(served),
     )  # fmt: skip
+    results["arms"][quantization] = arm
     print(
-        f"engine ready in {results['start_seconds']:.1f} s ({engine.stats.programs_compiled} programs compiled)"
+        f"{quantization}: engine ready in {arm['start_seconds']:.1f} s ({engine.stats.programs_compiled} programs compiled)"
     )
     vocab = model.unembedding.axis_size("vocab")
     for phase in args.phases:
         if phase == "decode":
-            results[phase] = run_decode(engine, model, size, args.phase_seconds, args.trace)
+            arm[phase] = run_decode(engine, served, size, args.phase_seconds, args.trace)
         elif phase == "at_once":
-            results[phase] = run_arrivals(engine, requests_of(size, vocab, 0), None, args.phase_seconds)
+            arm[phase] = run_arrivals(engine, requests_of(size, vocab, 0), None, args.phase_seconds)
         elif phase == "rate":
             rate = args.rate
             if rate is None:
-                at_once = results.get("at_once")
+                at_once = arm.get("at_once")
                 rate = (
                     0.75 * at_once["finished"] / at_once["seconds"]
                     if at_once and at_once["finished"]
                     else 4.0
                 )
-            results[phase] = run_arrivals(engine, requests_of(size, vocab, 1), rate, args.phase_seconds)
+            arm[phase] = run_arrivals(engine, requests_of(size, vocab, 1), rate, args.phase_seconds)
         else:
             parser.error(f"--phases: unknown phase {phase!r}; use decode, at_once, rate")
-        print(phase, json.dumps({k: v for k, v in results[phase].items() if k != "step_seconds"}), flush=True)
-        results["programs_compiled"] = engine.stats.programs_compiled
+        shown = phase if len(args.quantization) == 1 else f"{phase} ({quantization})"
+        print(shown, json.dumps({k: v for k, v in arm[phase].items() if k != "step_seconds"}), flush=True)
+        arm["programs_compiled"] = engine.stats.programs_compiled
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(
-            json.dumps(results, indent=1)
-        )  # after every phase: a cut-off run keeps its figures
+        args.output.write_text(json.dumps(results, indent=1))
     print(
-        f"programs compiled after start: {engine.stats.programs_compiled - results['programs_compiled_at_start']}"
+        f"programs compiled after start: {engine.stats.programs_compiled - arm['programs_compiled_at_start']}"
     )
-    return results
+    gc.unfreeze()
+    del engine, served  # its pool and weights freed before the next arm's
+    gc.collect()
+    return arm
 
 
 if __name__ == "__main__":

@@ -13,13 +13,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import jax
 import openai
 import pytest
 from trainer_fixtures import fails
 
+from halyard.serve import Engine
+from halyard.serve.int8_weights import Int8Linear
 from halyard.train.cli import main
+from halyard.train.commands import generate
+
+
+def is_int8(node: object) -> bool:
+    return isinstance(node, Int8Linear)
+
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-0.3.0"  # the demo at a tiny size, step-4 checkpoint
 ENGINE = ["--page-size", "8", "--num-pages", "16", "--max-context", "64", "--max-running", "4",
@@ -86,3 +96,38 @@ def test_bad_serve_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert (
         code == 2 and "--dtype bfloat16 needs --hf: a run's checkpoint is served in its trained dtype" in err
     )
+    code, err = fails(
+        capsys, ["serve", "--run", str(FIXTURE), "--quantization", "int8", "--training-arithmetic"]
+    )
+    assert code == 2 and "--quantization='int8' does not go with --training-arithmetic" in err
+
+
+def test_generate_runs_an_int8_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``halyard generate --quantization int8``: its engine holds the int8 weights (the serve tests compare
+    such an engine's answers with the int8 model's)."""
+    run = tmp_path / "demo-run"
+    shutil.copytree(FIXTURE, run)
+    engines: list[Engine] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Engine:
+        engines.append(Engine(*args, **kwargs))
+        return engines[-1]
+
+    monkeypatch.setattr(generate, "Engine", recorded)
+    argv = [
+        "generate",
+        "--run",
+        str(run),
+        "--prompt",
+        "def ",
+        "--max-new-tokens",
+        "4",
+        "--quantization",
+        "int8",
+    ]
+    assert main(argv) == 0 and capsys.readouterr().out.startswith("def ")
+    (engine,) = engines
+    assert engine.config.quantization == "int8"
+    assert any(isinstance(node, Int8Linear) for node in jax.tree.leaves(engine.runner.model, is_leaf=is_int8))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from halyard.models import CausalLM
+from halyard.serve.int8_weights import check_quantization
 
 DEFAULT_CONTEXT = 4096
 """The context of a model without a position limit when ``max_context`` is not set."""
@@ -68,6 +69,11 @@ class EngineConfig:
             from there, and lowers them from the step programs the first stored in its ``halyard-programs``
             folder instead of tracing the model (`halyard.serve.program_store`). None: no cache, unless this
             process set one already (then no stored programs).
+        quantization: ``none``, or ``int8``: the attention and MLP projections' weights and the output head
+            held as int8 with a float32 scale per output channel, converted inside each product
+            (`halyard.serve.int8_weights`; the embedding lookup reads the model's table). Halves the weight
+            bytes decoding reads each step (from bfloat16); not with ``training_arithmetic`` (a trainer's
+            log-probs come from the unquantized weights).
     """
 
     page_size: int = 64
@@ -88,6 +94,7 @@ class EngineConfig:
     warmup_logprobs: bool = False
     compile_threads: int | None = None
     compilation_cache: str | None = None
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         for name in (
@@ -115,6 +122,12 @@ class EngineConfig:
         if self.warmup_logprobs and not self.warmup:
             raise ValueError(
                 "EngineConfig.warmup_logprobs needs warmup=True (it widens what warm-up compiles)"
+            )
+        check_quantization(self.quantization)
+        if self.quantization != "none" and self.training_arithmetic:
+            raise ValueError(
+                f"EngineConfig.quantization={self.quantization!r} does not go with training_arithmetic (the "
+                "trainer's log-probs come from the unquantized weights); use quantization='none'"
             )
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")

@@ -38,6 +38,7 @@ from halyard.models import CausalLM
 from halyard.serve.batching import program_groups
 from halyard.serve.config import EngineConfig
 from halyard.serve.detokenizer import Detokenizer
+from halyard.serve.int8_weights import quantized
 from halyard.serve.outputs import RequestOutput, Update, run_to_end
 from halyard.serve.pages import PageAllocator
 from halyard.serve.params import ParameterError, SamplingParams
@@ -82,6 +83,7 @@ class Engine:
     ):
         config = EngineConfig() if config is None else config
         self.config = config
+        model = quantized(model, config.quantization)
         self.max_context = config.context_for(model)
         self.vocab_size = model.unembedding.axis_size("vocab")
         self.decode = decode
@@ -242,10 +244,13 @@ class Engine:
         over in memory): same structure and shapes, placed as the current ones, so nothing compiles again.
         Cached prefixes are forgotten (their keys and values came from the old weights).
 
+        With ``quantization="int8"`` the new weights are quantized as the first were.
+
         Raises:
             ValueError: ``model``'s pytree structure or shapes differ from the current model's.
             RuntimeError: requests are running (their keys and values would mix two models).
         """
+        model = quantized(model, self.config.quantization)
         current: Any = jax.tree.structure(self.runner.model)
         shapes = [getattr(leaf, "shape", None) for leaf in jax.tree.leaves(self.runner.model)]
         if (

@@ -125,7 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         served = load_hf_folder(
-            args.hf, name=args.model_name, chat_template=chat_template_of(args), dtype=args.dtype
+            args.hf,
+            name=args.model_name,
+            chat_template=chat_template_of(args),
+            dtype=args.dtype,
+            quantization=args.quantization,
         )
         return run_server(served, args)
     except (OptionError, HfConversionError, DataInputError) as error:

@@ -10,6 +10,7 @@ from halyard.data import TokenizerSpec, load_tokenizer
 from halyard.export import read_hf_config
 from halyard.export.importer import read_hf_to_host
 from halyard.models import CausalLM
+from halyard.serve.int8_weights import check_quantization, quantized
 from halyard.serve.requests import eos_ids_of
 from halyard.serve.server.backend import start_backend
 from halyard.serve.server.host_transfer import put_in_groups, transfer_limit
@@ -60,7 +61,12 @@ def served_model(
 
 
 def load_hf_folder(
-    folder: str | Path, *, name: str | None = None, chat_template: str | None = None, dtype: str = "auto"
+    folder: str | Path,
+    *,
+    name: str | None = None,
+    chat_template: str | None = None,
+    dtype: str = "auto",
+    quantization: str = "none",
 ) -> ServedModel:
     """A Hugging Face folder's model (halyard.export's importer), tokenizer and chat template.
 
@@ -75,15 +81,19 @@ def load_hf_folder(
         dtype: the weights' dtype in memory, one of `SERVE_DTYPES`: ``auto`` keeps the dtype config.json
             says they are stored in (``dtype`` / ``torch_dtype``: a bfloat16 checkpoint is served in
             bfloat16, as vLLM does), float32 when it names no dtype of those.
+        quantization: ``int8``: the weights quantized on the device as soon as they are there
+            (`halyard.serve.int8_weights.quantized`, what the engine would do), so the full-precision copy
+            is freed before the engine starts.
 
     Raises:
         HfConversionError: a missing config.json or weights, or an unsupported architecture.
         TokenizerNotFoundError: the folder has no tokenizer.json.
-        ValueError: ``dtype`` is not one of `SERVE_DTYPES`.
+        ValueError: ``dtype`` is not one of `SERVE_DTYPES`, or ``quantization`` not one of `QUANTIZATIONS`.
         RuntimeError: JAX's backend did not start (as ``jax.devices()`` raises it).
     """
     if dtype not in SERVE_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {dtype!r}")
+    check_quantization(quantization, "quantization")
     folder = Path(folder)
     if dtype == "auto":
         stored = read_hf_config(folder)[1].stored_dtype
@@ -93,4 +103,5 @@ def load_hf_folder(
     on_host = served_model(host_model, folder, name or folder.resolve().name, chat_template=chat_template)
     backend.wait()
     # device_put, not jnp.asarray: that compiles a small program for each shape and dtype
-    return dataclasses.replace(on_host, model=put_in_groups(on_host.model, transfer_limit()))
+    on_device = put_in_groups(on_host.model, transfer_limit())
+    return dataclasses.replace(on_host, model=quantized(on_device, quantization))

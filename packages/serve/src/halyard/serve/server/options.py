@@ -15,6 +15,7 @@ from pathlib import Path
 
 from halyard.named.nn import UNFUSED_FLAG, unfuse_multiply_add
 from halyard.serve.config import EngineConfig
+from halyard.serve.int8_weights import QUANTIZATIONS
 
 SERVE_DTYPES = ("auto", "float32", "bfloat16")
 """The weights' dtypes a server holds: ``auto`` is the dtype the checkpoint is stored in."""
@@ -34,6 +35,10 @@ ENGINE_OPTIONS = (
     "page_size", "num_pages", "max_context", "max_running", "chunk_size", "max_prefill_rows", "deterministic_rows",
     "max_n", "compile_threads",
 )  # fmt: skip
+
+
+NAMED_FLAGS = ("quantization", "training_arithmetic")
+"""`EngineConfig` fields besides `ENGINE_OPTIONS` that its messages name and that are options of the same name."""
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +79,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--deterministic, computing with the training step's batch-invariant arithmetic in a process "
         "without fused multiply-adds: log-probs equal a GRPO trainer's bit for bit (costs more)",
+    )
+    engine.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="int8: hold the attention and MLP weights and the output head as int8 with a scale per output "
+        "channel (half their bytes); not with --training-arithmetic (default: none)",
     )
     engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
@@ -166,6 +178,7 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
             warmup=args.warmup,
             warmup_logprobs=args.warmup_logprobs,
             compilation_cache=args.compilation_cache,
+            quantization=args.quantization,
         )
     except ValueError as error:
         raise OptionError(as_options(str(error))) from None
@@ -180,7 +193,7 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
 
 def as_options(message: str) -> str:
     """An `EngineConfig` message with its fields named as command-line options (``--num-pages``)."""
-    pattern = r"\b(?:EngineConfig\.)?(" + "|".join(ENGINE_OPTIONS) + r")\b"
+    pattern = r"\b(?:EngineConfig\.)?(" + "|".join((*ENGINE_OPTIONS, *NAMED_FLAGS)) + r")\b"
     return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 
 from halyard.serve import Engine, EngineConfig, SamplingParams
+from halyard.serve.int8_weights import QUANTIZATIONS
 from halyard.train.data_assembly.tokenizer import load_run_tokenizer
 from halyard.train.run.loading import load_run_model
 
@@ -32,6 +33,13 @@ def generate_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="the sampling key's seed (default: 0)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="int8: the attention and MLP weights and the output head as int8 with a scale per output "
+        "channel (default: none)",
+    )
     args = parser.parse_args(argv)
 
     loaded = load_run_model(Path(args.run), args.step)
@@ -48,7 +56,8 @@ def generate_main(argv: Sequence[str]) -> int:
     context = max(len(p) for p in prompts) + args.max_new_tokens
     if model.position_limit is not None:
         context = min(context, model.position_limit)
-    engine = Engine(model, EngineConfig.sized_for(sequences=len(prompts), context=context))
+    config = EngineConfig.sized_for(sequences=len(prompts), context=context, quantization=args.quantization)
+    engine = Engine(model, config)
     outputs = engine.generate(prompts, params)
     for number, (prompt, output) in enumerate(zip(args.prompt, outputs), start=1):
         if len(args.prompt) > 1:

@@ -58,7 +58,11 @@ def serve_main(argv: Sequence[str]) -> int:
             )
         else:
             served = load_hf_folder(
-                args.hf, name=args.model_name, chat_template=chat_template, dtype=args.dtype
+                args.hf,
+                name=args.model_name,
+                chat_template=chat_template,
+                dtype=args.dtype,
+                quantization=args.quantization,
             )
         return run_server(served, args)
     except OptionError as error:
