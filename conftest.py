@@ -76,7 +76,9 @@ FILE_SECONDS = {
     # loop emitters without fused multiply-adds, beside another suite on the same machine: 4997 worker-s in all);
     # the notes say why a file costs what it does (earlier figures in them are from earlier runs). A file that
     # starts late runs in the suite's tail.
-    "tests/test_docs.py": 354,  # every guide at smoke size in a process of its own, then the site
+    # every guide at smoke size in a process of its own, then the site; 11_doremi (2 evaluations a run, 4 Python
+    # files) 44.5 -> 40.2 CPU s alone, 04_scaling (2 steps a run) 40.2 -> 37.1 (estimate: 354 less ~1.5x the 7.4 CPU s)
+    "tests/test_docs.py": 343,
     # the demo's 100 steps optimised (about 125 s), kill and resume, 2 processes; the nucleus run is the killed
     # run's reference and the watched GRPO run (with test_watch_trainer.py's grpo test)
     "packages/train/tests/test_grpo_trainer.py": 226,

@@ -99,7 +99,7 @@ figure.savefig(FIGURES / "04_weights_per_device.png", dpi=100)
 # count), so the losses agree up to the order of floating-point sums.
 
 # %%
-steps = 4 if SMOKE else 30
+steps = 2 if SMOKE else 30  # smoke: the second step's loss is the first update's, under each layout
 base = [
     *model_args,
     "--data.builtin_corpus", "python-stdlib", "--data.max_documents", "30" if SMOKE else "120",

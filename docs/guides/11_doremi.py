@@ -67,11 +67,11 @@ steps = 12 if SMOKE else 300  # smoke: past the 10 warm-up steps
 folder = WORK / "doremi-demo"
 shutil.rmtree(folder, ignore_errors=True)
 command = ["halyard", "doremi", "--config", "doremi-demo", "--main", "--trainer.run_dir", str(folder)]
-command += ["--trainer.steps", str(steps), "--trainer.eval_every", str(max(steps // 4, 1))]
+command += ["--trainer.steps", str(steps), "--trainer.eval_every", str(steps // 2 if SMOKE else steps // 4)]
 command += ["--trainer.progress", "false"]
-if SMOKE:  # smoke: 20 documents of each domain, tokenized in seconds
-    for name in ("python", "prose", "repetitive", "noise"):
-        command += [f"--data.mixture.sources.{name}.max_documents", "20"]
+if SMOKE:  # smoke: a few documents of each domain (Python's files are long), tokenized in a second or two
+    for name, documents in (("python", 4), ("prose", 20), ("repetitive", 20), ("noise", 20)):
+        command += [f"--data.mixture.sources.{name}.max_documents", str(documents)]
 done = subprocess.run(command, capture_output=True, text=True, check=True)
 print("\n".join(line for line in done.stdout.splitlines() if line.startswith(("doremi", "  "))))
 
