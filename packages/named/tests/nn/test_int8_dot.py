@@ -7,13 +7,14 @@ The bound. `absmax_int8` gives ``q * s = v - e`` with ``|e| <= s / 2`` in every 
 
     y_q - y = sum_i (x - ex)(W - ew) - x W  =>  |y_q - y| <= sum_i (sx/2 |W| + |x| sw/2 + sx sw / 4)
 
-Input gradient: ``q1 s1 = dy sw + e1`` (``s1`` per token, ``|e1| <= s1 / 2``), ``qw = (W - ew) / sw``:
+Input gradient: ``q1 s1 = dy sw + e1`` (``s1`` per token; rounded stochastically, so ``|e1| < s1``: a whole
+step), ``qw = (W - ew) / sw``:
 
-    dx_q = sum_o (dy + e1 / sw)(W - ew)  =>  |dx_q - dx| <= sum_o (|dy| sw/2 + s1 / (2 sw) |W| + s1 / 4)
+    dx_q = sum_o (dy + e1 / sw)(W - ew)  =>  |dx_q - dx| <= sum_o (|dy| sw/2 + s1 / sw |W| + s1 / 2)
 
-Weight gradient: ``q2 s2 = dy sx + e2`` (``s2`` per output channel), ``qx = (x - ex) / sx``:
+Weight gradient: ``q2 s2 = dy sx + e2`` (``s2`` per output channel, ``|e2| < s2``), ``qx = (x - ex) / sx``:
 
-    dW_q = sum_t (x - ex)(dy + e2 / sx)  =>  |dW_q - dW| <= sum_t (sx/2 |dy| + |x| s2 / (2 sx) + s2 / 4)
+    dW_q = sum_t (x - ex)(dy + e2 / sx)  =>  |dW_q - dW| <= sum_t (sx/2 |dy| + |x| s2 / sx + s2 / 2)
 
 The float32 rescaling adds a few ulps of the result (``FLOAT_SLACK``).
 """
@@ -56,13 +57,13 @@ def test_values_and_gradients_are_within_the_derived_bound() -> None:
     sx, sw = scale(x, (2,)), scale(w, (0,))  # [4, 6, 1], [1, 10]
     y_bound = sx / 2 * np.abs(w).sum(0) + np.abs(x).sum(-1, keepdims=True) * sw / 2 + IN * sx * sw / 4
     s1 = scale(dy * sw, (2,))  # per token, [4, 6, 1]
-    dx_bound = (np.abs(dy) * sw / 2).sum(-1, keepdims=True) + s1 / 2 * (np.abs(w) / sw).sum(-1) + OUT * s1 / 4
+    dx_bound = (np.abs(dy) * sw / 2).sum(-1, keepdims=True) + s1 * (np.abs(w) / sw).sum(-1) + OUT * s1 / 2
     s2 = scale(dy * sx, (0, 1)).reshape(1, OUT)  # per output channel
     tokens = TOKENS[0] * TOKENS[1]
     dw_bound = (
         np.einsum("bti,bto->io", sx / 2 * np.ones_like(x), np.abs(dy))
-        + np.einsum("bti,bt->i", np.abs(x), 1 / sx[..., 0])[:, None] * s2 / 2
-        + tokens * s2 / 4
+        + np.einsum("bti,bt->i", np.abs(x), 1 / sx[..., 0])[:, None] * s2
+        + tokens * s2 / 2
     )
     for got, exact, bound, name in (
         (y, exact_y, y_bound, "y"),
@@ -73,6 +74,21 @@ def test_values_and_gradients_are_within_the_derived_bound() -> None:
         slack = FLOAT_SLACK * np.abs(exact).max()
         assert np.all(error <= bound + slack), f"{name}: worst excess {np.max(error - bound)}"
         assert error.max() > 0 and bound.max() < 0.1 * np.abs(exact).max(), name  # a real, tight test
+
+
+def test_the_weight_gradient_keeps_many_small_gradients_next_to_a_few_large_ones() -> None:
+    # Every token's gradient pulls W towards the identity by 1/4 of an int8 step of the four outlier tokens'
+    # scale. Rounded to nearest they all vanish (dW kept 30% of that pull); rounded stochastically they
+    # count in expectation, and the noise of 4,096 tokens averages to a few percent.
+    tokens, size = 4096, 16
+    kx, ko = jax.random.split(jax.random.key(2))
+    x = jax.random.normal(kx, (tokens, size))
+    dy = (0.002 * x).at[:4].set(jax.random.normal(ko, (4, size)))
+    _, vjp = jax.vjp(lambda a, b: int8_dot_general(a, b, (((1,), (0,)), ((), ()))), x, jnp.eye(size))
+    dw = np.asarray(vjp(dy)[1], np.float64)
+    exact = np.asarray(x, np.float64).T @ np.asarray(dy, np.float64)
+    assert np.linalg.norm(dw - exact) / np.linalg.norm(exact) < 0.15
+    assert abs(np.trace(dw) / np.trace(exact) - 1) < 0.02  # unbiased: the small tokens' sum is all there
 
 
 def test_bfloat16_in_bfloat16_out_and_several_contracted_dimensions() -> None:
