@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[4] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[4] / "benchmarks" / "training"
 
 
 @pytest.mark.slow
