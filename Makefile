@@ -31,7 +31,7 @@ PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_lif
 # the step for the chip's topology with it (halyard.train.plan.tpu_topology). Importable, it would make every
 # JAX process try to start a TPU and the TPU-only tests run (conftest.py). The version JAX 0.10.2's `jax[tpu]`
 # pins: 213 MB, ~5 s to fetch here. Without a registry it is left out: the plan then prints the CPU's estimate
-# and its test skips, each saying how to get libtpu.
+# with no fit verdict, and its test skips, each saying how to get libtpu.
 LIBTPU_VERSION := 0.0.42.1
 LIBTPU := $(VENV)/libtpu/libtpu/libtpu.so
 
@@ -39,7 +39,7 @@ venv: $(STAMP) $(LIBTPU)
 
 $(LIBTPU): | $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)" \
-		|| echo "libtpu $(LIBTPU_VERSION) not installed: halyard plan --accelerator 'TPU v5e' falls back to the CPU's estimate"
+		|| echo "libtpu $(LIBTPU_VERSION) not installed: halyard plan --accelerator 'TPU v5e' gives the CPU's estimate, no verdict"
 
 $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,8 +54,9 @@ $(STAMP): pyproject.toml $(wildcard packages/*/pyproject.toml)
 		|| $(PY) -m pip install --quiet $(INSTALL_ARGS)
 	touch $(STAMP)
 
-# One CPU device for the demo: simulated devices only slow a single small model down.
-demo: $(STAMP)
+# One CPU device for the demo: simulated devices only slow a single small model down. libtpu too, as `make venv`
+# installs it, so that `halyard plan --accelerator "TPU v5e"` after `make demo` gives the TPU compiler's verdict.
+demo: $(STAMP) $(LIBTPU)
 	XLA_FLAGS= $(VENV)/bin/halyard train --config demo
 
 lint: $(STAMP)

@@ -89,4 +89,12 @@ def test_without_libtpu_a_tpu_plan_is_the_cpus_estimate(
     assert main(["plan", "--config", str(config_path), "--accelerator", "TPU v5e", "--devices", "1"]) == 0
     report = capsys.readouterr().out
     assert "on simulated CPU devices: XLA's CPU buffer assignment, an ESTIMATE" in report
-    assert f"get libtpu: {LIBTPU_HINT}" in report
+    # No verdict from the wrong compiler, even for a step far beyond the chip: the estimate, and how to get one.
+    assert "fits" not in report.lower() and "no fit verdict for TPU v5e (the CPU's estimate" in report
+    assert f"for the verdict: get libtpu, then plan again: {LIBTPU_HINT}" in report
+    huge = ["--trainer.batch_size", "65536"]
+    assert (
+        main(["plan", "--config", str(config_path), "--accelerator", "TPU v5e", "--devices", "1", *huge]) == 0
+    )
+    report = capsys.readouterr().out
+    assert "fits" not in report.lower() and "to fit:" not in report and "no fit verdict" in report
