@@ -6,7 +6,7 @@
 | ``llama`` | 6 layers, hidden 512, MLP 1536, GQA 8/4, seq 256, batch 8, vocab 8192, untied | RMSNorm, RoPE, SwiGLU, GQA |
 | ``llama-49k`` | 4 layers, hidden 256, MLP 768, GQA 4/2, seq 128, batch 16, vocab 49152, untied | the unembedding and the loss dominate (79% of the model FLOPs) |
 
-Used by `benchmarks/train_step.py`; not a library.
+Used by `benchmarks/training/train_step.py`; not a library.
 """
 
 from __future__ import annotations

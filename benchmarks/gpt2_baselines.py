@@ -6,7 +6,7 @@ through the tied token embedding, mean next-token cross-entropy, gradients, glob
 and AdamW (betas 0.9/0.95, eps 1e-8, decay 0.1 on matrices only). Initialisation follows GPT-2 (std
 0.02, residual projections 0.02 / sqrt(2 * layers), zero biases, unit LayerNorm scales).
 
-Used by `benchmarks/train_step.py`; not a library.
+Used by `benchmarks/training/train_step.py`; not a library.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cross-entropy, gradients, global-norm clipping at 1.0 and AdamW (betas 0.9/0.95,
 the layers' matrices; embeddings and norms do not decay, as Halyard's default mask). Every weight starts
 as N(0, 0.02^2) (Hugging Face's initialisation), norm scales at one.
 
-Used by `benchmarks/train_step.py`; not a library.
+Used by `benchmarks/training/train_step.py`; not a library.
 """
 
 from __future__ import annotations

@@ -68,14 +68,14 @@ TRAIN_STEP_FIGURES = (
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "named_overhead",
-        "named_overhead.py",
+        "training/named_overhead.py",
         (Figure("named / plain JAX step time (block fwd+bwd)", "ratio", "<= 1.03", at_most(1.03)),),
     ),
-    Benchmark("train_step", "train_step.py", TRAIN_STEP_FIGURES),
+    Benchmark("train_step", "training/train_step.py", TRAIN_STEP_FIGURES),
     *(
         Benchmark(
             "train_step_" + model.replace("-", "_"),
-            "train_step.py",
+            "training/train_step.py",
             TRAIN_STEP_FIGURES,
             full_args=("--model", model),
             quick_args=("--quick", "--model", model),
@@ -84,7 +84,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "stacked_compile",
-        "stacked_compile.py",
+        "training/stacked_compile.py",
         (
             Figure("compile 24 / 2 layers (scan)", "ratio", "<= 1.3", at_most(1.3)),
             Figure("compile 24 / 2 layers (scan)", "compile_ratio", "<= 1.3", at_most(1.3)),
@@ -92,7 +92,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "time_to_first_step",
-        "time_to_first_step.py",
+        "data/time_to_first_step.py",
         (
             Figure(
                 "trainer's time to first step / offline build",
@@ -117,7 +117,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "data_cache",
-        "data_cache.py",
+        "data/data_cache.py",
         (
             Figure("cache build / raw encode_batch", "build_over_raw_encode_ratio", ">= 0.9", at_least(0.9)),
             Figure("first batch", "seconds_to_first_batch", "< 5 s", lambda v: v < 5, unit=" s"),
@@ -132,7 +132,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "checkpoint_save",
-        "checkpoint_save.py",
+        "checkpoints/checkpoint_save.py",
         (
             Figure(
                 "checkpoint / raw write bandwidth",
@@ -151,12 +151,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "checkpoint_checksum",
-        "checkpoint_checksum.py",
+        "checkpoints/checkpoint_checksum.py",
         (Figure("xxh3 checksum: (read + hash) / read", "checksums.xxh3_64.time_over_read"),),
     ),
     Benchmark(
         "attention_memory",
-        "attention_memory.py",
+        "training/attention_memory.py",
         (
             Figure(
                 "blocked / reference attention peak memory",
@@ -168,7 +168,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "context_parallel",
-        "context_parallel.py",
+        "parallelism/context_parallel.py",
         (
             Figure(
                 "context parallel: activations x N / one device's (worst)",
@@ -191,7 +191,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "pipeline",
-        "pipeline.py",
+        "parallelism/pipeline.py",
         (
             Figure(
                 "pipeline: compiled bubble - (S-1)/(RM+S-1) (worst)",
@@ -207,7 +207,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "mup_wider_is_better",
-        "mup_wider_is_better.py",
+        "training/mup_wider_is_better.py",
         (
             Figure("muP: wider is better", "wider_is_better"),
             Figure("muP: wider is better", r"stdout:wider is better: (\w+)", "yes"),
@@ -215,7 +215,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "scaling",
-        "scaling.py",
+        "parallelism/scaling.py",
         (
             Figure("FSDP / DP step time (8 CPU devices)", "ratios.fsdp_over_dp_step_time"),
             Figure(
@@ -228,7 +228,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "invariant_step",
-        "invariant_step.py",
+        "parallelism/invariant_step.py",
         (
             Figure(
                 "invariant / default step time (worst of 1 device, data 8, fsdp 8)",
@@ -245,7 +245,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "serve",
-        "serve.py",
+        "serving/serve.py",
         (
             Figure(
                 "engine / transformers generate throughput",
@@ -271,7 +271,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "rl",
-        "rl.py",
+        "rl/rl.py",
         (
             Figure("GRPO step: share in rollouts", "share_rollouts", unit=""),
             Figure("GRPO step: share in training", "share_training", unit=""),
@@ -282,7 +282,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "watch",
-        "watch.py",
+        "training/watch.py",
         (
             Figure(
                 "trainer.watch every 100 steps / off: step time",
@@ -296,7 +296,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "hf_import",
-        "hf_import.py",
+        "checkpoints/hf_import.py",
         (
             Figure(
                 "HF import (sharded) transient memory / largest tensor",
@@ -313,7 +313,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "doremi_step",
-        "doremi_step.py",
+        "training/doremi_step.py",
         (Figure("DoReMi proxy step / plain step (reference forward included)", "proxy_over_plain"),),
     ),
 )

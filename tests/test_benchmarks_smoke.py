@@ -65,7 +65,7 @@ def test_run_all_quick_train_step_scaling_hf_import(tmp_path: Path) -> None:
 def test_train_step_quick_large_vocabulary_llama(tmp_path: Path) -> None:
     output = tmp_path / "train_step_llama_49k.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick", "--model", "llama-49k",
+        [sys.executable, str(ROOT / "benchmarks" / "training" / "train_step.py"), "--quick", "--model", "llama-49k",
          "--rounds", "1", "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -91,7 +91,7 @@ def test_gpu_sh_cpu_smoke(tmp_path: Path) -> None:
     # compile: --max-batch 1 keeps the suite quick), timed steps, MFU, a cuDNN row skipped on CPU, tables.
     output = tmp_path / "gpu_llama.json"
     completed = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--cpu-smoke", "--remat", "save_dots",
+        ["bash", str(ROOT / "benchmarks" / "training" / "gpu.sh"), "--cpu-smoke", "--remat", "save_dots",
          "--attention", "xla", "cudnn", "--max-batch", "1", "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/context_parallel.py --quick: the compiled programs' collectives send what the
+"""Smoke test of benchmarks/parallelism/context_parallel.py --quick: the compiled programs' collectives send what the
 algorithms need, activations fall with the sequence split, and the load-balanced order evens the work."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_context_parallel_benchmark(tmp_path: Path) -> None:
     output = tmp_path / "context_parallel.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "context_parallel.py"), "--quick", "--devices", "1", "2",
+        [sys.executable, str(ROOT / "benchmarks" / "parallelism" / "context_parallel.py"), "--quick", "--devices", "1", "2",
          "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip

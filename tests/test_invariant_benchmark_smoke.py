@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/invariant_step.py --quick: it measures the invariant step against the default
+"""Smoke test of benchmarks/parallelism/invariant_step.py --quick: it measures the invariant step against the default
 one on 1 device, data 8 and fsdp 8, and the invariant step's losses are bitwise equal on the three."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_invariant_step_benchmark(tmp_path: Path) -> None:
     output = tmp_path / "invariant_step.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "invariant_step.py"), "--quick", "--rounds", "1",
+        [sys.executable, str(ROOT / "benchmarks" / "parallelism" / "invariant_step.py"), "--quick", "--rounds", "1",
          "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip

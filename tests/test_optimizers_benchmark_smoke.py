@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/optimizers.py --quick: the runs go through the Trainer, the curves and the
+"""Smoke test of benchmarks/training/optimizers.py --quick: the runs go through the Trainer, the curves and the
 steps-to-target table come out consistent. Never checks which optimizer wins."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_optimizers_benchmark_quick(tmp_path: Path) -> None:
     output = tmp_path / "optimizers.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "optimizers.py"), "--quick", "--work", str(tmp_path / "runs"),
+        [sys.executable, str(ROOT / "benchmarks" / "training" / "optimizers.py"), "--quick", "--work", str(tmp_path / "runs"),
          "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip

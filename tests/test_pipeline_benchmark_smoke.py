@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/pipeline.py --quick: the compiled pipeline loop runs the schedule's iterations
+"""Smoke test of benchmarks/parallelism/pipeline.py --quick: the compiled pipeline loop runs the schedule's iterations
 (its bubble is the theory's) and activations pass between stages in it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_pipeline_benchmark(tmp_path: Path) -> None:
     output = tmp_path / "pipeline.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--quick", "--output", str(output)],
+        [sys.executable, str(ROOT / "benchmarks" / "parallelism" / "pipeline.py"), "--quick", "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]

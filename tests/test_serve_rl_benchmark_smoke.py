@@ -1,4 +1,4 @@
-"""Smoke runs of benchmarks/serve.py and benchmarks/rl.py at their quick sizes: every figure is produced.
+"""Smoke runs of benchmarks/serving/serve.py and benchmarks/rl/rl.py at their quick sizes: every figure is produced.
 
 (The old generate arm checks out an earlier commit and the deterministic arm repeats the engine's: both are
 left to the full runs, which benchmarks/README.md reports.)"""
@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(script: str, *args: str, output: Path) -> dict:
+    """Run ``benchmarks/<script>`` and return its JSON."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args, "--output", str(output)],
@@ -26,7 +27,7 @@ def _run(script: str, *args: str, output: Path) -> dict:
 
 def test_serve_benchmark_quick(tmp_path: Path) -> None:
     result = _run(
-        "serve.py",
+        "serving/serve.py",
         "--quick",
         "--skip",
         "old_generate",
@@ -86,7 +87,7 @@ def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None
     """``--profile tpu-small``: the TPU profile's path (decode against the roofline, arrivals at once and at a
     fixed rate) with a tiny model, each step shape compiled at first use (24 requests at 50 a second)."""
     result = _run(
-        "serve.py",
+        "serving/serve.py",
         "--profile",
         "tpu-small",
         "--no-warmup",
@@ -105,9 +106,9 @@ def test_serve_benchmark_tpu_profile_runs_small_on_a_cpu(tmp_path: Path) -> None
 
 
 def test_serve_host_step_benchmark_runs_small(tmp_path: Path) -> None:
-    """benchmarks/serve_host_step.py at a tiny size, profiled: a host time per decode step of every row."""
+    """benchmarks/probes/serve_host_step.py at a tiny size, profiled: a host time per decode step of every row."""
     result = _run(
-        "serve_host_step.py", "--rows", "8", "--prompt", "16", "--steps", "4", "--page-size", "8",
+        "probes/serve_host_step.py", "--rows", "8", "--prompt", "16", "--steps", "4", "--page-size", "8",
         "--max-context", "64", "--profile", output=tmp_path / "serve_host_step.json",
     )  # fmt: skip
     assert result["steps"] == len(result["host_cpu_seconds"]) == 4 and result["rows"] == 8
@@ -116,6 +117,6 @@ def test_serve_host_step_benchmark_runs_small(tmp_path: Path) -> None:
 
 
 def test_rl_benchmark_quick(tmp_path: Path) -> None:
-    result = _run("rl.py", "--quick", output=tmp_path / "rl.json")
+    result = _run("rl/rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]
     assert abs(shares - 1.0) < 1e-6 and result["rollout_tokens_per_second"] > 0

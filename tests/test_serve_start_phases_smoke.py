@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/serve_start_phases.py at its CPU size: the three starts (cold and warm, phase by
+"""Smoke run of benchmarks/probes/serve_start_phases.py at its CPU size: the three starts (cold and warm, phase by
 phase, and the overlapped start ``halyard serve --hf`` makes) each report every phase and the seconds to the
 first answer; the warm starts read every step program the cold start compiled from the compilation cache
 (`EngineStats.programs_loaded`) and compile none, and lower each from the program the cold start stored
@@ -24,7 +24,7 @@ PHASES = {
 def test_serve_start_phases_small(tmp_path: Path) -> None:
     output = tmp_path / "phases.json"
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "serve_start_phases.py"), "--size", "small", "--new-tokens", "2",
+        sys.executable, str(ROOT / "benchmarks" / "probes" / "serve_start_phases.py"), "--size", "small", "--new-tokens", "2",
         "--work", str(tmp_path / "work"), "--output", str(output),
     ]  # fmt: skip
     env = dict(

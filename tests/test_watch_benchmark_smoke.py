@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/watch.py --quick: the plain, watched and no-example-loss steps run in one process
+"""Smoke test of benchmarks/training/watch.py --quick: the plain, watched and no-example-loss steps run in one process
 and every ratio is measured (the figures themselves are for benchmarks/README.md, not asserted)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_watch_benchmark(tmp_path: Path) -> None:
     output = tmp_path / "watch.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "watch.py"), "--quick", "--output", str(output)],
+        [sys.executable, str(ROOT / "benchmarks" / "training" / "watch.py"), "--quick", "--output", str(output)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]

@@ -13,8 +13,8 @@ read from disk or a network file system is slower, and the checksum's share smal
 
 Usage::
 
-    python benchmarks/checkpoint_checksum.py            # ~256 MiB of arrays
-    python benchmarks/checkpoint_checksum.py --quick    # ~16 MiB, seconds
+    python benchmarks/checkpoints/checkpoint_checksum.py            # ~256 MiB of arrays
+    python benchmarks/checkpoints/checkpoint_checksum.py --quick    # ~16 MiB, seconds
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/checkpoint_checksum.json).
 """

@@ -31,9 +31,9 @@ ago over memory freed just now.
 
 Usage::
 
-    python benchmarks/checkpoint_save.py            # ~100M parameters
-    python benchmarks/checkpoint_save.py --quick    # ~2M parameters, seconds
-    python benchmarks/checkpoint_save.py --trials 3 # more alternating concurrent-step trials
+    python benchmarks/checkpoints/checkpoint_save.py            # ~100M parameters
+    python benchmarks/checkpoints/checkpoint_save.py --quick    # ~2M parameters, seconds
+    python benchmarks/checkpoints/checkpoint_save.py --trials 3 # more alternating concurrent-step trials
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/checkpoint_save.json).
 """
@@ -255,7 +255,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=None, help="concurrent-step trials per priority (2)")
     parser.add_argument("--child-trial", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "checkpoint_save.json"
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "results" / "checkpoint_save.json",
     )
     args = parser.parse_args()
     if args.child_trial is not None:

@@ -20,8 +20,8 @@ about is the transient extra beyond them:
 
 Usage::
 
-    python benchmarks/hf_import.py            # ~111M parameters
-    python benchmarks/hf_import.py --quick    # ~2M parameters (a smoke test)
+    python benchmarks/checkpoints/hf_import.py            # ~111M parameters
+    python benchmarks/checkpoints/hf_import.py --quick    # ~2M parameters (a smoke test)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/hf_import.json).
 """
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results" / "hf_import.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "hf_import.json"
 FULL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 32768, "n_positions": 1024}
 QUICK = {"n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 4096, "n_positions": 256}
 GOAL = 1.5

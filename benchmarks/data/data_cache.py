@@ -11,7 +11,7 @@ Data: ../shared/data/corpora/tinyshakespeare.txt replicated to ~100 MB (``--quic
 tokenizer from ../shared/data/tokenizers/bpe49k; without them, generated text and a BPE trained here.
 Results go to benchmarks/results/data_cache.json.
 
-    python benchmarks/data_cache.py [--quick] [--megabytes 100] [--workers N]
+    python benchmarks/data/data_cache.py [--quick] [--megabytes 100] [--workers N]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from halyard.data import LMDataset, Loader, TokenCache, build_cache
 from halyard.data.builders.local import default_num_workers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results" / "data_cache.json"
 # One training step of the GPT-2 benchmark model: batch 8 x 256 tokens, about 2 s per step.

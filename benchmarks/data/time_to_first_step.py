@@ -16,7 +16,7 @@ Data: ../shared/data/corpora/tinyshakespeare.txt replicated to 150 MB of jsonl s
 and the 49k BPE tokenizer from ../shared/data/tokenizers/bpe49k (without them, generated text and a BPE
 trained here: see data_cache.py). Results go to benchmarks/results/time_to_first_step.json.
 
-    python benchmarks/time_to_first_step.py [--quick] [--megabytes 150] [--workers N]
+    python benchmarks/data/time_to_first_step.py [--quick] [--megabytes 150] [--workers N]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from data_cache import corpus_text, load_tokenizer, make_documents, write_shards
 from halyard.data import LMDataset, Loader, TokenCache, build_cache
 from halyard.data.builders.local import default_num_workers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "time_to_first_step.json"
 SEQ_LEN, BATCH, ERA = 256, 8, 64  # an era is 8 steps
 

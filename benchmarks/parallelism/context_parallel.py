@@ -28,8 +28,8 @@ With ``c`` one device's K (or V) chunk, ``q`` its query chunk and ``t`` one of i
 
 Usage::
 
-    python benchmarks/context_parallel.py            # Llama-1B shape, 32k and 128k tokens (minutes)
-    python benchmarks/context_parallel.py --quick    # a tiny model at 1024 tokens, N = 1, 2, 4 (a minute)
+    python benchmarks/parallelism/context_parallel.py            # Llama-1B shape, 32k and 128k tokens (minutes)
+    python benchmarks/parallelism/context_parallel.py --quick    # a tiny model at 1024 tokens, N = 1, 2, 4 (a minute)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/context_parallel.json).
 """
@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block", type=int, default=128, help="attention block of the balance count")
     parser.add_argument("--quick", action="store_true", help="a tiny model at 1024 tokens")
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "context_parallel.json"
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "results" / "context_parallel.json",
     )
     args = parser.parse_args(argv)
     seqs = [1024] if args.quick else args.seqs

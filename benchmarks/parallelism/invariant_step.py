@@ -17,10 +17,10 @@ mesh, each as a ratio measured in this run:
 
 Usage::
 
-    python benchmarks/invariant_step.py            # benchmark model, 5 rounds
-    python benchmarks/invariant_step.py --quick    # tiny model, 2 rounds (a smoke test)
-    python benchmarks/invariant_step.py --mesh "fsdp 8"   # one mesh
-    python benchmarks/invariant_step.py --slices 2        # 2 canonical slices of 4 sequences
+    python benchmarks/parallelism/invariant_step.py            # benchmark model, 5 rounds
+    python benchmarks/parallelism/invariant_step.py --quick    # tiny model, 2 rounds (a smoke test)
+    python benchmarks/parallelism/invariant_step.py --mesh "fsdp 8"   # one mesh
+    python benchmarks/parallelism/invariant_step.py --slices 2        # 2 canonical slices of 4 sequences
 
 The script sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` itself when JAX is not yet loaded.
 Results are printed and written as JSON (``--output``, default benchmarks/results/invariant_step.json).
@@ -38,6 +38,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +46,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared models and baselines
 from benchmark_models import gpt2_config
 from scaling import QUICK, Setup  # the GPT-2 benchmark shape and its quick size
 
@@ -55,7 +58,7 @@ from halyard.train.optim.config import AdamWConfig
 from halyard.train.optim.schedule_config import ConstantScheduleConfig
 from halyard.train.step import TrainState, init_state, make_train_step
 
-RESULTS = Path(__file__).parent / "results" / "invariant_step.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "invariant_step.json"
 NUM_DEVICES = 8
 MAX_GRAD_NORM = 1.0
 

@@ -16,8 +16,8 @@ Everything is read from compiled programs (XLA's memory analysis and HLO; nothin
 
 Usage::
 
-    python benchmarks/pipeline.py            # Llama 3.1 8B shape (minutes)
-    python benchmarks/pipeline.py --quick    # a tiny model, S = 1 and 2 (a minute)
+    python benchmarks/parallelism/pipeline.py            # Llama 3.1 8B shape (minutes)
+    python benchmarks/parallelism/pipeline.py --quick    # a tiny model, S = 1 and 2 (a minute)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/pipeline.json).
 """
@@ -138,7 +138,9 @@ def measure(stages: int, repeats: int, microbatches: int, quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, S = 1 and 2")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "pipeline.json")
+    parser.add_argument(
+        "--output", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "pipeline.json"
+    )
     args = parser.parse_args(argv)
     cases = [(1, 1, 8), (2, 1, 8), (2, 2, 8)] + ([] if args.quick else [(4, 1, 8), (8, 1, 8)])
     started = time.perf_counter()

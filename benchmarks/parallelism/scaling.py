@@ -19,8 +19,8 @@ Reported, each as a ratio measured in this run:
 
 Usage::
 
-    python benchmarks/scaling.py            # benchmark model, 5 rounds
-    python benchmarks/scaling.py --quick    # tiny model, 2 rounds (a smoke test)
+    python benchmarks/parallelism/scaling.py            # benchmark model, 5 rounds
+    python benchmarks/parallelism/scaling.py --quick    # tiny model, 2 rounds (a smoke test)
 
 The script sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` itself when JAX is not yet loaded.
 Results are printed and written as JSON (``--output``, default benchmarks/results/scaling.json).
@@ -53,7 +53,7 @@ from halyard.train.optim.config import AdamWConfig
 from halyard.train.optim.schedule_config import ConstantScheduleConfig
 from halyard.train.step import TrainState, init_state, make_train_step
 
-RESULTS = Path(__file__).parent / "results" / "scaling.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "scaling.json"
 NUM_DEVICES = 8
 
 

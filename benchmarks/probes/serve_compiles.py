@@ -1,21 +1,26 @@
-"""What the engine compiles on `benchmarks/serve.py --quick`'s workload: each engine arm's XLA compiles and
+"""What the engine compiles on `benchmarks/serving/serve.py --quick`'s workload: each engine arm's XLA compiles and
 their seconds at start and in its first and second runs, counted by a `jax.monitoring` listener on XLA's
 backend compiles (so it counts on any checkout, whatever the engine counts itself). The arms run in one
 process, in order: a later arm reuses the programs an earlier one compiled.
 
 Usage::
 
-    python benchmarks/serve_compiles.py            # each program compiled at first use
-    python benchmarks/serve_compiles.py --warmup   # every shape compiled at start (EngineConfig.warmup)
+    python benchmarks/probes/serve_compiles.py            # each program compiled at first use
+    python benchmarks/probes/serve_compiles.py --warmup   # every shape compiled at start (EngineConfig.warmup)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared models and baselines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 import serve
 from benchmark_models import QUICK_LLAMA, llama_config
 

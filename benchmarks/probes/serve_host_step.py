@@ -1,7 +1,7 @@
 """The engine's host CPU time per decode step: the main thread's work beside the device's (issue 53).
 
 A tiny Qwen2 (2 layers, hidden 64, so the device's compute is next to nothing) runs in an engine of the TPU
-profile's sizes (benchmarks/serve_tpu.py: pages of 256 tokens, contexts up to 1536, 128 rows): ``--rows``
+profile's sizes (benchmarks/serving/serve_tpu.py: pages of 256 tokens, contexts up to 1536, 128 rows): ``--rows``
 requests of ``--prompt`` random tokens are prefilled, then ``--steps`` steps in which every row decodes are
 timed, each by the main thread's CPU time (`time.thread_time`: what the host computes while the chip runs the
 step before; XLA's CPU threads are not counted) and its wall time, with the CPU time Python's garbage collector
@@ -12,10 +12,10 @@ time, its top functions printed (and the stats saved with ``--profile-output``).
 
 Usage::
 
-    python benchmarks/serve_host_step.py                      # 128 rows, 40 steps
-    python benchmarks/serve_host_step.py --profile --top 30   # where the time goes
-    python benchmarks/serve_host_step.py --gc-freeze          # the collector's old objects frozen
-    python benchmarks/serve_host_step.py --rows 8 --prompt 16 --steps 4 --page-size 8   # smoke size
+    python benchmarks/probes/serve_host_step.py                      # 128 rows, 40 steps
+    python benchmarks/probes/serve_host_step.py --profile --top 30   # where the time goes
+    python benchmarks/probes/serve_host_step.py --gc-freeze          # the collector's old objects frozen
+    python benchmarks/probes/serve_host_step.py --rows 8 --prompt 16 --steps 4 --page-size 8   # smoke size
 
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_host_step.json).
 """
@@ -39,7 +39,7 @@ import numpy as np
 from halyard.models import CausalLM, init_model, model_config
 from halyard.serve import Engine, EngineConfig, SamplingParams
 
-RESULTS = Path(__file__).parent / "results" / "serve_host_step.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_host_step.json"
 
 
 def tiny_model(max_position: int) -> CausalLM:

@@ -12,8 +12,8 @@ tracing, lowering to MLIR, the backend's compile, the cache's reads) are summed 
 
 Usage::
 
-    python benchmarks/serve_program_load.py --size tpu --work /tmp/load     # on the TPU
-    python benchmarks/serve_program_load.py --size small                      # a CPU, seconds
+    python benchmarks/probes/serve_program_load.py --size tpu --work /tmp/load     # on the TPU
+    python benchmarks/probes/serve_program_load.py --size small                      # a CPU, seconds
 
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_program_load.json).
 """
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results" / "serve_program_load.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_program_load.json"
 
 
 def start(folder: Path, cache: Path, new_tokens: int, more: int) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not folder.exists():
         subprocess.run(  # in a process of its own: only one process can hold a TPU chip
             [sys.executable, "-c", f"import pathlib, serve_first_request as s; s.write_model(pathlib.Path({str(folder)!r}), {args.size!r})"],
-            check=True, cwd=Path(__file__).parent,
+            check=True, cwd=Path(__file__).resolve().parents[1] / "serving",
         )  # fmt: skip
     results: dict[str, Any] = {"size": args.size, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for name in ("cold", "warm"):

@@ -15,8 +15,8 @@ reports ``to_first_answer``: its seconds from the first import to the first comp
 
 Usage::
 
-    python benchmarks/serve_start_phases.py --size tpu --work /tmp/phases     # on the TPU
-    python benchmarks/serve_start_phases.py --size small                        # a CPU, seconds
+    python benchmarks/probes/serve_start_phases.py --size tpu --work /tmp/phases     # on the TPU
+    python benchmarks/probes/serve_start_phases.py --size small                        # a CPU, seconds
 
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_start_phases.json).
 """
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results" / "serve_start_phases.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_start_phases.json"
 
 
 def timer() -> tuple[dict[str, float], Callable[[str], None]]:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     folder = work / f"model-{args.size}"
     subprocess.run(  # in a process of its own: only one process can hold a TPU chip
         [sys.executable, "-c", f"import pathlib, serve_first_request as s; s.write_model(pathlib.Path({str(folder)!r}), {args.size!r})"],
-        check=True, cwd=Path(__file__).parent,
+        check=True, cwd=Path(__file__).resolve().parents[1] / "serving",
     )  # fmt: skip
     results: dict[str, Any] = {"size": args.size, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # the cache: ours

@@ -11,8 +11,8 @@ outside the interpreter (`paged_kernel` picks by the default backend), and JAX's
 
 Usage::
 
-    python benchmarks/tpu_aot_programs.py                          # the default shapes
-    python benchmarks/tpu_aot_programs.py --shapes 1,1,1 1,1,16    # tokens,sequences,pages of each program
+    python benchmarks/probes/tpu_aot_programs.py                          # the default shapes
+    python benchmarks/probes/tpu_aot_programs.py --shapes 1,1,1 1,1,16    # tokens,sequences,pages of each program
 
 Results: printed, and JSON (``--output``, default benchmarks/results/tpu_aot_programs.json).
 """
@@ -38,9 +38,9 @@ from halyard.serve.packed_inputs import pack
 from halyard.serve.runner import ModelRunner, ProgramShape
 from halyard.train.plan.tpu_topology import topology_devices
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QWEN_CONFIG = ROOT / "packages/export/tests/fixtures/hf-configs/qwen2/Qwen2.5-0.5B.json"
-RESULTS = Path(__file__).parent / "results" / "tpu_aot_programs.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "tpu_aot_programs.json"
 SHAPES = ("1,1,1", "1,1,4", "1,1,16", "64,64,16", "128,1,2")
 """Decode programs of one sequence over 1, 4 and 16 pages, 64 sequences over 16 pages, a prefill chunk."""
 

@@ -2,7 +2,7 @@
 layer call at 128 decoding rows (`tpu_paged_attention.measure`), whole, with its page copies only (each token's
 chunk left unattended), and with its arithmetic only (no page copied: the buffers keep their zeros).
 
-    python3 benchmarks/tpu_decode_kernel_parts.py        # on the TPU; one JSON line per part and context
+    python3 benchmarks/probes/tpu_decode_kernel_parts.py        # on the TPU; one JSON line per part and context
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tpu"))
 
 
 def main() -> None:

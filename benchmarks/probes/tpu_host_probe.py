@@ -20,8 +20,8 @@ Parts, each in a fresh process where it starts a runtime:
 
 Usage::
 
-    python benchmarks/tpu_host_probe.py --log-dir /tmp/probe            # every part
-    python benchmarks/tpu_host_probe.py --parts python trace
+    python benchmarks/probes/tpu_host_probe.py --log-dir /tmp/probe            # every part
+    python benchmarks/probes/tpu_host_probe.py --parts python trace
 
 Results: printed, and JSON (``--output``, default benchmarks/results/tpu_host_probe.json).
 """
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results" / "tpu_host_probe.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "tpu_host_probe.json"
 START_VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "default_again": {},

@@ -2,7 +2,7 @@
 operations that took the most device time (from the ``perfetto_trace.json.gz`` `jax.profiler.trace` writes with
 ``create_perfetto_trace=True``, e.g. ``serve.py --profile tpu --trace DIR``).
 
-    python benchmarks/trace_summary.py DIR [--top 30] [--output summary.json]
+    python benchmarks/probes/trace_summary.py DIR [--top 30] [--output summary.json]
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ into matmuls, copies/transposes, zero-fills and the rest (run with
 
 Usage::
 
-    python benchmarks/train_step_profile.py --variant full_logits:loss_block_size=none
-    python benchmarks/train_step_profile.py --quick --hlo
-    python benchmarks/train_step_profile.py --model llama-49k --variant full_logits:loss_full_logits_max_mib=1024
-    XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step_profile.py --trace /tmp/trace
+    python benchmarks/probes/train_step_profile.py --variant full_logits:loss_block_size=none
+    python benchmarks/probes/train_step_profile.py --quick --hlo
+    python benchmarks/probes/train_step_profile.py --model llama-49k --variant full_logits:loss_full_logits_max_mib=1024
+    XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/probes/train_step_profile.py --trace /tmp/trace
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/train_step_profile.json).
 """
@@ -40,13 +40,14 @@ from typing import Any
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared models and baselines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from benchmark_models import MODELS, BenchmarkModel
 from train_step import make_halyard_step, parse_variant
 
 from halyard.models import LmBatch
 
-RESULTS = Path(__file__).parent / "results" / "train_step_profile.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "train_step_profile.json"
 HLO_NAME = re.compile(r"^[a-z][a-z0-9_\-]*(\.[0-9]+)?$")  # an HLO instruction, not a runtime frame
 OPS = (
     "fusion",

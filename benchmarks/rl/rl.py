@@ -17,10 +17,10 @@ to at least 0.9 within 10 minutes on 2 CPU cores).
 
 Usage::
 
-    python benchmarks/rl.py            # the llama shape, 6 steps
-    python benchmarks/rl.py --curve    # and the grpo-demo's learning curve
-    python benchmarks/rl.py --quick    # a tiny model, 3 steps (a smoke test)
-    python benchmarks/rl.py --shape qwen-0.5b   # Qwen2.5-0.5B's shape in bf16, 4 steps (a TPU: rl_tpu.py)
+    python benchmarks/rl/rl.py            # the llama shape, 6 steps
+    python benchmarks/rl/rl.py --curve    # and the grpo-demo's learning curve
+    python benchmarks/rl/rl.py --quick    # a tiny model, 3 steps (a smoke test)
+    python benchmarks/rl/rl.py --shape qwen-0.5b   # Qwen2.5-0.5B's shape in bf16, 4 steps (a TPU: rl_tpu.py)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/rl.json).
 """
@@ -51,7 +51,7 @@ from halyard.train import TrainConfig, Trainer, parse_config
 from halyard.train.cli import resolve_config_paths
 from halyard.train.trainer.metrics_log import MetricsLog
 
-RESULTS = Path(__file__).parent / "results" / "rl.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "rl.json"
 LLAMA = [
     "--model.vocab_size", "8192", "--model.hidden_size", "512", "--model.intermediate_size", "1536",
     "--model.num_layers", "6", "--model.num_heads", "8", "--model.num_kv_heads", "4", "--model.max_position", "128",

@@ -8,15 +8,15 @@ cut off after its ``--limit`` share:
   rollouts from the engine in deterministic mode, the trainer's log-probs with the same arithmetic): from its
   metrics.jsonl, per step the logged ``sampling/sampling_logp_difference/max`` and ``/mean`` (the sampler's
   log-probs against the trainer's: 0 where the training arithmetic holds), the rollout seconds, and the loss;
-- ``split``: benchmarks/rl.py's split (rollouts, hand-over, training; the steps after the first) with
+- ``split``: benchmarks/rl/rl.py's split (rollouts, hand-over, training; the steps after the first) with
   ``--shape qwen-0.5b`` (Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864,
   vocabulary 151,936, tied, bf16 weights with float32 Adam moments) and ``--shape quick`` (a tiny model);
 - with ``--cpu-too``, ``demo`` and the quick ``split`` again with ``JAX_PLATFORMS=cpu`` (the same machine's CPU).
 
 Usage::
 
-    python benchmarks/rl_tpu.py --work /tmp/rl --cpu-too              # on the TPU machine
-    python benchmarks/rl_tpu.py --demo-steps 3 --shapes quick         # a CPU smoke run
+    python benchmarks/rl/rl_tpu.py --work /tmp/rl --cpu-too              # on the TPU machine
+    python benchmarks/rl/rl_tpu.py --demo-steps 3 --shapes quick         # a CPU smoke run
 
 Results: printed, and JSON (``--output``, default benchmarks/results/rl_tpu.json); logs in the work folder.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "rl_tpu.json"
+RESULTS = HERE.parent / "results" / "rl_tpu.json"
 
 
 def run(command: list[str], log: Path, limit: float, cpu: bool) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def demo(work: Path, steps: int, limit: float, cpu: bool) -> dict[str, Any]:
 
 
 def split(work: Path, shape: str, limit: float, cpu: bool) -> dict[str, Any]:
-    """benchmarks/rl.py's step split at ``shape`` in a process of its own."""
+    """benchmarks/rl/rl.py's step split at ``shape`` in a process of its own."""
     name = f"split_{shape}" + ("_cpu" if cpu else "")
     output = work / f"{name}.json"
     result = run(

@@ -24,12 +24,12 @@ on CPU), engine / old generate, deterministic / fast cost (goal <= 1.15), and tr
 
 Usage::
 
-    python benchmarks/serve.py                 # the llama shape, 128 requests
-    python benchmarks/serve.py --quick         # a tiny model, 16 requests (a smoke test)
-    python benchmarks/serve.py --skip old_generate
-    python benchmarks/serve.py --quick --warmup --skip transformers old_generate   # compile every shape at start
-    python benchmarks/serve.py --profile tpu        # Qwen2.5-0.5B shapes in bf16, 256 requests (serve_tpu.py)
-    python benchmarks/serve.py --profile tpu-small  # the same path with a tiny model, on a CPU in seconds
+    python benchmarks/serving/serve.py                 # the llama shape, 128 requests
+    python benchmarks/serving/serve.py --quick         # a tiny model, 16 requests (a smoke test)
+    python benchmarks/serving/serve.py --skip old_generate
+    python benchmarks/serving/serve.py --quick --warmup --skip transformers old_generate   # compile every shape at start
+    python benchmarks/serving/serve.py --profile tpu        # Qwen2.5-0.5B shapes in bf16, 256 requests (serve_tpu.py)
+    python benchmarks/serving/serve.py --profile tpu-small  # the same path with a tiny model, on a CPU in seconds
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/serve.json).
 """
@@ -48,17 +48,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import cpu_machine
 import jax
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared models and baselines
+import cpu_machine
 from benchmark_models import QUICK_LLAMA, llama_config
 from llama_baselines import LlamaShapes
 
 from halyard.models import CausalLM, init_model
 from halyard.serve import Engine, EngineConfig, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results" / "serve.json"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve.json"
 OLD_GENERATE_COMMIT = "f32b661"
 """The last commit with ``halyard.models.sampling.generate`` (the left-padded static-batch sampler)."""
 ARMS = ("engine", "engine_deterministic", "engine_training_arithmetic", "transformers", "old_generate")
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--profile",
         choices=PROFILES,
         default="llama",
-        help="llama: the arms above; quick: --quick; tpu, tpu-small: benchmarks/serve_tpu.py (its own options)",
+        help="llama: the arms above; quick: --quick; tpu, tpu-small: benchmarks/serving/serve_tpu.py (its own options)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args, rest = parser.parse_known_args(argv)

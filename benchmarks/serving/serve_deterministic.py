@@ -16,8 +16,8 @@ the JSON says so).
 
 Usage::
 
-    python benchmarks/serve_deterministic.py --size tpu
-    python benchmarks/serve_deterministic.py --size small
+    python benchmarks/serving/serve_deterministic.py --size tpu
+    python benchmarks/serving/serve_deterministic.py --size small
 
 Results: printed (the last line is the verdict) and JSON (``--output``, default
 benchmarks/results/serve_deterministic.json).
@@ -40,7 +40,7 @@ from serve_tpu import engine_config, make_model
 from halyard.models import CausalLM
 from halyard.serve import Engine, SampleOutput, SamplingParams
 
-RESULTS = Path(__file__).parent / "results" / "serve_deterministic.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_deterministic.json"
 TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
 COST_GOAL = 1.3
 

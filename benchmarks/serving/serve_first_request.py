@@ -12,8 +12,8 @@ can hold a TPU chip, and the server needs it.
 
 Usage::
 
-    python benchmarks/serve_first_request.py --size tpu --work /tmp/first     # on the TPU
-    python benchmarks/serve_first_request.py --size small                        # a CPU, seconds
+    python benchmarks/serving/serve_first_request.py --size tpu --work /tmp/first     # on the TPU
+    python benchmarks/serving/serve_first_request.py --size small                        # a CPU, seconds
 
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_first_request.json); each server's
 log beside it (``--logs``, default the work folder).
@@ -38,8 +38,8 @@ from typing import Any
 _ACCELERATOR_ENV = dict(os.environ)
 """The servers' environment: this process's as it started (it then keeps JAX on the CPU: only one process
 can hold a TPU chip, and the servers need it)."""
-RESULTS = Path(__file__).parent / "results" / "serve_first_request.json"
-ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_first_request.json"
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["<unk>", "<|endoftext|>", *(f"w{i}" for i in range(62))]
 PROMPT = [(7 * i + 3) % 60 + 2 for i in range(100)]
 ENGINE_OPTIONS = {

@@ -1,4 +1,4 @@
-"""The serving benchmark's TPU profile (``benchmarks/serve.py --profile tpu``): Qwen2.5-0.5B shapes in bf16.
+"""The serving benchmark's TPU profile (``benchmarks/serving/serve.py --profile tpu``): Qwen2.5-0.5B shapes in bf16.
 
 Random weights of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads of 64, 2 KV heads, MLP 4864,
 vocabulary 151,936, tied; the config in packages/export/tests/fixtures/hf-configs), parameters and KV pages in
@@ -19,8 +19,8 @@ same family on a CPU in seconds (the smoke test runs it).
 
 Usage::
 
-    python benchmarks/serve.py --profile tpu --compilation-cache /tmp/jax-cache      # on the TPU
-    python benchmarks/serve.py --profile tpu-small                                   # anywhere, seconds
+    python benchmarks/serving/serve.py --profile tpu --compilation-cache /tmp/jax-cache      # on the TPU
+    python benchmarks/serving/serve.py --profile tpu-small                                   # anywhere, seconds
 
 Results: printed, and JSON (``--output``, default benchmarks/results/serve_tpu.json).
 """
@@ -46,8 +46,8 @@ from halyard.export.config_reading import config_from_hf_dict
 from halyard.models import CausalLM, init_model, model_config
 from halyard.serve import Engine, EngineConfig, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results" / "serve_tpu.json"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_tpu.json"
 QWEN_CONFIG = ROOT / "packages/export/tests/fixtures/hf-configs/qwen2/Qwen2.5-0.5B.json"
 HBM_BYTES_PER_SECOND = 819e9
 """TPU v5e's HBM bandwidth (the vendor figure, ../shared/TPU.md)."""

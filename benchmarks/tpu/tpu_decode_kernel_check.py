@@ -4,7 +4,7 @@ test_ragged_paged_pallas.py's chip check), and, on decode steps of Qwen2.5-0.5B'
 its output values differ from JAX's ragged kernel's bit for bit (deterministic mode's row checks admit a
 program only if they do not).
 
-    python3 benchmarks/tpu_decode_kernel_check.py      # on the TPU; prints one JSON line
+    python3 benchmarks/tpu/tpu_decode_kernel_check.py      # on the TPU; prints one JSON line
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "packages/models/tests"), str(ROOT / "tests/support")]
 
 

@@ -1,8 +1,8 @@
 """Llama-3.2-1B on one TPU chip: the splash kernel against XLA's attention, the compiled step's memory against
 `halyard plan`'s prediction, and a short training run per memory setting (tokens/s, MFU as `train` logs them).
 
-    python benchmarks/tpu_memory.py --out DIR                 # on the TPU machine: every section
-    python benchmarks/tpu_memory.py --out DIR --only attention memory
+    python benchmarks/tpu/tpu_memory.py --out DIR                 # on the TPU machine: every section
+    python benchmarks/tpu/tpu_memory.py --out DIR --only attention memory
 
 Sections (each writes ``DIR/<section>.json`` and prints a table):
 

@@ -12,11 +12,11 @@ elements, plus the queries read and the outputs written) at 819 GB/s, the v5e's 
 ``padded_roofline_us`` counts what the kernel's pool holds for them (whole pages, its rows as laid out:
 `halyard.models.attention.pallas_paged_layout`).
 
-    python3 benchmarks/tpu_paged_attention.py                       # on the TPU: JSON to $OUT, or results/
-    python3 benchmarks/tpu_paged_attention.py --page-size 16 64 --context 512 2048
-    python3 benchmarks/tpu_paged_attention.py --page-size 256 --context 2048 --no-blocked \
+    python3 benchmarks/tpu/tpu_paged_attention.py                       # on the TPU: JSON to $OUT, or results/
+    python3 benchmarks/tpu/tpu_paged_attention.py --page-size 16 64 --context 512 2048
+    python3 benchmarks/tpu/tpu_paged_attention.py --page-size 256 --context 2048 --no-blocked \
         --kv-pages-per-block 1 2 4 8 --queries-per-block 8 32 128   # a block-size sweep: a row each
-    python3 benchmarks/tpu_paged_attention.py --smoke               # tiny, on CPU (interpreted): the code path
+    python3 benchmarks/tpu/tpu_paged_attention.py --smoke               # tiny, on CPU (interpreted): the code path
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 HBM_BYTES_PER_SECOND = 819e9
 """TPU v5e's HBM bandwidth (the vendor's figure, ../shared/TPU.md)."""
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 SETTINGS = (
     "rows", "layers", "query_heads", "kv_heads", "head_size", "dtype", "kv_pages_per_block", "queries_per_block",
     "vmem_limit_mib", "by_token",

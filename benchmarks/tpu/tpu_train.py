@@ -8,7 +8,7 @@ figures are the trainer's own (`halyard.train.perf`): tokens/s over the logged w
 step (which compiles) and MFU = `flops_per_token(seq_len)` x tokens/s / the chip's bfloat16 peak (TPU v5e:
 197 TFLOP/s, the vendor's figure; remat recomputation is not counted). The median window of each run is
 its figure. Once ``--steps`` steps are logged the process is killed (SIGKILL): the final checkpoint and
-evaluation are not part of what is measured (tools/tpu_check.sh tests saves on the TPU).
+evaluation are not part of what is measured (benchmarks/tpu/run.sh's `tests` part tests saves on the TPU).
 
 ``--remat`` and ``--attention`` take several values (each pair is a run), passed to ``train`` as
 ``--model.remat`` and ``--model.attention_implementation`` (``--attention-key`` names another key).
@@ -18,9 +18,9 @@ memory, an unknown key) is a ``failed`` row with its last error line; the exit s
 Results: ``benchmarks/results/tpu_train.json`` (date, JAX version, device, the command, each run's
 ``train`` command and figures) and a Markdown table beside it.
 
-    python benchmarks/tpu_train.py --remat save_dots full --attention xla --batch-size 8 --accumulation 4
-    python benchmarks/tpu_train.py --steps 8 -- --model.num_layers 8        # what fits today, quickly
-    python benchmarks/tpu_train.py --cpu-smoke                              # tiny, on CPU (the test suite)
+    python benchmarks/tpu/tpu_train.py --remat save_dots full --attention xla --batch-size 8 --accumulation 4
+    python benchmarks/tpu/tpu_train.py --steps 8 -- --model.num_layers 8        # what fits today, quickly
+    python benchmarks/tpu/tpu_train.py --cpu-smoke                              # tiny, on CPU (the test suite)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 TRAIN = "import sys; from halyard.train.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
 SMOKE_MODEL = [
     "--model.num_layers", "2", "--model.hidden_size", "64", "--model.intermediate_size", "128",
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "tpu_train",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "benchmarks/tpu_train.py", *argv]),
+        "command": shlex.join(["python", "benchmarks/tpu/tpu_train.py", *argv]),
         "jax": jax_version,
         "device": device,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",

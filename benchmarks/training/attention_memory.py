@@ -8,9 +8,9 @@ its compile time. The goal is ``blocked / reference <= 1/4`` at sequence length 
 
 Usage::
 
-    python benchmarks/attention_memory.py            # seq 8192, batch 1, 2 heads (1 kv head), head_size 32
-    python benchmarks/attention_memory.py --quick    # seq 1024, seconds
-    python benchmarks/attention_memory.py --run      # also execute blocked once and report its wall time
+    python benchmarks/training/attention_memory.py            # seq 8192, batch 1, 2 heads (1 kv head), head_size 32
+    python benchmarks/training/attention_memory.py --quick    # seq 1024, seconds
+    python benchmarks/training/attention_memory.py --run      # also execute blocked once and report its wall time
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/attention_memory.json).
 """
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="sequence length 1024")
     parser.add_argument("--run", action="store_true", help="also execute the blocked step once")
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "attention_memory.json"
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "results" / "attention_memory.json",
     )
     args = parser.parse_args(argv)
     seq = 1024 if args.quick else args.seq

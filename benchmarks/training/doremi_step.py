@@ -10,8 +10,8 @@ printed and written as JSON (``--output``, default benchmarks/results/doremi_ste
 
 Usage::
 
-    python benchmarks/doremi_step.py            # 3 rounds of 50 steps each, after a round of warm-up
-    python benchmarks/doremi_step.py --quick    # 1 round of 5 steps (a smoke test)
+    python benchmarks/training/doremi_step.py            # 3 rounds of 50 steps each, after a round of warm-up
+    python benchmarks/training/doremi_step.py --quick    # 1 round of 5 steps (a smoke test)
 """
 
 from __future__ import annotations

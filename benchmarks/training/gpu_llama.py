@@ -18,11 +18,11 @@ reported with its error and makes the exit status 1, the others still run. The t
 written to ``benchmarks/results/gpu_llama.json`` and ``gpu_llama.md``.
 
 ``--cpu-smoke`` runs the same code at tiny size on the CPU (2 layers, hidden 64, seq 64, a 64 MiB
-memory limit for the batch search), which the test suite does. Usage (via ``benchmarks/gpu.sh``)::
+memory limit for the batch search), which the test suite does. Usage (via ``benchmarks/training/gpu.sh``)::
 
-    bash benchmarks/gpu.sh                          # the 1B Llama on the first GPU
-    bash benchmarks/gpu.sh --remat save_dots --attention cudnn --steps 5
-    bash benchmarks/gpu.sh --cpu-smoke              # tiny, on CPU, seconds
+    bash benchmarks/training/gpu.sh                          # the 1B Llama on the first GPU
+    bash benchmarks/training/gpu.sh --remat save_dots --attention cudnn --steps 5
+    bash benchmarks/training/gpu.sh --cpu-smoke              # tiny, on CPU, seconds
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from halyard.models.attention.cudnn import has_nvidia_gpu
 from halyard.train.config.files import builtin_config_path
 from halyard.train.perf.peaks import device_peak_flops
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 REMATS = ("none", "save_dots")
 ATTENTIONS = ("xla", "cudnn", "blocked")
 SMOKE_SIZES = {

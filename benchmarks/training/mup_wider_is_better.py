@@ -7,9 +7,9 @@ here so the script needs no files and no network; the printed floor is the chain
 
 Usage::
 
-    python benchmarks/mup_wider_is_better.py --quick      # widths 64 128 256, 60 steps (a minute or two on CPU)
-    python benchmarks/mup_wider_is_better.py              # widths 64 .. 512, 300 steps
-    python benchmarks/mup_wider_is_better.py --learning-rate 3e-3 --widths 64 256 1024
+    python benchmarks/training/mup_wider_is_better.py --quick      # widths 64 128 256, 60 steps (a minute or two on CPU)
+    python benchmarks/training/mup_wider_is_better.py              # widths 64 .. 512, 300 steps
+    python benchmarks/training/mup_wider_is_better.py --learning-rate 3e-3 --widths 64 256 1024
 
 Prints the loss of every width at a few checkpoints, then whether the final losses fall with width.
 """

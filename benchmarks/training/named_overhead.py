@@ -11,8 +11,8 @@ the machine hit both alike, and reports the ratio of the medians: named / plain 
 
 Usage::
 
-    python benchmarks/named_overhead.py           # batch 4, seq 256, embed 256, 4 heads, mlp 1024
-    python benchmarks/named_overhead.py --quick   # tiny shapes, a few seconds
+    python benchmarks/training/named_overhead.py           # batch 4, seq 256, embed 256, 4 heads, mlp 1024
+    python benchmarks/training/named_overhead.py --quick   # tiny shapes, a few seconds
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/named_overhead.json).
 """
@@ -37,7 +37,7 @@ import numpy as np
 from halyard.named import Axis, NamedArray
 from halyard.named.nn import LayerNorm, Linear, causal_mask, dot_product_attention, gelu_new
 
-RESULTS = Path(__file__).parent / "results" / "named_overhead.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "named_overhead.json"
 
 
 @dataclass(frozen=True)

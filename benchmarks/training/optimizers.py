@@ -10,8 +10,8 @@ best final validation loss; "steps to target" is the first evaluation at or belo
 
 Usage::
 
-    python benchmarks/optimizers.py --quick     # smoke test: AdamW and Lion, one learning rate, 6 steps
-    python benchmarks/optimizers.py             # the sweep: 12 runs (21 minutes on a loaded 2-vCPU VM)
+    python benchmarks/training/optimizers.py --quick     # smoke test: AdamW and Lion, one learning rate, 6 steps
+    python benchmarks/training/optimizers.py             # the sweep: 12 runs (21 minutes on a loaded 2-vCPU VM)
 
 Prints a table (markdown) with the date and writes every curve to `--output` (JSON).
 """
@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--work", type=Path, default=None, help="folder for runs (default: a temporary one)")
-    parser.add_argument("--output", type=Path, default=HERE / "results" / "optimizers.json")
+    parser.add_argument("--output", type=Path, default=HERE.parent / "results" / "optimizers.json")
     args = parser.parse_args(argv)
     args.sweep = {name: (rate,) for name, rate in QUICK_LEARNING_RATES.items()} if args.quick else SWEEP
     if args.quick:

@@ -17,8 +17,8 @@ With ``--unrolled`` the same is measured for `BlockSeq` (a Python loop), to show
 
 Usage::
 
-    python benchmarks/stacked_compile.py           # embed 256, seq 128, 2 vs 24 layers, 3 repeats
-    python benchmarks/stacked_compile.py --quick   # tiny shapes, 1 repeat, seconds
+    python benchmarks/training/stacked_compile.py           # embed 256, seq 128, 2 vs 24 layers, 3 repeats
+    python benchmarks/training/stacked_compile.py --quick   # tiny shapes, 1 repeat, seconds
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/stacked_compile.json).
 """
@@ -47,7 +47,7 @@ from halyard.named.nn import (
     silu,
 )
 
-RESULTS = Path(__file__).parent / "results" / "stacked_compile.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "stacked_compile.json"
 
 
 class Block(eqx.Module):

@@ -24,7 +24,7 @@ stall when another process holds a core); the CPU time per step with one thread 
 comparison there::
 
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false OMP_NUM_THREADS=1 taskset -c 1 \
-        python benchmarks/train_step.py --model llama-49k
+        python benchmarks/training/train_step.py --model llama-49k
 
 Extra Halyard configurations run beside the default with ``--variant NAME:FIELD=VALUE,...`` (model
 config fields: ``attention_implementation``, ``loss_block_size`` (``none`` = full logits), ``scan_layers``,
@@ -32,10 +32,10 @@ config fields: ``attention_implementation``, ``loss_block_size`` (``none`` = ful
 
 Usage::
 
-    python benchmarks/train_step.py                 # the GPT-2 benchmark model, 5 rounds
-    python benchmarks/train_step.py --model llama-49k   # the large-vocabulary Llama
-    python benchmarks/train_step.py --quick         # tiny shapes, a smoke test (seconds)
-    python benchmarks/train_step.py --no-torch      # skip PyTorch
+    python benchmarks/training/train_step.py                 # the GPT-2 benchmark model, 5 rounds
+    python benchmarks/training/train_step.py --model llama-49k   # the large-vocabulary Llama
+    python benchmarks/training/train_step.py --quick         # tiny shapes, a smoke test (seconds)
+    python benchmarks/training/train_step.py --no-torch      # skip PyTorch
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/train_step.json for
 ``gpt2``, train_step_<model>.json for the others).
@@ -59,7 +59,7 @@ from typing import Any
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared models and baselines
 from benchmark_models import MODELS, BenchmarkModel
 from gpt2_baselines import torch_matmul_flops
 
@@ -69,7 +69,7 @@ from halyard.train.optim.schedule_config import ConstantScheduleConfig
 from halyard.train.perf.peaks import measure_matmul_flops
 from halyard.train.step import init_state, make_train_step
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 GOALS = {"halyard_over_pytorch_tokens_per_second": 1.0, "halyard_over_plain_jax_step_time": 1.03, "mfu": 0.60}
 
 

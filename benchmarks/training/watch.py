@@ -21,8 +21,8 @@ the ratios ``every 100 / off`` (goal <= 1.02), ``every step / off`` and ``off / 
 
 Usage::
 
-    python benchmarks/watch.py            # 3 rounds of 100 steps of each mode, after a round of warm-up
-    python benchmarks/watch.py --quick    # tiny model, 1 round of 10 steps, watched every 10 (a smoke test)
+    python benchmarks/training/watch.py            # 3 rounds of 100 steps of each mode, after a round of warm-up
+    python benchmarks/training/watch.py --quick    # tiny model, 1 round of 10 steps, watched every 10 (a smoke test)
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/watch.json).
 """
@@ -48,7 +48,7 @@ from halyard.train.run_config import DataConfig, TrainConfig, TrainerConfig
 from halyard.train.watch.config import SpikeConfig, WatchConfig
 from halyard.train.watch.host import flatten_arrays
 
-RESULTS = Path(__file__).parent / "results" / "watch.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "watch.json"
 LOG_EVERY = 10
 
 

@@ -8,7 +8,7 @@
 - `concepts/config.md`: the config reference, walked from the `TrainConfig` dataclasses and their
   attribute docstrings (the same text `train --help` prints).
 - `packages/<name>.md`: each package README, its links between READMEs rewritten to site pages.
-- `concepts/performance.md`: `benchmarks/README.md` when it exists.
+- `concepts/performance.md`: `benchmarks/README.md` when it exists, and its history `concepts/performance-history.md`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def script_to_markdown(source: str, script_name: str) -> str:
 
 
 def readme_page(readme: Path, pages: dict[Path, str], page_uri: str) -> str:
-    """A README as a site page: links to other READMEs point at their pages; links to other repository
-    files become their path in code font (the site holds only pages).
+    """A README as a site page: links to other READMEs and to pages under docs/ point at their pages; links to
+    other repository files become their path in code font (the site holds only pages).
 
     Args:
         readme: the README file.
@@ -81,8 +81,10 @@ def readme_page(readme: Path, pages: dict[Path, str], page_uri: str) -> str:
             return match.group(0)
         path, _, anchor = target.partition("#")
         resolved = (readme.parent / path).resolve()
-        if resolved in pages:
-            return f"[{text}]({'../' * depth}{pages[resolved]}{'#' + anchor if anchor else ''})"
+        docs = REPO / "docs"
+        if resolved in pages or (resolved.suffix == ".md" and resolved.is_relative_to(docs)):
+            uri = pages.get(resolved) or resolved.relative_to(docs).as_posix()
+            return f"[{text}]({'../' * depth}{uri}{'#' + anchor if anchor else ''})"
         try:
             shown = resolved.relative_to(REPO)
         except ValueError:
@@ -114,6 +116,7 @@ def on_files(files: Files, config: Any) -> Files:
     benchmarks = REPO / "benchmarks" / "README.md"
     if benchmarks.exists():
         pages[benchmarks] = "concepts/performance.md"
+        pages[benchmarks.with_name("HISTORY.md")] = "concepts/performance-history.md"
     pages[REPO / "packages/train/src/halyard/train/checkpoint/README.md"] = "concepts/checkpoints.md"
     pages[REPO / "README.md"] = "index.md"
     for readme, uri in pages.items():
@@ -147,9 +150,11 @@ def performance_page() -> str:
         "them all and prints one table, `--quick` runs them at smoke size (CI does).",
         "| script | what it measures |\n|---|---|",
     ]
-    for script in sorted((REPO / "benchmarks").glob("*.py")):
+    for script in sorted((REPO / "benchmarks").rglob("*.py")):
         doc = ast.get_docstring(ast.parse(script.read_text())) or ""
-        lines[-1] += f"\n| `benchmarks/{script.name}` | {_cell(doc.strip().splitlines()[0] if doc else '')} |"
+        lines[-1] += (
+            f"\n| `{script.relative_to(REPO)}` | {_cell(doc.strip().splitlines()[0] if doc else '')} |"
+        )
     results = sorted((REPO / "benchmarks" / "results").glob("*.json"))
     if results:
         lines.append("## Recorded results\n\nHeadline values of the last full runs (`benchmarks/results/`):")

@@ -222,4 +222,4 @@ for name in names:
 #   learning_rate: 0.01 # the narrow model's best
 # ```
 #
-# `benchmarks/mup_wider_is_better.py` checks the same property on more widths and steps.
+# `benchmarks/training/mup_wider_is_better.py` checks the same property on more widths and steps.

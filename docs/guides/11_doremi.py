@@ -163,7 +163,7 @@ figure.savefig(FIGURES / "11_doremi_losses.png", dpi=100)
 # reference's weights frozen, sharded like the proxy's), then the proxy's forward and backward, about one
 # forward more than a plain step: a third more arithmetic. Measured on `doremi-demo`'s model and batch (one CPU
 # device, the two steps interleaved): the proxy's step takes **1.12-1.16x** a plain step's time
-# (`python benchmarks/doremi_step.py`; benchmarks/README.md, "DoReMi"). The whole recipe costs two small runs
+# (`python benchmarks/training/doremi_step.py`; benchmarks/README.md, "DoReMi"). The whole recipe costs two small runs
 # (reference and proxy) before the main one: the paper's proxies have 280M parameters for an 8B main model.
 #
 # ## Your own domains

@@ -38,7 +38,7 @@ def test_benchmark_quick_mode_writes_its_results(tmp_path: Path):
     output = tmp_path / "data_cache.json"
     environment = {**os.environ, "RAYON_NUM_THREADS": "2"}
     completed = subprocess.run(
-        [sys.executable, str(REPOSITORY / "benchmarks" / "data_cache.py"), "--quick", "--megabytes", "0.3",
+        [sys.executable, str(REPOSITORY / "benchmarks" / "data" / "data_cache.py"), "--quick", "--megabytes", "0.3",
          "--workers", "2", "--output", str(output)],
         capture_output=True, text=True, timeout=600, env=environment,
     )  # fmt: skip

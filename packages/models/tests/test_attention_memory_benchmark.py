@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/attention_memory.py: it runs with --quick and reports blocked << reference."""
+"""Smoke test of benchmarks/training/attention_memory.py: it runs with --quick and reports blocked << reference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "attention_memory.py"
+BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "training" / "attention_memory.py"
 
 
 def test_quick_benchmark_writes_json_with_linear_memory_blocked(tmp_path: Path) -> None:

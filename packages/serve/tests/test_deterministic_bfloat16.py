@@ -20,7 +20,7 @@ from halyard.serve import Engine, SamplingParams
 
 @functools.cache
 def model() -> CausalLM:
-    """A two-layer Qwen2 of width 64 in bfloat16, tied, as `benchmarks/serve_deterministic.py --size small`."""
+    """A two-layer Qwen2 of width 64 in bfloat16, tied, as `benchmarks/serving/serve_deterministic.py --size small`."""
     return tiny_model(
         "qwen2", hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=VOCAB,
         param_dtype="bfloat16", tie_embeddings=True,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "checkpoint_save.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "checkpoints" / "checkpoint_save.py"
 
 
 def test_checkpoint_benchmark_quick_mode(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ catch a truncated or missing file with one ``stat``; checksums catch what sizes 
 inside an array chunk, a file overwritten in place or truncated then padded back to its size. Such data
 often still decodes, so without a checksum a restore would silently load wrong weights.
 
-xxh3-64 because it was the fastest candidate on the same bytes (``benchmarks/checkpoint_checksum.py``:
+xxh3-64 because it was the fastest candidate on the same bytes (``benchmarks/checkpoints/checkpoint_checksum.py``:
 time of read + checksum over the bare read from the page cache, xxh3-64 1.4x, zlib's crc32 5.3x, sha256
 10.9x, blake2b 19.6x): a checksum guards against the disk, not an adversary, so a cryptographic hash
 would only cost time.
