@@ -162,5 +162,5 @@ print(f"accuracy: before {before:.2f}, after {after:.2f}")
 
 # %% [markdown]
 # LoRA's options, memory and checkpoints are described in the
-# [halyard.train page](../packages/train.md#lora-fine-tuning); DPO on preference pairs, with LoRA or
+# [halyard.train objectives page](../train/objectives.md#lora-fine-tuning); DPO on preference pairs, with LoRA or
 # without, is in the same page.

@@ -1,7 +1,7 @@
 """halyard-train's layers hold: no module imports a layer above its own, and no modules import each other
 in a loop; imports inside functions and under ``TYPE_CHECKING`` count like the others.
 
-The layers, bottom to top, are written down in packages/train/README.md ("Inside halyard-train").
+The layers, bottom to top, are written down in docs/train/internals.md ("The layers").
 """
 
 from __future__ import annotations
