@@ -1,4 +1,4 @@
-"""Run every benchmark in benchmarks/ and print their headline figures as one table.
+"""Run the suite's benchmarks (benchmarks/suite.py) and print their headline figures as one table.
 
 Which scripts run, with which flags, and which figures are read back is data: `BENCHMARKS` in suite.py.
 Each benchmark runs in its own process (so one's XLA flags, device count or memory cannot disturb the

@@ -1,5 +1,5 @@
-"""The benchmark suite as data: each script in benchmarks/, its flags for full and quick runs, and the
-figures `run_all.py` reads back from its JSON result, with their goals.
+"""The benchmark suite as data: each script (its path under benchmarks/, in its area's folder), its flags for
+full and quick runs, and the figures `run_all.py` reads back from its JSON result, with their goals.
 
 A new benchmark is a row of `BENCHMARKS`; the runner (run_all.py) needs no change.
 """

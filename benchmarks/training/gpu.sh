@@ -7,7 +7,7 @@
 #
 # Any other flag goes to gpu_llama.py (--remat, --attention, --steps, --max-batch, --seq-len).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 PYTHON="${PYTHON:-.venv/bin/python}"
 [[ -x "$PYTHON" ]] || PYTHON=python3
 
