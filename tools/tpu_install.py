@@ -48,6 +48,9 @@ LEFT_OUT = {
 }
 """Declared dependencies not carried: the commands import them only when a config asks for them."""
 PLATFORMS = (
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
     "manylinux_2_17_x86_64",
