@@ -103,8 +103,10 @@ run_part() {  # run_part PART SECONDS: the part's command, its output in OUT_DIR
             --setting ${LEV_SETTINGS:-16,2,recompute} --budget $(( t - 10 )) "${halyard[@]}" \
             --output "$out.json" 2>&1 | tail -6; echo "exit ${PIPESTATUS[0]}" ;;
     levanter-engine)  # tpu/tpu_levanter_engine.py: Levanter's inference engine beside Halyard's, same Llama and 256 requests
+        local smoke=(); [[ "$SIZE" == tpu ]] || smoke=(--cpu-smoke)  # LEV_PYTHON, LEV_SITE: a CPU's Levanter
         # shellcheck disable=SC2086  # the settings are a list
-        timeout -k 5 "$t" python3 benchmarks/tpu/tpu_levanter_engine.py --bundle "${LEV_BUNDLE:-.lev}" \
+        timeout -k 5 "$t" python3 benchmarks/tpu/tpu_levanter_engine.py "${smoke[@]}" --bundle "${LEV_BUNDLE:-.lev}" \
+            --levanter-python "${LEV_PYTHON:-python3}" --levanter-site "${LEV_SITE:-/tmp/lev-site}" \
             --budget $(( t - 15 )) --halyard-seconds "${HALYARD_S:-170}" --compilation-cache "$CACHE" \
             ${LEV_ENGINE_SETTINGS:+--levanter-setting $LEV_ENGINE_SETTINGS} --work-dir /tmp/levanter-engine \
             --output "$out.json" > "$out.log" 2>&1; echo "exit $?"; tail -8 "$out.log"
