@@ -80,15 +80,33 @@ def request(path: Path, method: str, route: str, body: Any = None, timeout: floa
 
 def write_model(folder: Path, size: str) -> Path:
     """A random model of ``size`` as a Hugging Face folder (bfloat16) with a word-level tokenizer."""
+    from halyard.export.config_reading import config_from_hf_dict
+    from halyard.models import model_config
+
+    if (folder / "config.json").is_file():
+        return folder
+    if size == "tpu":
+        hf = json.loads(
+            (ROOT / "packages/export/tests/fixtures/hf-configs/qwen2/Qwen2.5-0.5B.json").read_text()
+        )
+        config, _ = config_from_hf_dict(hf, overrides={"param_dtype": "bfloat16"})
+    else:
+        config = model_config(
+            "qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, max_position=256, tie_embeddings=True,
+        )  # fmt: skip
+    return write_random_model(folder, config)
+
+
+def write_random_model(folder: Path, config: Any, dtype: str = "bfloat16") -> Path:
+    """A random model of ``config`` as a Hugging Face folder (weights in ``dtype``) with a word-level
+    tokenizer of `WORDS` (the vocabulary kept whole), its end-of-text id 1."""
     import jax
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from halyard.export import export_hf
-    from halyard.export.config_reading import config_from_hf_dict
-    from halyard.models import init_model, model_config
+    from halyard.models import init_model
 
-    if (folder / "config.json").is_file():
-        return folder
     tokenizer_folder = folder.parent / f"{folder.name}-tokenizer"
     tokenizer_folder.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
@@ -100,19 +118,9 @@ def write_model(folder: Path, size: str) -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
     (tokenizer_folder / "tokenizer_config.json").write_text(json.dumps(settings))
-    if size == "tpu":
-        hf = json.loads(
-            (ROOT / "packages/export/tests/fixtures/hf-configs/qwen2/Qwen2.5-0.5B.json").read_text()
-        )
-        config, _ = config_from_hf_dict(hf, overrides={"param_dtype": "bfloat16"})
-    else:
-        config = model_config(
-            "qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-            num_kv_heads=2, max_position=256, tie_embeddings=True,
-        )  # fmt: skip
     model = init_model(config, jax.random.key(0))
     vocab = model.unembedding.axis_size("vocab")
-    export_hf(model, folder, tokenizer=tokenizer_folder, dtype="bfloat16", vocab_size=vocab, eos_token_id=1)
+    export_hf(model, folder, tokenizer=tokenizer_folder, dtype=dtype, vocab_size=vocab, eos_token_id=1)
     return folder
 
 

@@ -147,11 +147,13 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def run_arrivals(
-    engine: Engine, requests: list[tuple[list[int], int]], rate: float | None, limit: float
+    engine: Engine, requests: list[tuple[list[int], int]], rate: float | None, limit: float, keep: int = 0
 ) -> dict[str, Any]:
     """Add ``requests`` all at once (``rate`` None) or one every ``1 / rate`` s, step the engine until all end or
-    ``limit`` seconds pass (then cancel the rest): throughput, time to first token from arrival, host share."""
+    ``limit`` seconds pass (then cancel the rest): throughput, time to first token from arrival, host share;
+    with ``keep``, each request's first ``keep`` tokens (``first_tokens``, in arrival order)."""
     clock = StepClock(engine)
+    produced: dict[str, list[int]] = {}
     started = time.perf_counter()
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
@@ -177,15 +179,20 @@ def run_arrivals(
             if update.token_ids and update.request_id not in first:
                 first[update.request_id] = time.perf_counter() - started - arrival[update.request_id]
             tokens += len(update.token_ids)
+            if keep:
+                produced.setdefault(update.request_id, []).extend(update.token_ids)
             if update.finish_reason in ("length", "stop"):  # not "abort": cancelled at the limit
                 done.add(update.request_id)
     seconds = time.perf_counter() - started
     ttft = list(first.values())
-    return dict(
+    result = dict(
         requests=len(arrival), finished=len(done), truncated=truncated, seconds=seconds, output_tokens=tokens,
         output_tokens_per_second=tokens / seconds, ttft_p50=percentile(ttft, 0.5), ttft_p90=percentile(ttft, 0.9),
         steps=len(clock.wall), host_share=clock.host_share(), rate=rate,
     )  # fmt: skip
+    if keep:
+        result["first_tokens"] = [produced.get(request, [])[:keep] for request in arrival]
+    return result
 
 
 def bytes_of(tree: Any) -> int:

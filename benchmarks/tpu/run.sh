@@ -26,7 +26,7 @@ declare -A SECONDS_OF=(
     [machine]="20 5" [tests]="300 60" [train]="440 150" [levanter]="200 100"
     [serve]="130 60" [first-request]="140 50" [deterministic]="60 40" [rl]="70 40"
     [kernel-check]="240 60" [attention]="200 60" [decode]="250 60" [kernel-parts]="80 30"
-    [start-phases]="110 60" [engine-small]="45 20" [kernel-tests]="60 30"
+    [start-phases]="110 60" [engine-small]="45 20" [kernel-tests]="60 30" [levanter-engine]="540 300"
 )
 declare -A PRESETS=(
     [check]="machine tests train"                                  # issue 51: tools/tpu_check.sh before
@@ -102,6 +102,15 @@ run_part() {  # run_part PART SECONDS: the part's command, its output in OUT_DIR
         timeout -k 5 "$t" python3 benchmarks/tpu/tpu_levanter.py --bundle "${LEV_BUNDLE:-.lev}" \
             --setting ${LEV_SETTINGS:-16,2,recompute} --budget $(( t - 10 )) "${halyard[@]}" \
             --output "$out.json" 2>&1 | tail -6; echo "exit ${PIPESTATUS[0]}" ;;
+    levanter-engine)  # tpu/tpu_levanter_engine.py: Levanter's inference engine beside Halyard's, same Llama and 256 requests
+        local smoke=(); [[ "$SIZE" == tpu ]] || smoke=(--cpu-smoke)  # LEV_PYTHON, LEV_SITE: a CPU's Levanter
+        # shellcheck disable=SC2086  # the settings are a list
+        timeout -k 5 "$t" python3 benchmarks/tpu/tpu_levanter_engine.py "${smoke[@]}" --bundle "${LEV_BUNDLE:-.lev}" \
+            --levanter-python "${LEV_PYTHON:-python3}" --levanter-site "${LEV_SITE:-/tmp/lev-site}" \
+            --budget $(( t - 15 )) --halyard-seconds "${HALYARD_S:-170}" --compilation-cache "$CACHE" \
+            ${LEV_ENGINE_SETTINGS:+--levanter-setting $LEV_ENGINE_SETTINGS} --work-dir /tmp/levanter-engine \
+            --output "$out.json" > "$out.log" 2>&1; echo "exit $?"; tail -8 "$out.log"
+        cp /tmp/levanter-engine/*.log "$OUT_DIR/" 2>/dev/null ;;
     serve)  # serving/serve.py --profile tpu: 256 requests at once and at a rate, the decode step against the roofline
         timeout -k 5 "$t" python3 benchmarks/serving/serve.py --profile "$PROFILE" --phase-seconds "${PHASE_S:-25}" \
             --compilation-cache "$CACHE" --output "$out.json" 2>&1 | grep -v "compiled step shape" | tail -30

@@ -20,16 +20,20 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 
 
-def levanter_environment(halyard_target: str) -> dict[str, str]:
-    """This environment less Halyard's installed packages on ``PYTHONPATH`` (Levanter pins its own)."""
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and not p.startswith(halyard_target)]
-    return dict(os.environ, PYTHONPATH=":".join(paths))
+def levanter_environment(halyard_target: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``environ`` (default this process's) less Halyard's installed packages and this checkout's on
+    ``PYTHONPATH`` (Levanter pins its own)."""
+    halyard = (halyard_target, str(PACKAGES))
+    paths = [p for p in environ.get("PYTHONPATH", "").split(":") if p and not p.startswith(halyard)]
+    return dict(environ, PYTHONPATH=":".join(paths))
 
 
 def run_setting(bundle: Path, setting: str, args: argparse.Namespace) -> dict[str, Any]:
