@@ -19,7 +19,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # (tools/pytest_worker_life.py); with ~2200 tests, none does. It was 300: a worker that lived for the whole
 # suite grew to ~6 GB and, in about one full run of four, died of a native segfault in jaxlib's CPU runtime
 # hundreds of tests in. Both come from the compiled programs a worker keeps, which it now drops after a test
-# file past half the kernel's limit on memory maps or 3 GB resident (conftest.py's release_compiled_programs),
+# file past half the kernel's limit on memory maps or 4 GB resident (conftest.py's release_compiled_programs),
 # and each fresh worker costs ~25 s of collection (every test module imported again; 300 started 5). Workers are sent
 # at most 16 tests at a time (xdist's first share is otherwise a quarter of a worker's tests, 140 in a row):
 # the files come longest first (conftest.py's FILE_SECONDS), and small shares spread them over the workers.

@@ -138,7 +138,7 @@ FILE_SECONDS = {
     "packages/named/tests/test_reductions.py": 38,
     "packages/train/tests/test_cli_interrupts.py": 37,
     "packages/train/tests/test_builtin_configs.py": 37,
-    "tests/test_worker_life.py": 37,
+    "tests/test_worker_life.py": 16,  # its pytest runs load xdist alone of the plugins: 28.0 -> 11.9 CPU s alone
     "packages/train/tests/test_plan.py": 35,
     "packages/serve/tests/test_sharded_engine.py": 34,  # new: tensor parallel and replicas
     "packages/train/tests/test_first_contact_errors.py": 34,
@@ -262,7 +262,7 @@ def _map_limit() -> int:
 
 
 MAP_LIMIT = _map_limit()
-RESIDENT_LIMIT = 3 * 2**30
+RESIDENT_LIMIT = 4 * 2**30
 """Resident bytes past which a test worker drops its compiled programs after a test file."""
 
 
