@@ -30,12 +30,12 @@ def test_compiled_programs_are_dropped_past_the_threshold_and_their_maps_freed()
 
 
 def test_past_the_resident_limit_the_programs_and_their_memory_are_released() -> None:
-    for size in range(2, 202):
+    for size in range(2, 122):
         jax.jit(lambda x: jnp.cos(x) * (x @ x.T).sum())(jnp.ones((size, 5))).block_until_ready()
     resident = root_conftest.resident_bytes()
     maps = root_conftest.mapped_regions()
     assert not root_conftest.release_compiled_programs(0, resident + 2**30)  # under both limits: kept
     assert root_conftest.release_compiled_programs(0, resident // 2)
-    # 200 programs of about 1.5 MB each: most of it returns (without malloc_trim, none did)
-    assert root_conftest.resident_bytes() < resident - 100 * 2**20
+    # 120 programs grew the process by 211 MB and 144 MB of it returned (without malloc_trim, almost none)
+    assert root_conftest.resident_bytes() < resident - 64 * 2**20
     assert root_conftest.mapped_regions() < maps
