@@ -15,14 +15,17 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Three workers on CI's two cores: many tests wait on subprocesses (training runs, kill -9 and resume,
 # multi-process runs), and a third worker keeps both cores busy meanwhile (the whole suite on this
 # 2-core machine: 1770 s with two workers, 1540 s with three). The slowest tests are listed at the end of
-# the run. Each worker process runs at most 300 tests, then a fresh one takes its place
-# (tools/pytest_worker_life.py): a worker that lived for the whole suite grew to ~6 GB and, in about one
-# full run of four, died of a native segfault in jaxlib's CPU runtime hundreds of tests in. Workers are sent
+# the run. Each worker process runs at most 1000 tests, then a fresh one takes its place
+# (tools/pytest_worker_life.py); with ~2200 tests, none does. It was 300: a worker that lived for the whole
+# suite grew to ~6 GB and, in about one full run of four, died of a native segfault in jaxlib's CPU runtime
+# hundreds of tests in. Both come from the compiled programs a worker keeps, which it now drops after a test
+# file past half the kernel's limit on memory maps or 4 GB resident (conftest.py's release_compiled_programs),
+# and each fresh worker costs ~25 s of collection (every test module imported again; 300 started 5). Workers are sent
 # at most 16 tests at a time (xdist's first share is otherwise a quarter of a worker's tests, 140 in a row):
 # the files come longest first (conftest.py's FILE_SECONDS), and small shares spread them over the workers.
 # A worker that crashes is reported at the end of the run with the test it ran, the signal, and its native
 # and Python stacks (tools/pytest_crash_report.py).
-PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 300 \
+PYTEST_ARGS ?= -n 3 --durations=30 --maxschedchunk 16 -p tools.pytest_worker_life --worker-tests 1000 \
 	-p tools.pytest_crash_report
 
 .PHONY: demo test lint typecheck pytest venv wheels clean stress parity-isa

@@ -50,6 +50,26 @@ def config(
     )  # fmt: skip
 
 
+def others_ending_with_the_target(seed: int) -> list[tuple[list[int], SamplingParams]]:
+    """20 other requests for the target at position 7 of an engine that prefills one chunk of 64 a step: prompts
+    of one chunk (the target's takes two), so request i draws its first token at step i (i + 2 after the
+    target) and, here, its last with the target's last, at step 31. Every step then runs a program of 128
+    tokens (a chunk and the decoding rows), or of 32 after the last chunk (all 21 decoding): few programs to
+    compile, where a crowd of other lengths makes one for every count of rows as its requests end."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            [int(t) for t in rng.integers(0, VOCAB, 64)],
+            SamplingParams(
+                max_tokens=32 - (i if i < 7 else i + 2),
+                temperature=float(rng.uniform(0, 1.5)),
+                top_k=int(rng.integers(0, 50)),
+            ),
+        )
+        for i in range(20)
+    ]
+
+
 @jax.jit
 def _invariant_logprobs(tokens: jax.Array) -> jax.Array:
     with batch_invariant():

@@ -21,6 +21,7 @@ from deterministic_case import (
     VOCAB,
     config,
     model,
+    others_ending_with_the_target,
 )
 from tiny_models import forward_logprobs, logprob_tolerance, tiny_model
 
@@ -51,26 +52,6 @@ def _others(count: int, seed: int) -> list[tuple[list[int], SamplingParams]]:
             ),
         )
         for _ in range(count)
-    ]
-
-
-def _ending_with_the_target(seed: int) -> list[tuple[list[int], SamplingParams]]:
-    """20 other requests for the target at position 7 of an engine that prefills one chunk of 64 a step: prompts
-    of one chunk (the target's takes two), so request i draws its first token at step i (i + 2 after the
-    target) and, here, its last with the target's last, at step 31. Every step then runs a program of 128
-    tokens (a chunk and the decoding rows), or of 32 after the last chunk (all 21 decoding): few programs to
-    compile, where a crowd of other lengths makes one for every count of rows as its requests end."""
-    rng = np.random.default_rng(seed)
-    return [
-        (
-            [int(t) for t in rng.integers(0, VOCAB, 64)],
-            SamplingParams(
-                max_tokens=32 - (i if i < 7 else i + 2),
-                temperature=float(rng.uniform(0, 1.5)),
-                top_k=int(rng.integers(0, 50)),
-            ),
-        )
-        for i in range(20)
     ]
 
 
@@ -189,7 +170,7 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise(
     bound = logprob_tolerance(model(), [TARGET_PROMPT + list(alone.token_ids)])
     np.testing.assert_allclose(fast_alone.logprobs, alone.logprobs, atol=bound, rtol=0)
     assert min(shape.tokens for shape in fast.runner.compiled_shapes) == 1  # alone: one token a step
-    among = _run(fast, _ending_with_the_target(seed=20), 7)
+    among = _run(fast, others_ending_with_the_target(seed=20), 7)
     np.testing.assert_allclose(among.logprobs[:5], fast_alone.logprobs[:5], atol=bound, rtol=0)
     assert not np.array_equal(np.float32(among.logprobs[:5]), np.float32(fast_alone.logprobs[:5]))
     # deterministic: programs of at most deterministic_rows sequences, the full-size one among them
