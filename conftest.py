@@ -91,12 +91,12 @@ FILE_SECONDS = {
     # the bitwise batch-invariance matrix at width 256 and its no-FMA subprocess (6 programs at full optimisation):
     # 293 worker-s in the last clean-clone run, about 0.55x since (236 -> 126 CPU s alone)
     "packages/serve/tests/test_deterministic.py": 189,
-    "packages/train/tests/test_invariant_trainer.py": 180,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone
+    "packages/train/tests/test_invariant_trainer.py": 160,  # 248 in the 2026-12-07 clean clone; 10 steps instead of 20: 129 -> 101 s alone; no data 8 2-process run of its own: 135 -> 121 CPU s alone
     "packages/train/tests/test_matrix_trainer.py": 152,  # the workers' cache at 0.05 s: 73.7 -> 69.1 CPU s alone (estimate)
     # Was unlisted, so it came last: a 160 s kill-and-resume test near the end of the run. The doremi command (its
     # fixture, ~40 s) runs once per pytest run since, however many workers share the file; the `--reference`
     # rerun in the worker: 74.6 -> 71.2 CPU s alone (estimate: one fixture fewer than in the suite's 154).
-    "packages/train/tests/test_doremi_trainer.py": 110,
+    "packages/train/tests/test_doremi_trainer.py": 97,  # 80 steps instead of 120: 77.6 -> 68.6 CPU s alone
     # Was unlisted: two `train` runs of a 30-layer checkpoint (60-170 s each) started in the run's last minutes.
     # 191 s in the last clean-clone run; the rollout engine's 2 programs instead of 6 take 20-28% off each;
     # optimised programs instead of -O0: 94-103 s -> 69-70 s alone.
@@ -114,8 +114,8 @@ FILE_SECONDS = {
     "packages/train/tests/test_mixture_trainer.py": 64,
     "packages/train/tests/test_tpu_host_start.py": 60,  # train, generate/eval/replay/plan, serve with TPU_* variables set
     "packages/train/tests/test_demo.py": 59,  # 62 s in a clean-clone run; optimised programs: 29-30 s -> 23-24 s alone
-    "tests/reliability/test_damaged_checkpoints.py": 58,
-    "packages/train/tests/test_trainer_multiprocess.py": 54,
+    "tests/reliability/test_damaged_checkpoints.py": 43,  # one resume for both damages: 19.9 -> 14.6 CPU s alone
+    "packages/train/tests/test_trainer_multiprocess.py": 48,  # 12 steps instead of 24: 25.3 -> 22.6 CPU s alone
     "packages/serve/tests/test_server_load.py": 54,  # new: 15-25 s alone
     "tests/test_invariant_benchmark_smoke.py": 51,  # new: 31 s alone
     "tests/test_pipeline_benchmark_smoke.py": 50,
