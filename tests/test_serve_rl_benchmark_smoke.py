@@ -1,4 +1,4 @@
-"""Smoke runs of benchmarks/serving/serve.py and benchmarks/rl/rl.py at their quick sizes: every figure is produced
+"""Smoke runs of benchmarks/serving/serve.py, benchmarks/rl/rl.py and rl_tpu.py at their quick sizes: every figure is produced
 (also of the int8 ones: serving/serve_int8_quality.py --quick, and the TPU profile's decode with --quantization none
 int8).
 
@@ -122,6 +122,22 @@ def test_rl_benchmark_quick(tmp_path: Path) -> None:
     result = _run("rl/rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]
     assert abs(shares - 1.0) < 1e-6 and result["rollout_tokens_per_second"] > 0
+
+
+def test_rl_tpu_benchmark_splits_padded_and_packed_rows_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/rl/rl_tpu.py's chip comparison at the quick shape on the CPU: the padded rows (before
+    rl.pack) and the packed ones, each split with its training tokens/s, MFU and row fill, side by side."""
+    result = _run(
+        "rl/rl_tpu.py", "--work", str(tmp_path / "work"), "--demo-steps", "0", "--shapes", "quick",
+        "--variants", "padded", "packed-fast", "--limit", "880", output=tmp_path / "rl_tpu.json",
+    )  # fmt: skip
+    padded, packed = result["split_quick_padded"], result["split_quick_packed-fast"]
+    assert padded["exit_code"] == packed["exit_code"] == 0
+    assert padded["rows"] == "padded" and padded["deterministic"] and not packed["deterministic"]
+    assert packed["training_rows"] < padded["training_rows"] == 64
+    assert packed["training_row_fill"] > padded["training_row_fill"]
+    assert padded["training_mfu"] > 0 and packed["training_mfu"] > 0
+    assert padded["training_mfu_all_tokens"] > padded["training_mfu"]  # the prompts' tokens count there too
 
 
 def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:

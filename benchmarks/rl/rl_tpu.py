@@ -8,6 +8,7 @@ cut off after its ``--limit`` share:
   rollouts from the engine in deterministic mode, the trainer's log-probs with the same arithmetic): from its
   metrics.jsonl, per step the logged ``sampling/sampling_logp_difference/max`` and ``/mean`` (the sampler's
   log-probs against the trainer's: 0 where the training arithmetic holds), the rollout seconds, and the loss;
+  ``demo_packed`` the same with room for 124-token completions (`PACKED_DEMO`: packed rows, page-aligned);
 - ``split``: benchmarks/rl/rl.py's split (rollouts, hand-over, training; the steps after the first) with
   ``--shape qwen-0.5b`` (Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864,
   vocabulary 151,936, tied, bf16 weights with float32 Adam moments) and ``--shape quick`` (a tiny model),
@@ -20,7 +21,7 @@ cut off after its ``--limit`` share:
 Usage::
 
     python benchmarks/rl/rl_tpu.py --work /tmp/rl --cpu-too              # on the TPU machine
-    python benchmarks/rl/rl_tpu.py --demo-steps 3 --shapes quick --variants padded packed   # a CPU smoke run
+    python benchmarks/rl/rl_tpu.py --demo-steps 0 --shapes quick --variants padded packed-fast   # a CPU smoke
 
 Results: printed, and JSON (``--output``, default benchmarks/results/rl_tpu.json); logs in the work folder.
 """
@@ -59,21 +60,27 @@ def run(command: list[str], log: Path, limit: float, cpu: bool) -> dict[str, Any
     return {"exit_code": code, "seconds": time.perf_counter() - started, "log": str(log)}  # fmt: skip
 
 
-def demo(work: Path, steps: int, limit: float, cpu: bool) -> dict[str, Any]:
-    """``train --config grpo-demo`` for ``steps`` steps; what its metrics.jsonl logged per step."""
-    name = "demo_cpu" if cpu else "demo"
+PACKED_DEMO = ["--model.max_position", "256", "--rl.max_new_tokens", "124"]
+"""grpo-demo with room for completions longer than the attention block (most end sooner): packed rows."""
+
+
+def demo(work: Path, steps: int, limit: float, cpu: bool, packed: bool = False) -> dict[str, Any]:
+    """``train --config grpo-demo`` for ``steps`` steps (``packed``: with `PACKED_DEMO`); what its
+    metrics.jsonl logged per step."""
+    name = ("demo_packed" if packed else "demo") + ("_cpu" if cpu else "")
     run_dir = work / name
     command = [
         sys.executable, "-m", "halyard.train.cli", "train", "--config", "grpo-demo", "--trainer.run_dir", str(run_dir),
         "--trainer.steps", str(steps), "--trainer.log_every", "1", "--trainer.eval_every", "0", "--trainer.progress",
-        "false", "--checkpoint.every_steps", str(steps),
+        "false", "--checkpoint.every_steps", str(steps), *(PACKED_DEMO if packed else []),
     ]  # fmt: skip
     result = run(command, work / f"{name}.log", limit, cpu)
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     keep = (
         "loss", "sampling/sampling_logp_difference/max", "sampling/sampling_logp_difference/mean",
-        "rollout/seconds", "rollout/sampling_seconds", "rollout/handover_seconds", "reward/mean",
+        "rollout/seconds", "rollout/sampling_seconds", "rollout/handover_seconds", "reward/mean", "train/rows",
+        "train/row_fill",
     )  # fmt: skip
     steps_logged = [{"step": r["step"], **{k: r[k] for k in keep if k in r}} for r in records if "loss" in r]
     differences = [
@@ -130,12 +137,12 @@ def split(work: Path, shape: str, variant: str, limit: float, cpu: bool) -> dict
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="runs and logs (default: a temporary folder)")
-    parser.add_argument("--demo-steps", type=int, default=20)
+    parser.add_argument("--demo-steps", type=int, default=20, help="grpo-demo's steps (0: no demo)")
     parser.add_argument(
         "--shapes", nargs="*", default=["quick", "qwen-0.5b"], help="rl.py --shape values to split"
     )
     parser.add_argument(
-        "--variants", nargs="*", choices=sorted(VARIANTS), default=["padded", "packed", "packed-fast"],
+        "--variants", nargs="*", choices=sorted(VARIANTS), default=["padded", "packed-fast", "padded-fast"],
         help="the row layouts and modes each shape is split with",
     )  # fmt: skip
     parser.add_argument("--cpu-too", action="store_true", help="also the demo and the quick split on the CPU")
@@ -144,7 +151,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)  # fmt: skip
     work = args.work or Path(tempfile.mkdtemp(prefix="rl-tpu-"))
     work.mkdir(parents=True, exist_ok=True)
-    parts: list[tuple[str, Any]] = [("demo", lambda left: demo(work, args.demo_steps, left, cpu=False))]
+    parts: list[tuple[str, Any]] = []
+    if args.demo_steps:  # 0: no demo
+        parts += [("demo", lambda left: demo(work, args.demo_steps, left, cpu=False))]
+        parts += [("demo_packed", lambda left: demo(work, args.demo_steps, left, cpu=False, packed=True))]
     parts += [
         (f"split_{shape}_{variant}", lambda left, s=shape, v=variant: split(work, s, v, left, cpu=False))
         for shape in args.shapes
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     if args.cpu_too:
         parts += [("split_quick_packed_cpu", lambda left: split(work, "quick", "packed", left, cpu=True))]
-        parts += [("demo_cpu", lambda left: demo(work, args.demo_steps, left, cpu=True))]
+        if args.demo_steps:
+            parts += [("demo_cpu", lambda left: demo(work, args.demo_steps, left, cpu=True))]
     started = time.perf_counter()
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.output.parent.mkdir(parents=True, exist_ok=True)

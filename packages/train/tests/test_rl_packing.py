@@ -85,12 +85,14 @@ def test_each_sequence_lies_whole_in_one_row_of_its_microbatch_at_an_aligned_sta
 
 
 def test_the_padded_layout_is_one_sequence_per_row_with_the_models_positions() -> None:
+    """Row s is sequence s, its labels counted within the row (any equal cut of the batch keeps them)."""
     arrays = layout_rows(_sequences(), ADVANTAGES, _layout(False, microbatches=2))
     assert arrays["tokens"].shape == (len(LENGTHS), 65) and "segment_ids" not in arrays
     for s, sequence in enumerate(_sequences()):
-        np.testing.assert_array_equal(
-            arrays["tokens"][s, : sequence.length], sequence.prompt + sequence.completion
-        )
+        tokens = arrays["tokens"][s]
+        np.testing.assert_array_equal(tokens[: sequence.length], sequence.prompt + sequence.completion)
+        labels = arrays["label_index"][s, : len(sequence.completion)]
+        np.testing.assert_array_equal(tokens[labels + 1], sequence.completion)
 
 
 def _logps(model: object, arrays: dict[str, np.ndarray], invariant: bool) -> np.ndarray:

@@ -82,6 +82,8 @@ def _completion_logprobs(
     plain = plain.reshape(plain.shape[0] * plain.shape[1], -1)
     index = rows["label_index"]
     sequences, completion = index.shape
+    if "segment_ids" not in rows:  # padded: sequence s is row s, its labels counted within the row
+        index = jnp.arange(sequences, dtype=index.dtype)[:, None] * (tokens.shape[1] - 1) + index
     count = sequences * completion
     states = plain[index.reshape(-1)]
     labels = tokens[:, 1:].reshape(-1)[index.reshape(-1)]

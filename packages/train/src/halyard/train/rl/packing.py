@@ -9,8 +9,9 @@ block holds one sequence's keys, so its per-token arithmetic is the padded row's
 
 The per-sequence arrays are ``[sequences, completion_tokens]`` (``completion_tokens = rl.max_new_tokens``):
 completion token ``t`` of sequence ``s`` is predicted at the flat label position ``label_index[s, t]`` of its
-microbatch's rows (the loss gathers the packed log-probs there), so the policy loss sees one completion per
-row whatever the packing. The step splits every array of the batch into ``microbatches`` along its first axis
+microbatch's rows (padded: at label position ``label_index[s, t]`` of row ``s``, so any cut of the batch into
+equal parts, `trainer.invariant`'s slices too, keeps each sequence with its row); the loss gathers the
+log-probs there, so the policy loss sees one completion per row whatever the packing. The step splits every array of the batch into ``microbatches`` along its first axis
 taking rows ``m, m + M, ...`` (`halyard.train.step.split_microbatches`): sequence ``s`` goes to microbatch
 ``s % M`` and is packed into that microbatch's rows, and its ``label_index`` counts within the microbatch.
 """
@@ -115,7 +116,8 @@ def layout_rows(
             segments[r, start:end] = j + 1
             positions[r, start:end] = np.arange(sequence.length)
             size = len(sequence.completion)
-            label_index[s, :size] = row * (width - 1) + np.arange(first - 1, first - 1 + size)
+            offset = row * (width - 1) if layout.packed else 0  # padded: within the sequence's own row
+            label_index[s, :size] = offset + np.arange(first - 1, first - 1 + size)
             mask[s, :size] = 1
             sampler[s, :size] = sequence.sampler_logps
     arrays = {

@@ -148,8 +148,8 @@ def context_width(config: Any, model_config: Any, longest_prompt: int) -> int:
 
 def row_layout(setup: RunSetup, width: int) -> RowLayout:
     """How the run's sequences become rows: packed into rows of ``rl.pack_width`` tokens, unless ``rl.pack``
-    is off or the alignment ``rl.deterministic`` needs leaves nothing to pack (a sequence would take a whole
-    padded row's tokens anyway).
+    is off, the alignment ``rl.deterministic`` needs leaves nothing to pack (a sequence would take a whole
+    padded row's tokens anyway), or ``trainer.invariant`` cuts each microbatch's rows into slices.
 
     Raises:
         ConfigError: ``rl.pack_width`` below the longest sequence.
@@ -163,7 +163,7 @@ def row_layout(setup: RunSetup, width: int) -> RowLayout:
     common = dict(
         longest=longest, completion_tokens=rl.max_new_tokens, microbatches=config.trainer.accumulation
     )
-    if not rl.pack or align >= longest:
+    if not rl.pack or align >= longest or config.trainer.invariant:  # its slices cut rows: one sequence each
         return RowLayout(width, packed=False, **common)  # type: ignore[arg-type]
     if rl.pack_width < longest:
         raise ConfigError(
