@@ -140,6 +140,20 @@ def test_rl_tpu_benchmark_splits_padded_and_packed_rows_on_cpu(tmp_path: Path) -
     assert padded["training_mfu_all_tokens"] > padded["training_mfu"]  # the prompts' tokens count there too
 
 
+def test_grpo_rows_probe_times_padded_and_packed_rows(tmp_path: Path) -> None:
+    """benchmarks/probes/grpo_rows.py at the quick shape: the aligned packing's log-probs are the padded rows'
+    bit for bit, in fewer rows."""
+    result = _run(
+        "probes/grpo_rows.py", "--shape", "quick", "--sequences", "16", "--repeats", "1",
+        output=tmp_path / "grpo_rows.json",
+    )  # fmt: skip
+    for mode in ("deterministic", "fast"):
+        padded, packed = result[f"padded_{mode}"], result[f"packed_{mode}"]
+        assert packed["rows"] < padded["rows"] == 16 and packed["row_fill"] > padded["row_fill"]
+        assert packed["step_cpu_seconds"] > 0 and result[f"packed_over_padded_{mode}"] > 0
+    assert result["packed_deterministic"]["logp_difference_to_padded"] == 0.0
+
+
 def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:
     """benchmarks/serving/serve_structured.py at a tiny size: every figure is produced (the chip's are the lead's)."""
     result = _run(

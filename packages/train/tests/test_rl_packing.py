@@ -16,7 +16,7 @@ from trainer_fixtures import run_cli
 
 from halyard.models import init_model, model_config
 from halyard.train.rl.config import RlConfig
-from halyard.train.rl.objective import completion_logprobs, grpo_loss_fn
+from halyard.train.rl.objective import completion_logprobs, grpo_loss_fn, policy_logprobs
 from halyard.train.rl.packing import PackedSequence, RowLayout, layout_rows
 
 LENGTHS = [(5, 9), (12, 30), (3, 1), (20, 44), (7, 16), (9, 2), (4, 40), (6, 5)]
@@ -117,6 +117,24 @@ def test_page_aligned_packed_log_probs_are_the_padded_rows_bit_for_bit(model: ob
     np.testing.assert_array_equal(packed[mask], padded[mask])
 
 
+def test_the_old_and_reference_log_probs_of_packed_microbatches_are_the_padded_rows(model: object) -> None:
+    """One program for both, a microbatch at a time as the step cuts them (trainer.accumulation 2): each
+    sequence's log-probs are its padded row's bit for bit."""
+    sequences = _sequences()
+    arrays = layout_rows(sequences, ADVANTAGES, _layout(True, microbatches=2))
+    rows = {
+        k: jnp.asarray(v)
+        for k, v in arrays.items()
+        if k in ("tokens", "segment_ids", "positions", "label_index")
+    }
+    config = RlConfig(max_new_tokens=COMPLETION, temperature=0.7)
+    old, reference = jax.jit(policy_logprobs(config, microbatches=2))((model, model), rows)
+    padded = _logps(model, layout_rows(sequences, ADVANTAGES, _layout(False)), invariant=True)
+    mask = arrays["completion_mask"] > 0
+    np.testing.assert_array_equal(np.asarray(old)[mask], padded[mask])
+    np.testing.assert_array_equal(np.asarray(reference)[mask], padded[mask])
+
+
 def test_a_packed_sequence_does_not_see_its_neighbours(model: object) -> None:
     """Other tokens in the row's other sequences leave a sequence's log-probs as they were, bit for bit."""
     first = _sequences(0)
@@ -146,13 +164,16 @@ def test_the_loss_and_gradients_of_packed_rows_are_the_padded_rows(model: object
 
 
 def test_train_packs_the_demos_long_completions_and_keeps_the_samplers_bits(tmp_path: Path) -> None:
-    """``train --config grpo-demo`` with room for 60-token completions (most end sooner): the rows are
-    packed (fewer than the completions) and the sampler's log-probs are the trainer's bit for bit."""
+    """``train --config grpo-demo`` with room for 60-token completions (most end sooner), two microbatches,
+    two updates per rollout batch and a KL term: the rows are packed (fewer than the completions), the old
+    policy's and the reference's log-probs come from one program on them, and the sampler's log-probs are
+    the trainer's bit for bit."""
     run_dir = tmp_path / "run"
     args = [
         "--config", "grpo-demo", "--trainer.run_dir", str(run_dir), "--trainer.steps", "2",
         "--trainer.batch_size", "16", "--rl.max_running", "16", "--model.max_position", "128",
-        "--rl.max_new_tokens", "60", "--trainer.log_every", "1", "--trainer.eval_every", "0",
+        "--rl.max_new_tokens", "60", "--trainer.accumulation", "2", "--rl.updates_per_batch", "2",
+        "--rl.kl_beta", "0.01", "--trainer.log_every", "1", "--trainer.eval_every", "0",
         "--checkpoint.every_steps", "100",
     ]  # fmt: skip
     result = run_cli(args, devices=1)
@@ -160,7 +181,8 @@ def test_train_packs_the_demos_long_completions_and_keeps_the_samplers_bits(tmp_
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "loss" in r]
     assert len(steps) == 2
+    assert steps[0]["train/rows"] < 16 and steps[0]["train/row_width"] == 1025  # the rollouts' step
     for record in steps:
+        # the old policy's log-probs (a program of their own) against the sampler's, bit for bit
         assert record["sampling/sampling_logp_difference/max"] == 0.0
-        assert record["train/rows"] < 16 and record["train/row_width"] == 1025
-        assert np.isfinite(record["loss"])
+        assert np.isfinite(record["loss"]) and np.isfinite(record["kl"])

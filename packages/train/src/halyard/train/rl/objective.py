@@ -32,6 +32,7 @@ from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.filters import FilterSettings, filtered_logits
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import policy_loss
+from halyard.train.step import split_microbatches
 
 Batch = dict[str, jax.Array]
 
@@ -168,12 +169,15 @@ def grpo_loss_fn(
     return loss_fn
 
 
-def policy_logprobs(config: RlConfig) -> Callable[[tuple[Any, ...], Batch], tuple[jax.Array, ...]]:
+def policy_logprobs(
+    config: RlConfig, microbatches: int = 1
+) -> Callable[[tuple[Any, ...], Batch], tuple[jax.Array, ...]]:
     """``(models, rows) -> one logps [sequences, completion] per model``, without gradients: the old policy's
     and the reference's log-probabilities of a rollout batch in one program (jit it), the rows prepared once
-    for both."""
+    for both, a microbatch at a time as the train step cuts them (``trainer.accumulation``: packed rows
+    count their labels within their microbatch)."""
 
-    def logprobs(models: tuple[Any, ...], rows: Batch) -> tuple[jax.Array, ...]:
+    def one_microbatch(models: tuple[Any, ...], rows: Batch) -> tuple[jax.Array, ...]:
         return tuple(
             completion_logprobs(
                 jax.lax.stop_gradient(model),
@@ -184,5 +188,12 @@ def policy_logprobs(config: RlConfig) -> Callable[[tuple[Any, ...], Batch], tupl
             )[0]
             for model in models
         )
+
+    def logprobs(models: tuple[Any, ...], rows: Batch) -> tuple[jax.Array, ...]:
+        if microbatches == 1:
+            return one_microbatch(models, rows)
+        split = jax.lax.map(lambda part: one_microbatch(models, part), split_microbatches(rows, microbatches))
+        # microbatch m's sequence j is the batch's sequence j * microbatches + m
+        return tuple(jnp.swapaxes(value, 0, 1).reshape(-1, value.shape[-1]) for value in split)
 
     return logprobs

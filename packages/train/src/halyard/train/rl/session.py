@@ -243,7 +243,7 @@ def start_rl_session(
         state=state,
         frozen=frozen,
         reference=reference,
-        logprobs=jax.jit(policy_logprobs(rl)),
+        logprobs=jax.jit(policy_logprobs(rl, config.trainer.accumulation)),
         rollouts=rollouts,
         step_fn=setup.train_step(),
         log=log,
