@@ -19,11 +19,10 @@ taking rows ``m, m + M, ...`` (`halyard.train.step.split_microbatches`): sequenc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-
-from halyard.serve.program import token_ladder
 
 
 @dataclass(frozen=True)
@@ -71,11 +70,19 @@ class RowLayout:
         return -(-length // self.align) * self.align
 
     def rows_for(self, needed: int, most: int) -> int:
-        """A microbatch's row count for ``needed`` rows: a step of the ladder (`token_ladder`: powers of two
-        and 1.5 times each up to ``most``, so few programs compile) in multiples of ``row_multiple``."""
+        """A microbatch's row count for ``needed`` rows: the next step of `row_ladder` (at most a fifth of
+        the rows padding, and few programs to compile), in multiples of ``row_multiple``, at most ``most``."""
         unit = self.row_multiple
-        steps = token_ladder(1, max(-(-most // unit), 1))
-        return next(size for size in steps if size * unit >= needed) * unit
+        return min(next(size for size in row_ladder() if size * unit >= needed), -(-most // unit)) * unit
+
+
+def row_ladder() -> Iterator[int]:
+    """1, 2, 3, then four steps a doubling: 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ..."""
+    yield from (1, 2, 3)
+    scale = 1
+    while True:
+        yield from (4 * scale, 5 * scale, 6 * scale, 7 * scale)
+        scale *= 2
 
 
 def layout_rows(
