@@ -141,11 +141,11 @@ def test_rl_tpu_benchmark_splits_padded_and_packed_rows_on_cpu(tmp_path: Path) -
 
 
 def test_grpo_rows_probe_times_padded_and_packed_rows(tmp_path: Path) -> None:
-    """benchmarks/probes/grpo_rows.py at the quick shape: the aligned packing's log-probs are the padded rows'
-    bit for bit, in fewer rows."""
+    """benchmarks/probes/grpo_rows.py at the quick shape, short completions (under a page: aligned packing
+    saves rows too): the aligned packing's log-probs are the padded rows' bit for bit, in fewer rows."""
     result = _run(
-        "probes/grpo_rows.py", "--shape", "quick", "--sequences", "16", "--repeats", "1",
-        output=tmp_path / "grpo_rows.json",
+        "probes/grpo_rows.py", "--shape", "quick", "--sequences", "16", "--repeats", "1", "--completion-range", "1",
+        "16", "--pack-width", "256", output=tmp_path / "grpo_rows.json",
     )  # fmt: skip
     for mode in ("deterministic", "fast"):
         padded, packed = result[f"padded_{mode}"], result[f"packed_{mode}"]

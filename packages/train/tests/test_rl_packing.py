@@ -42,7 +42,7 @@ ADVANTAGES = np.linspace(-0.5, 1.0, len(LENGTHS)).astype(np.float32)
 def _layout(packed: bool, align: int = 64, microbatches: int = 1) -> RowLayout:
     width = 256 + 1 if packed else 64 + 1
     return RowLayout(width, longest=64, completion_tokens=COMPLETION, packed=packed, align=align,
-                     microbatches=microbatches)  # fmt: skip
+                     microbatches=microbatches, gain=1.0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,18 @@ def test_the_padded_layout_is_one_sequence_per_row_with_the_models_positions() -
         np.testing.assert_array_equal(tokens[: sequence.length], sequence.prompt + sequence.completion)
         labels = arrays["label_index"][s, : len(sequence.completion)]
         np.testing.assert_array_equal(tokens[labels + 1], sequence.completion)
+
+
+def test_packing_that_saves_too_little_trains_padded_rows() -> None:
+    """Sequences that each fill a page: aligned packing would hold as many tokens as the padded rows."""
+    rng = np.random.default_rng(0)
+    full = [
+        PackedSequence(list(rng.integers(1, 64, 8)), list(rng.integers(1, 64, 56)), [0.0] * 56)
+        for _ in range(8)
+    ]
+    layout = RowLayout(257, longest=64, completion_tokens=COMPLETION + 8, align=64)
+    arrays = layout_rows(full, ADVANTAGES, layout)
+    assert "segment_ids" not in arrays and arrays["tokens"].shape == (8, 65)
 
 
 def _logps(model: object, arrays: dict[str, np.ndarray], invariant: bool) -> np.ndarray:
@@ -172,7 +184,7 @@ def test_train_packs_the_demos_long_completions_and_keeps_the_samplers_bits(tmp_
     args = [
         "--config", "grpo-demo", "--trainer.run_dir", str(run_dir), "--trainer.steps", "2",
         "--trainer.batch_size", "16", "--rl.max_running", "16", "--model.max_position", "128",
-        "--rl.max_new_tokens", "60", "--trainer.accumulation", "2", "--rl.updates_per_batch", "2",
+        "--rl.max_new_tokens", "60", "--rl.pack_width", "256", "--trainer.accumulation", "2", "--rl.updates_per_batch", "2",
         "--rl.kl_beta", "0.01", "--trainer.log_every", "1", "--trainer.eval_every", "0",
         "--checkpoint.every_steps", "100",
     ]  # fmt: skip
@@ -181,7 +193,7 @@ def test_train_packs_the_demos_long_completions_and_keeps_the_samplers_bits(tmp_
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "loss" in r]
     assert len(steps) == 2
-    assert steps[0]["train/rows"] < 16 and steps[0]["train/row_width"] == 1025  # the rollouts' step
+    assert steps[0]["train/rows"] < 16 and steps[0]["train/row_width"] == 257  # the rollouts' step
     for record in steps:
         # the old policy's log-probs (a program of their own) against the sampler's, bit for bit
         assert record["sampling/sampling_logp_difference/max"] == 0.0

@@ -18,11 +18,17 @@ taking rows ``m, m + M, ...`` (`halyard.train.step.split_microbatches`): sequenc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+PACKING_GAIN = 0.75
+"""A step packs its rows only where they hold at most this share of the padded rows' tokens: packed rows
+cost more per token (the attention kernel reads the segment ids; on CPU the ``blocked`` kernel walks its
+blocks in a loop instead of unrolled pairs), so packing that saves less is slower (benchmarks/README.md)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class RowLayout:
         align: packed sequences start at multiples of this many tokens.
         microbatches: ``trainer.accumulation``.
         row_multiple: a microbatch's rows are a multiple of this (the batch's shards over the devices).
+        gain: a step packs only where its rows hold at most this share of the padded rows' tokens.
     """
 
     width: int
@@ -60,6 +67,7 @@ class RowLayout:
     align: int = 1
     microbatches: int = 1
     row_multiple: int = 1
+    gain: float = PACKING_GAIN
 
     def __post_init__(self) -> None:
         if self.longest > self.width:
@@ -90,8 +98,9 @@ def layout_rows(
 ) -> dict[str, np.ndarray]:
     """The step's arrays: ``tokens``, ``segment_ids`` and ``positions`` ``[rows, width]``; ``label_index``,
     ``completion_mask`` and ``sampler_logps`` ``[sequences, completion_tokens]``; ``advantages``
-    ``[sequences]``. Padded (``layout.packed`` False), row ``s`` is sequence ``s`` and there are no segment
-    ids or positions (the model's defaults).
+    ``[sequences]``. Padded (``layout.packed`` False, or packing that would save too little: ``layout.gain``),
+    row ``s`` is sequence ``s``, ``layout.longest + 1`` tokens wide, and there are no segment ids or positions
+    (the model's defaults).
 
     Raises:
         ValueError: a sequence longer than ``layout.longest``, or a sequence count that does not split into microbatches.
@@ -107,6 +116,9 @@ def layout_rows(
     if layout.packed:  # at most: every sequence as long as it can be
         most = -(-per_micro // max(1, width // layout.slot(layout.longest)))
         rows = layout.rows_for(max(max(r for _, r in p) + 1 for p in places), most)
+        if rows * width > layout.gain * per_micro * (layout.longest + 1):  # too little saved: padded rows
+            padded = dataclasses.replace(layout, packed=False, width=layout.longest + 1)
+            return layout_rows(sequences, advantages, padded)
     else:
         rows = per_micro
     tokens = np.zeros((rows * micro, width), np.int32)
