@@ -1,4 +1,4 @@
-"""Smoke runs of benchmarks/serving/serve.py and benchmarks/rl/rl.py at their quick sizes: every figure is produced
+"""Smoke runs of benchmarks/serving/serve.py, benchmarks/rl/rl.py and rl_tpu.py at their quick sizes: every figure is produced
 (also of the int8 ones: serving/serve_int8_quality.py --quick, and the TPU profile's decode with --quantization none
 int8).
 
@@ -122,6 +122,36 @@ def test_rl_benchmark_quick(tmp_path: Path) -> None:
     result = _run("rl/rl.py", "--quick", output=tmp_path / "rl.json")
     shares = result["share_rollouts"] + result["share_handover"] + result["share_training"]
     assert abs(shares - 1.0) < 1e-6 and result["rollout_tokens_per_second"] > 0
+
+
+def test_rl_tpu_benchmark_splits_padded_and_packed_rows_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/rl/rl_tpu.py's chip comparison at the quick shape on the CPU: the padded rows (before
+    rl.pack) and the packed ones, each split with its training tokens/s, MFU and row fill, side by side."""
+    result = _run(
+        "rl/rl_tpu.py", "--work", str(tmp_path / "work"), "--demo-steps", "0", "--shapes", "quick",
+        "--variants", "padded", "packed-fast", "--limit", "880", output=tmp_path / "rl_tpu.json",
+    )  # fmt: skip
+    padded, packed = result["split_quick_padded"], result["split_quick_packed-fast"]
+    assert padded["exit_code"] == packed["exit_code"] == 0
+    assert padded["rows"] == "padded" and padded["deterministic"] and not packed["deterministic"]
+    assert packed["training_rows"] < padded["training_rows"] == 64
+    assert packed["training_row_fill"] > padded["training_row_fill"]
+    assert padded["training_mfu"] > 0 and packed["training_mfu"] > 0
+    assert padded["training_mfu_all_tokens"] > padded["training_mfu"]  # the prompts' tokens count there too
+
+
+def test_grpo_rows_probe_times_padded_and_packed_rows(tmp_path: Path) -> None:
+    """benchmarks/probes/grpo_rows.py at the quick shape, short completions (under a page: aligned packing
+    saves rows too): the aligned packing's log-probs are the padded rows' bit for bit, in fewer rows."""
+    result = _run(
+        "probes/grpo_rows.py", "--shape", "quick", "--sequences", "16", "--repeats", "1", "--completion-range", "1",
+        "16", "--pack-width", "256", output=tmp_path / "grpo_rows.json",
+    )  # fmt: skip
+    for mode in ("deterministic", "fast"):
+        padded, packed = result[f"padded_{mode}"], result[f"packed_{mode}"]
+        assert packed["rows"] < padded["rows"] == 16 and packed["row_fill"] > padded["row_fill"]
+        assert packed["step_cpu_seconds"] > 0 and result[f"packed_over_padded_{mode}"] > 0
+    assert result["packed_deterministic"]["logp_difference_to_padded"] == 0.0
 
 
 def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:

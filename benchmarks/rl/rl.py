@@ -21,6 +21,12 @@ Usage::
     python benchmarks/rl/rl.py --curve    # and the grpo-demo's learning curve
     python benchmarks/rl/rl.py --quick    # a tiny model, 3 steps (a smoke test)
     python benchmarks/rl/rl.py --shape qwen-0.5b   # Qwen2.5-0.5B's shape in bf16, 4 steps (a TPU: rl_tpu.py)
+    python benchmarks/rl/rl.py --quick --rows padded   # one padded row per completion (before rl.pack)
+
+``--rows packed`` (the default, ``rl.pack true``) or ``padded`` (``rl.pack false``), ``--fast``
+(``rl.deterministic false``: sequences pack at any token, not at page boundaries); the training phase's
+figures: completion tokens/s, the trainer's MFU (completion tokens; ``mfu`` in its log), the rows a step
+trained and the share of their tokens that are prompts and completions (``train/row_fill``).
 
 Results are printed and written as JSON (``--output``, default benchmarks/results/rl.json).
 """
@@ -49,6 +55,8 @@ import jax
 from halyard.shard import Layout, MeshSpec
 from halyard.train import TrainConfig, Trainer, parse_config
 from halyard.train.cli import resolve_config_paths
+from halyard.train.perf.peaks import device_peak_flops
+from halyard.train.run.sources import model_config_of
 from halyard.train.trainer.metrics_log import MetricsLog
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "rl.json"
@@ -73,9 +81,17 @@ SHAPES = {"llama": (LLAMA, 6, 64), "quick": (QUICK, 3, 8), "qwen-0.5b": (QWEN_05
 """Each ``--shape``: its model options, the steps run and the new tokens per completion."""
 
 
-def train_split(model: list[str], steps: int, new_tokens: int, run_dir: Path) -> dict[str, Any]:
+def train_split(
+    model: list[str], steps: int, new_tokens: int, run_dir: Path, rows: str = "packed", fast: bool = False
+) -> dict[str, Any]:
     """Train ``steps`` GRPO steps on one device and split each later step's time."""
     args = ["--config", "grpo-demo", *model, "--trainer.run_dir", str(run_dir), "--trainer.steps", str(steps)]
+    args += [
+        "--rl.pack",
+        "true" if rows == "packed" else "false",
+        "--rl.deterministic",
+        str(not fast).lower(),
+    ]
     args += ["--trainer.batch_size", "64", "--rl.max_running", "64", "--rl.max_new_tokens", str(new_tokens)]
     args += ["--trainer.log_every", "1", "--trainer.eval_every", "0", "--checkpoint.every_steps", str(steps)]
     args += ["--trainer.progress", "false", "--trainer.mesh.data", "1", "--data.validation_fraction", "0"]
@@ -87,6 +103,11 @@ def train_split(model: list[str], steps: int, new_tokens: int, run_dir: Path) ->
     handover = statistics.fmean(r["rollout/handover_seconds"] for r in later)
     total = training + rollout + handover
     trained_tokens = statistics.fmean(r["completion/length_mean"] for r in later) * 64
+    # completion tokens / the prompts' and completions' tokens the rows held
+    completion_share = statistics.fmean(
+        r["completion/length_mean"] * 64 / (r["train/row_fill"] * r["train/rows"] * r["train/row_width"])
+        for r in later
+    )
     return {
         "step_seconds": total,
         "share_rollouts": rollout / total,
@@ -96,7 +117,23 @@ def train_split(model: list[str], steps: int, new_tokens: int, run_dir: Path) ->
         "training_tokens_per_second": trained_tokens / training,
         "handover_seconds": handover,
         "completion_length_mean": trained_tokens / 64,
+        "training_mfu": training_mfu(config, trained_tokens / training),
+        "training_mfu_all_tokens": training_mfu(config, trained_tokens / training) / completion_share,
+        "training_rows": statistics.fmean(r["train/rows"] for r in later),
+        "training_row_fill": statistics.fmean(r["train/row_fill"] for r in later),
+        "logp_difference_max": max(r.get("sampling/sampling_logp_difference/max", 0.0) for r in later),
+        "rows": rows,
+        "deterministic": not fast,
     }
+
+
+def training_mfu(config: TrainConfig, tokens_per_second: float) -> float:
+    """The training phase's MFU at ``tokens_per_second`` completion tokens (the trainer's ``mfu``: its
+    FLOPs per token, this device's peak)."""
+    model_config = model_config_of(config)
+    flops = float(model_config.flops_per_token(config.data.seq_len))
+    peak = device_peak_flops(jax.devices()[0], model_config.compute).flops_per_second
+    return flops * tokens_per_second / peak
 
 
 def resharding_seconds(model: list[str]) -> float:
@@ -159,13 +196,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="llama (default), quick (= --quick) or qwen-0.5b (Qwen2.5-0.5B's shape, bf16: for a TPU)",
     )
+    parser.add_argument("--rows", choices=("packed", "padded"), default="packed", help="rl.pack true / false")
+    parser.add_argument("--fast", action="store_true", help="rl.deterministic false (no bitwise promise)")
     parser.add_argument("--curve", action="store_true", help="also the whole grpo-demo's learning curve")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shape = args.shape or ("quick" if args.quick else "llama")
     model, steps, new_tokens = SHAPES[shape]
     with tempfile.TemporaryDirectory() as folder:
-        split = train_split(model, steps, new_tokens, Path(folder) / "run")
+        split = train_split(model, steps, new_tokens, Path(folder) / "run", args.rows, args.fast)
     split["backend"] = jax.default_backend()
     if len(jax.devices()) >= 8:  # 8 simulated CPU devices (this script asks for them); a TPU chip is one
         split["resharding_seconds_fsdp8_to_replicated"] = resharding_seconds(model)

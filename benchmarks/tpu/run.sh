@@ -123,9 +123,11 @@ run_part() {  # run_part PART SECONDS: the part's command, its output in OUT_DIR
         timeout -k 5 "$t" python3 benchmarks/serving/serve_deterministic.py --size "$SIZE" \
             --dtype "${DET_DTYPE:-bfloat16}" --limit $(( t - 25 )) --output "$out.json" > "$out.log" 2>&1
         echo "exit $?"; tail -16 "$out.log" ;;
-    rl)  # rl/rl_tpu.py: grpo-demo's sampler/trainer log-prob difference, a 0.5B GRPO step split (DEMO_STEPS)
+    rl)  # rl/rl_tpu.py: grpo-demo's sampler/trainer log-prob difference, a 0.5B GRPO step split per row layout (DEMO_STEPS, RL_VARIANTS, RL_CPU)
+        # shellcheck disable=SC2086  # the variants and the CPU flag are lists
         timeout -k 5 "$t" python3 benchmarks/rl/rl_tpu.py --work /tmp/rl-tpu --demo-steps "${DEMO_STEPS:-10}" \
-            --shapes "$SHAPE" --cpu-too --limit $(( t - 5 )) --output "$out.json" > "$out.log" 2>&1
+            --shapes "$SHAPE" --variants ${RL_VARIANTS:-padded packed-fast padded-fast} ${RL_CPU---cpu-too} \
+            --limit $(( t - 5 )) --output "$out.json" > "$out.log" 2>&1
         echo "exit $?"; tail -12 "$out.log"; cp /tmp/rl-tpu/*.log "$OUT_DIR/" 2>/dev/null ;;
     kernel-check)  # tpu/tpu_decode_kernel_check.py: the decode kernel compiled, against the reference and JAX's kernel
         timeout -k 5 "$t" python3 benchmarks/tpu/tpu_decode_kernel_check.py > "$out.json" 2> "$out.log"

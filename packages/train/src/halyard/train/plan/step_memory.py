@@ -209,18 +209,21 @@ def _abstract_batch(config: TrainConfig, setup: RunSetup) -> dict[str, jax.Shape
     entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
     sharding = NamedSharding(setup.mesh, PartitionSpec(entry, None))
     shape = (rows, config.data.seq_len + 1)
-    if config.trainer.objective == "grpo":  # a rollout batch: prompt + completion, data.seq_len wide
+    if (
+        config.trainer.objective == "grpo"
+    ):  # a rollout batch: one padded row per completion, data.seq_len wide
         per_row = NamedSharding(setup.mesh, PartitionSpec(entry))
-        batch = {
-            name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
-            for name in ("tokens", "completion_mask")
+        completion = (rows, config.rl.max_new_tokens)  # per sequence (`halyard.train.rl.packing`)
+        batch = {"tokens": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)}
+        batch |= {
+            name: jax.ShapeDtypeStruct(completion, jnp.int32, sharding=sharding)
+            for name in ("label_index", "completion_mask")
         }
-        labels = (rows, config.data.seq_len)
         logps = ["sampler_logps"] + (
             ["old_logps"] if config.rl.updates_per_batch > 1 or config.rl.async_steps else []
         )
         logps += ["reference_logps"] if config.rl.kl_beta > 0 else []
-        batch |= {name: jax.ShapeDtypeStruct(labels, jnp.float32, sharding=sharding) for name in logps}
+        batch |= {name: jax.ShapeDtypeStruct(completion, jnp.float32, sharding=sharding) for name in logps}
         return batch | {"advantages": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=per_row)}
     if config.trainer.objective == "dpo":  # pairs, with the reference's log-probs added before each step
         pairs = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in PAIR_KEYS}

@@ -1,10 +1,8 @@
 """From sampled groups to a GRPO train batch: rewards, advantages and the arrays of the step, plus what the
 rollouts say about themselves (the metrics the trainer logs beside the step's own).
 
-A batch has ``groups * group_size`` rows, a prompt's completions side by side. Row ``i`` holds the prompt,
-the completion and padding (``tokens [rows, width]``); ``completion_mask`` is 1 on the completion's tokens;
-the sampler's log-probability of completion token ``t`` sits at label position ``t - 1`` of
-``sampler_logps [rows, width - 1]`` (the position that predicts it).
+A batch has ``groups * group_size`` sequences (a prompt and one completion), a prompt's completions side by
+side, laid out in rows by `halyard.train.rl.packing.layout_rows`: packed several to a row, or one to a row.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import numpy as np
 
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import group_advantages
+from halyard.train.rl.packing import PackedSequence, RowLayout, layout_rows
 from halyard.train.rl.rewards.scoring import RewardSet
 from halyard.train.rl.rollouts import Group
 
@@ -61,26 +60,25 @@ def score_groups(groups: list[Group], rewards: RewardSet, config: RlConfig) -> S
     )
 
 
-def batch_arrays(scored: ScoredGroups, width: int) -> dict[str, np.ndarray]:
-    """The step's arrays (see the module docstring) of ``scored``'s groups, in order."""
-    rows = sum(len(group.completions) for group in scored.groups)
-    tokens = np.zeros((rows, width), np.int32)
-    mask = np.zeros((rows, width), np.int32)
-    sampler = np.zeros((rows, width - 1), np.float32)
-    row = 0
-    for group in scored.groups:
-        prompt = list(group.prompt.tokens)
-        for completion in group.completions:
-            sequence = prompt + completion.tokens
-            tokens[row, : len(sequence)] = sequence
-            mask[row, len(prompt) : len(sequence)] = 1
-            sampler[row, len(prompt) - 1 : len(sequence) - 1] = completion.sampler_logprobs
-            row += 1
+def batch_arrays(scored: ScoredGroups, layout: RowLayout) -> dict[str, np.ndarray]:
+    """The step's arrays (`halyard.train.rl.packing.layout_rows`) of ``scored``'s groups, in order."""
+    sequences = [
+        PackedSequence(list(group.prompt.tokens), list(completion.tokens), list(completion.sampler_logprobs))
+        for group in scored.groups
+        for completion in group.completions
+    ]
+    return layout_rows(sequences, scored.advantages, layout)
+
+
+def row_metrics(arrays: dict[str, np.ndarray], scored: ScoredGroups) -> dict[str, float]:
+    """How full the trained rows are: ``train/rows``, ``train/row_width`` and ``train/row_fill`` (the share of
+    their tokens that are prompts and completions rather than padding)."""
+    rows, width = arrays["tokens"].shape
+    tokens = sum(len(g.prompt.tokens) + len(c.tokens) for g in scored.groups for c in g.completions)
     return {
-        "tokens": tokens,
-        "completion_mask": mask,
-        "sampler_logps": sampler,
-        "advantages": scored.advantages.reshape(-1).astype(np.float32),
+        "train/rows": float(rows),
+        "train/row_width": float(width),
+        "train/row_fill": tokens / (rows * width),
     }
 
 

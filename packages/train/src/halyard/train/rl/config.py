@@ -49,6 +49,10 @@ class RlConfig:
     """Rollouts for step t + 1 come from the weights of step t + 1 - async_steps (0: the current weights, on-policy; 1: generated with the previous step's weights, corrected by importance sampling)."""
     deterministic: bool = True
     """Run the engine in deterministic mode: a completion's tokens and log-probabilities do not depend on the other rollouts of the batch, so a resumed run samples what the uninterrupted one sampled; and the trainer computes its log-probabilities with the same arithmetic (halyard.named.nn.batch_invariant; `train` starts XLA without fused multiply-adds), so on CPU they equal the sampler's bit for bit."""
+    pack: bool = True
+    """Train on rows that each hold several sequences (prompt and completion), attention kept within each, instead of one padded row per completion. With rl.deterministic a sequence starts at a multiple of rl.page_size and of the attention kernel's block, so the trainer's log-probabilities stay the sampler's bit for bit."""
+    pack_width: int = 1024
+    """Tokens per packed row (at least the longest prompt plus rl.max_new_tokens; positions restart in every sequence, so a row may be wider than the model's positions). trainer.accumulation splits a step's rows into microbatches: make each hold as many tokens as the accelerator's memory takes."""
     max_running: int = 64
     """The engine's rows: completions generated at once."""
     page_size: int = 64
@@ -68,6 +72,7 @@ class RlConfig:
             "max_running",
             "page_size",
             "dynamic_sampling_tries",
+            "pack_width",
         ):
             if getattr(self, key) < 1:
                 raise ValueError(f"rl.{key}={getattr(self, key)}: must be at least 1")

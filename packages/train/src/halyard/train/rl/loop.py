@@ -21,12 +21,14 @@ import numpy as np
 
 from halyard.serve import SamplingParams
 from halyard.shard import batch_share, global_batch_from_local, is_main_process
-from halyard.train.rl.batch import ScoredGroups, batch_arrays, rollout_metrics, score_groups
+from halyard.train.rl.batch import ScoredGroups, batch_arrays, rollout_metrics, row_metrics, score_groups
 from halyard.train.rl.rollouts import Group
 from halyard.train.rl.session import RlSession
 from halyard.train.step import TrainState
 from halyard.train.trainer.interruption import before_steps, signalled_on_any_process, stop_run
 
+ROW_ARRAYS = ("tokens", "segment_ids", "positions", "label_index")
+"""What the old policy's and the reference's log-probs are computed from."""
 DYNAMIC_POSITION_OFFSET = 1 << 40
 """Dynamic sampling's extra prompts come from positions this far into the order (a stream of their own)."""
 
@@ -103,13 +105,20 @@ class GrpoLoop:
         if self.rl.dynamic_sampling:
             scored, extra = self._fill(rollout, scored, weights)
             handover, sampling, generated = handover + extra[0], sampling + extra[1], generated + extra[2]
-        arrays = batch_arrays(scored, session.width)
-        tokens = self._replicated(arrays["tokens"])
+        arrays = batch_arrays(scored, session.rows)
+        models = []
         if self.rl.updates_per_batch > 1 or self.rl.async_steps:
-            arrays["old_logps"] = np.asarray(session.logprobs(session.model(state), tokens))
+            models.append(("old_logps", session.model(state)))
         if session.reference is not None:
-            arrays["reference_logps"] = np.asarray(session.logprobs(session.reference, tokens))
+            models.append(("reference_logps", session.reference))
+        if models:  # the old policy's and the reference's log-probs in one program
+            rows = {name: self._replicated(arrays[name]) for name in ROW_ARRAYS if name in arrays}
+            computed = session.logprobs(tuple(model for _, model in models), rows)
+            arrays.update(
+                {name: np.asarray(value) for (name, _), value in zip(models, computed, strict=True)}
+            )
         metrics = rollout_metrics(scored, self.rl)
+        metrics.update(row_metrics(arrays, scored))
         metrics.update(
             {
                 "rollout/handover_seconds": handover,
@@ -159,9 +168,11 @@ class GrpoLoop:
 
     def _device_batch(self, arrays: dict[str, Any], state: TrainState) -> dict[str, jax.Array]:
         setup = self.session.setup
-        host_index, host_count = batch_share(setup.mesh, setup.layout)
-        rows = arrays["tokens"].shape[0] // host_count
-        local = {name: value[host_index * rows : (host_index + 1) * rows] for name, value in arrays.items()}
+        index, count = batch_share(setup.mesh, setup.layout)
+        # rows and per-sequence arrays differ in length: each splits into the processes' equal slices
+        local = {
+            name: np.split(value, count)[index] if count > 1 else value for name, value in arrays.items()
+        }
         return global_batch_from_local(local, setup.mesh, layout=setup.layout)
 
     # -- evaluation --------------------------------------------------------------------------------

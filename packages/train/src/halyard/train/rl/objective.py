@@ -7,9 +7,12 @@ importance ratios compare like with like. With ``rl.deterministic`` the forward 
 `halyard.named.nn.batch_invariant`, as the engine's deterministic programs are: in a process without fused
 multiply-adds (``train`` sees to it) the trainer's log-probabilities are the sampler's, bit for bit.
 
-A batch (`halyard.train.rl.batch.RolloutBatch`) holds ``tokens`` ``[sequences, width]`` (prompt, completion,
-padding), ``completion_mask`` over them, the sequences' ``advantages``, the sampler's log-probabilities at the
-label positions and, when needed, the old policy's and the reference's.
+A batch (`halyard.train.rl.packing.layout_rows`) holds the rows: ``tokens`` ``[rows, width]`` (sequences
+packed several to a row with their ``segment_ids`` and ``positions``, or one to a row), and per sequence
+``[sequences, completion_tokens]``: where each completion token is predicted (``label_index``), the
+``completion_mask``, the sampler's log-probabilities and, when needed, the old policy's and the reference's,
+and the ``advantages``. The logits are computed at the completion tokens' label positions alone (not at the
+prompts' or the padding's).
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
+from halyard.models.attention import AttentionMask
 from halyard.models.model import default_positions
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.filters import FilterSettings, filtered_logits
 from halyard.train.rl.config import RlConfig
 from halyard.train.rl.losses import policy_loss
+from halyard.train.step import split_microbatches
 
 Batch = dict[str, jax.Array]
 
@@ -38,47 +43,54 @@ CHUNK_TOKENS = 1024
 
 
 def completion_logprobs(
-    model: Any,
-    tokens: Int[Array, "sequences width"],
-    *,
-    temperature: float,
-    top_p: float,
-    invariant: bool = False,
-) -> tuple[Float[Array, "sequences labels"], Float[Array, "sequences labels"]]:
-    """Each label token's log-probability and each position's entropy under the sampling distribution.
+    model: Any, rows: Batch, *, temperature: float, top_p: float, invariant: bool = False
+) -> tuple[Float[Array, "sequences completion"], Float[Array, "sequences completion"]]:
+    """Each completion token's log-probability and its position's entropy under the sampling distribution.
 
-    The logits are computed `CHUNK_TOKENS` positions at a time and recomputed in the backward pass, so the
-    memory they take does not grow with the batch.
+    The logits are computed at the completion tokens' label positions only, `CHUNK_TOKENS` at a time, and
+    recomputed in the backward pass, so the memory they take does not grow with the batch.
 
     Args:
         model: a `halyard.models.CausalLM`.
-        tokens: ``[sequences, width]``; position ``t`` predicts token ``t + 1``.
+        rows: ``tokens [rows, width]`` (position ``t`` predicts token ``t + 1``), with ``segment_ids`` and
+            ``positions`` when packed, and ``label_index [sequences, completion]``.
         temperature: the sampling temperature.
         top_p: the sampling nucleus (1: none).
         invariant: trace the forward pass inside `halyard.named.nn.batch_invariant` (``rl.deterministic``).
 
     Returns:
-        ``(logps, entropy)``, both float32 ``[sequences, width - 1]``.
+        ``(logps, entropy)``, both float32 ``[sequences, completion]`` (padding slots hold what the position
+        ``label_index`` names gives: the loss masks them).
     """
     with batch_invariant() if invariant else contextlib.nullcontext():
-        return _completion_logprobs(model, tokens, temperature, top_p)
+        return _completion_logprobs(model, rows, temperature, top_p)
 
 
 def _completion_logprobs(
-    model: Any, tokens: jax.Array, temperature: float, top_p: float
+    model: Any, rows: Batch, temperature: float, top_p: float
 ) -> tuple[jax.Array, jax.Array]:
     computing = model.in_compute_dtype()
+    tokens = rows["tokens"]
     inputs = named(tokens[:, :-1], ("batch", "pos"))
-    hidden = computing.decoder(
-        inputs, mask=model.complete_mask(None), positions=default_positions(inputs)
-    ).hidden
-    rows, width = tokens.shape[0], tokens.shape[1] - 1
-    plain = hidden.rearrange("batch", "pos", "embed").array.reshape(rows * width, -1)
-    labels = tokens[:, 1:].reshape(-1)
-    count = rows * width
+    if "segment_ids" in rows:  # packed: attention within a sequence, positions from its start
+        segments = named(rows["segment_ids"][:, :-1], ("batch", "pos"))
+        mask = model.complete_mask(AttentionMask(causal=True, segment_ids=segments))
+        positions = named(rows["positions"][:, :-1], ("batch", "pos"))
+    else:
+        mask, positions = model.complete_mask(None), default_positions(inputs)
+    hidden = computing.decoder(inputs, mask=mask, positions=positions).hidden
+    plain = hidden.rearrange("batch", "pos", "embed").array
+    plain = plain.reshape(plain.shape[0] * plain.shape[1], -1)
+    index = rows["label_index"]
+    sequences, completion = index.shape
+    if "segment_ids" not in rows:  # padded: sequence s is row s, its labels counted within the row
+        index = jnp.arange(sequences, dtype=index.dtype)[:, None] * (tokens.shape[1] - 1) + index
+    count = sequences * completion
+    states = plain[index.reshape(-1)]
+    labels = tokens[:, 1:].reshape(-1)[index.reshape(-1)]
     chunk = min(CHUNK_TOKENS, count)
     padded = -(-count // chunk) * chunk
-    plain = jnp.pad(plain, ((0, padded - count), (0, 0))).reshape(padded // chunk, chunk, -1)
+    states = jnp.pad(states, ((0, padded - count), (0, 0))).reshape(padded // chunk, chunk, -1)
     labels = jnp.pad(labels, (0, padded - count)).reshape(padded // chunk, chunk)
 
     @jax.checkpoint
@@ -88,15 +100,16 @@ def _completion_logprobs(
         scaled = _sampling_logits(logits, temperature, top_p)
         log_probabilities = row_log_softmax(scaled)
         logps = jnp.take_along_axis(log_probabilities, targets[:, None], axis=-1)[:, 0]
-        # with top_p < 1 a prompt or padding position's next token may lie outside the nucleus (-inf): 0
-        # there, which the loss masks out (a masked -inf would make the loss and its gradient NaN)
+        # with top_p < 1 a padding slot's token may lie outside the nucleus (-inf): 0 there, which the loss
+        # masks out (a masked -inf would make the loss and its gradient NaN)
         logps = jnp.where(jnp.isfinite(logps), logps, 0.0)
         probabilities = jnp.exp(log_probabilities)
         entropy = -jnp.sum(jnp.where(probabilities > 0, probabilities * log_probabilities, 0.0), axis=-1)
         return logps, entropy
 
-    logps, entropy = jax.lax.map(one_chunk, (plain, labels))
-    return logps.reshape(-1)[:count].reshape(rows, width), entropy.reshape(-1)[:count].reshape(rows, width)
+    logps, entropy = jax.lax.map(one_chunk, (states, labels))
+    shape = (sequences, completion)
+    return logps.reshape(-1)[:count].reshape(shape), entropy.reshape(-1)[:count].reshape(shape)
 
 
 def _sampling_logits(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
@@ -125,13 +138,9 @@ def grpo_loss_fn(
     def loss_fn(model: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         del key  # the families have no dropout
         logps, entropy = completion_logprobs(
-            model,
-            batch["tokens"],
-            temperature=config.temperature,
-            top_p=config.top_p,
-            invariant=config.deterministic,
+            model, batch, temperature=config.temperature, top_p=config.top_p, invariant=config.deterministic
         )
-        mask = batch["completion_mask"][:, 1:].astype(jnp.float32)
+        mask = batch["completion_mask"].astype(jnp.float32)
         result = policy_loss(
             logps,
             batch.get("old_logps"),
@@ -160,18 +169,31 @@ def grpo_loss_fn(
     return loss_fn
 
 
-def policy_logprobs(config: RlConfig) -> Callable[[Any, jax.Array], jax.Array]:
-    """``(model, tokens) -> logps [sequences, width - 1]``, without gradients: the old policy's or the
-    reference's log-probabilities of a rollout batch (jit it)."""
+def policy_logprobs(
+    config: RlConfig, microbatches: int = 1
+) -> Callable[[tuple[Any, ...], Batch], tuple[jax.Array, ...]]:
+    """``(models, rows) -> one logps [sequences, completion] per model``, without gradients: the old policy's
+    and the reference's log-probabilities of a rollout batch in one program (jit it), the rows prepared once
+    for both, a microbatch at a time as the train step cuts them (``trainer.accumulation``: packed rows
+    count their labels within their microbatch)."""
 
-    def logprobs(model: Any, tokens: jax.Array) -> jax.Array:
-        logps, _ = completion_logprobs(
-            jax.lax.stop_gradient(model),
-            tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            invariant=config.deterministic,
+    def one_microbatch(models: tuple[Any, ...], rows: Batch) -> tuple[jax.Array, ...]:
+        return tuple(
+            completion_logprobs(
+                jax.lax.stop_gradient(model),
+                rows,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                invariant=config.deterministic,
+            )[0]
+            for model in models
         )
-        return logps
+
+    def logprobs(models: tuple[Any, ...], rows: Batch) -> tuple[jax.Array, ...]:
+        if microbatches == 1:
+            return one_microbatch(models, rows)
+        split = jax.lax.map(lambda part: one_microbatch(models, part), split_microbatches(rows, microbatches))
+        # microbatch m's sequence j is the batch's sequence j * microbatches + m
+        return tuple(jnp.swapaxes(value, 0, 1).reshape(-1, value.shape[-1]) for value in split)
 
     return logprobs

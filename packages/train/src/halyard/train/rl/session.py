@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +13,9 @@ from typing import Any
 import jax
 
 from halyard.data import TokenizerSpec, load_tokenizer
+from halyard.models.attention.dispatch import default_block_size
 from halyard.serve.requests import eos_ids_of
-from halyard.shard import is_main_process
+from halyard.shard import default_batch_axes, is_main_process
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.checkpoint.policies import KeepPolicy, SavePolicy
 from halyard.train.config.errors import ConfigError
@@ -24,6 +26,7 @@ from halyard.train.lora.adapters import with_base
 from halyard.train.lora.base import checkpoint_metadata
 from halyard.train.perf.goodput import Goodput
 from halyard.train.rl.objective import policy_logprobs
+from halyard.train.rl.packing import RowLayout, alignment
 from halyard.train.rl.prompts import PromptSet
 from halyard.train.rl.rewards.scoring import RewardSet, load_rewards
 from halyard.train.rl.rollouts import Rollouts
@@ -57,7 +60,8 @@ class RlSession:
             the first step it runs.
         log: metrics and trackers.
         metadata: what each checkpoint records besides the state.
-        width: the tokens of a trained sequence (prompt, completion, padding).
+        width: the tokens of a padded row (the longest prompt, ``rl.max_new_tokens``, the label shift).
+        rows: how the step's sequences become rows (packed, or one to a padded row).
         start_step: the step the state is at.
     """
 
@@ -75,6 +79,7 @@ class RlSession:
     log: MetricsLog
     metadata: dict[str, Any]
     width: int
+    rows: RowLayout
     start_step: int
     watched_step_fn: Callable[..., Any] | None = None
 
@@ -139,6 +144,33 @@ def context_width(config: Any, model_config: Any, longest_prompt: int) -> int:
     rounded = -(-needed // CONTEXT_MULTIPLE) * CONTEXT_MULTIPLE
     limit = model_config.shape.max_position
     return min(rounded, limit) + 1
+
+
+def row_layout(setup: RunSetup, width: int) -> RowLayout:
+    """How the run's sequences become rows: packed into rows of ``rl.pack_width`` tokens, unless ``rl.pack``
+    is off, the alignment ``rl.deterministic`` needs leaves nothing to pack (a sequence would take a whole
+    padded row's tokens anyway), or ``trainer.invariant`` cuts each microbatch's rows into slices.
+
+    Raises:
+        ConfigError: ``rl.pack_width`` below the longest sequence.
+    """
+    config = setup.config
+    rl = config.rl
+    block = setup.model_config.attention_block_size or default_block_size()
+    align = alignment(rl.deterministic, rl.page_size, block)
+    longest = width - 1
+    shards = math.prod(setup.mesh.shape[axis] for axis in default_batch_axes(setup.mesh, setup.layout))
+    common = dict(
+        longest=longest, completion_tokens=rl.max_new_tokens, microbatches=config.trainer.accumulation
+    )
+    if not rl.pack or align >= longest or config.trainer.invariant:  # its slices cut rows: one sequence each
+        return RowLayout(width, packed=False, **common)  # type: ignore[arg-type]
+    if rl.pack_width < longest:
+        raise ConfigError(
+            f"rl.pack_width={rl.pack_width} is below the longest sequence ({longest} tokens: the longest "
+            f"prompt and rl.max_new_tokens, rounded up to {CONTEXT_MULTIPLE}); raise it"
+        )
+    return RowLayout(rl.pack_width + 1, align=align, row_multiple=shards, **common)  # type: ignore[arg-type]
 
 
 def start_rl_session(
@@ -211,12 +243,13 @@ def start_rl_session(
         state=state,
         frozen=frozen,
         reference=reference,
-        logprobs=jax.jit(policy_logprobs(rl)),
+        logprobs=jax.jit(policy_logprobs(rl, config.trainer.accumulation)),
         rollouts=rollouts,
         step_fn=setup.train_step(),
         log=log,
         metadata={"data": data_position, **checkpoint_metadata(base), **setup.checkpoint_metadata()},
         width=width,
+        rows=row_layout(setup, width),
         start_step=start_step,
     )
 
