@@ -142,13 +142,26 @@ def test_deterministic_mode_is_bitwise(model) -> None:
     np.testing.assert_allclose(unspeculated.samples[0].logprobs, alone.samples[0].logprobs, atol=1e-5, rtol=0)
 
 
+def perturbed(model, scale: float):
+    """``model`` with each weight multiplied by ``1 + scale * N(0, 1)`` (a draft that mostly agrees)."""
+    leaves, tree = jax.tree.flatten(model)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    changed = [
+        x * (1 + scale * jax.random.normal(key, x.shape, x.dtype))
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
+        else x
+        for x, key in zip(leaves, keys)
+    ]
+    return jax.tree.unflatten(tree, changed)
+
+
 @pytest.mark.parametrize("draft_seed", [0, 1])
-def test_draft_model(model, draft_seed: int) -> None:
-    """A draft model's proposals (the target itself: every proposal kept; another model: some): the
-    same tokens as without speculation, greedy and seeded, and every page of both pools back."""
-    draft = tiny_model("llama", seed=draft_seed)
+def test_draft_model(model, engines: dict[str, Engine], draft_seed: int) -> None:
+    """A draft model's proposals (the target itself: every proposal kept; the target's weights perturbed:
+    some): the same tokens as without speculation, greedy and seeded, and every page of both pools back."""
+    draft = model if draft_seed == 0 else perturbed(model, 0.3)
     engine = Engine(model, EngineConfig(**SIZES, speculative="draft", speculative_tokens=3), draft=draft)
-    plain = Engine(model, EngineConfig(**SIZES))
+    plain = engines["none"]
     for temperature in (0.0, 1.0):
         params = SamplingParams(max_tokens=12, temperature=temperature, seed=3, n=2, ignore_eos=True)
         proposed, accepted = engine.stats.tokens_proposed, engine.stats.tokens_accepted

@@ -17,7 +17,7 @@ from collections.abc import Hashable, Sequence
 from halyard.models import CausalLM
 from halyard.serve.batching import program_groups, step_inputs, with_previous_tokens
 from halyard.serve.config import EngineConfig
-from halyard.serve.pages import PageAllocator
+from halyard.serve.pages import OutOfPages, PageAllocator
 from halyard.serve.requests import RequestState
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, SequenceState
@@ -76,6 +76,12 @@ class DraftProposer:
             if not rows:
                 return [tuple(proposals[id(copy)]) for copy in copies]
             for group in program_groups(rows, self.max_seqs, self.max_tokens):
+                group = [row for row in group if self._reserved(row)]
+                for row in rows:
+                    if row.sequence.key not in self._copies:  # no pages left for it: no more proposals
+                        wanted[id(row.sequence)] = len(proposals[id(row.sequence)])
+                if not group:
+                    continue
                 drawn = self._run(group, [request_of[id(row.sequence)] for row in group])
                 for row, token in zip(group, drawn):
                     row.sequence.computed = row.stop
@@ -83,10 +89,19 @@ class DraftProposer:
                         row.sequence.tokens.append(token)
                         proposals[id(row.sequence)].append(token)
 
+    def _reserved(self, row: Chunk) -> bool:
+        """Reserve the draft's pages for ``row``; when the pool has too few, forget its copy (it starts
+        again at a later step) and return False."""
+        try:
+            self.pages.reserve(row.sequence.key, row.stop)
+        except OutOfPages:
+            self.pages.release(row.sequence.key)
+            del self._copies[row.sequence.key]
+            return False
+        return True
+
     def _run(self, chunks: list[Chunk], requests: list[RequestState]) -> list[int]:
         """One draft program over ``chunks``; the token each row draws."""
-        for chunk in chunks:
-            self.pages.reserve(chunk.sequence.key, chunk.stop)
         tables = [self.pages.pages_of(chunk.sequence.key) for chunk in chunks]
         shape = self.runner.shape_for(sum(c.fed for c in chunks), max(len(t) for t in tables))
         inputs = step_inputs(chunks, shape, tables, requests, self.pages.page_size)
