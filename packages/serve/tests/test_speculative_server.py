@@ -1,6 +1,6 @@
 """``halyard-serve --speculative ngram`` through the official ``openai`` client: greedy answers equal the
 unspeculated engine's tokens, streamed and not, with logprobs, stop strings and max_tokens; seeded sampling
-reproducible; proposals accepted (``/stats``); the option's one-line errors."""
+reproducible; proposals accepted (``/stats``); a draft model's server; the option's one-line errors."""
 
 from __future__ import annotations
 
@@ -81,6 +81,29 @@ def test_stop_strings_and_seeds(client: openai.OpenAI, tokenizer: Tokenizer, mod
         for _ in range(2)
     ]
     assert [c.text for c in sampled[0].choices] == [c.text for c in sampled[1].choices]
+
+
+def test_draft_model_server(folder: Path, tokenizer: Tokenizer, model: Any) -> None:
+    """``--speculative draft=FOLDER`` (the served folder as its own draft: every proposal kept)."""
+    server = start_server(
+        folder,
+        folder.parent / "draft-server.log",
+        "--speculative",
+        f"draft={folder}",
+        "--speculative-tokens",
+        "3",
+    )
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        tokens, _ = greedy_reference(model, tokenizer.encode(PROMPT).ids, 12)
+        answer = client.completions.create(
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert answer.choices[0].text == tokenizer.decode(tokens)
+        stats = server.stats()
+        assert stats["tokens_accepted"] == stats["tokens_proposed"] > 0
+    finally:
+        assert server.stop() == 0, server.output()[-3000:]
 
 
 def test_bad_values_are_one_line_errors(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
