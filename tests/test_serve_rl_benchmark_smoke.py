@@ -187,3 +187,17 @@ def test_tpu_profile_decodes_with_both_quantizations(tmp_path: Path) -> None:
     assert int8["weight_bytes"] < none["weight_bytes"] == result["weight_bytes"]
     ratio = int8["decode"]["tokens_per_second"] / none["decode"]["tokens_per_second"]
     assert result["int8_over_none_decode_tokens_per_second"] == ratio
+
+
+def test_serve_speculative_benchmark_quick(tmp_path: Path) -> None:
+    """benchmarks/serving/serve_speculative.py with the tiny model: every arm's figure (the script checks that
+    their tokens are equal)."""
+    result = _run(
+        "serving/serve_speculative.py", "--quick", "--repeats", "1", "--segment", "16", "--new-tokens", "24",
+        "--draft", output=tmp_path / "speculative.json",
+    )  # fmt: skip
+    assert set(result["arms"]) == {"none", "ngram", "draft"}
+    assert all(arm["tokens_per_second"] > 0 for arm in result["arms"].values())
+    assert (
+        0 < result["arms"]["ngram"]["accepted_share"] <= 1 and result["arms"]["draft"]["accepted_share"] == 1
+    )

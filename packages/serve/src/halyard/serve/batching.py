@@ -39,13 +39,18 @@ def step_inputs(
         raise ValueError(f"step_inputs: {count} chunks but {len(requests)} requests")
     starts = np.fromiter((chunk.start for chunk in chunks), np.int64, count)
     stops = np.fromiter((chunk.stop for chunk in chunks), np.int64, count)
-    batch = ragged_layout(stops - starts, stops, page_tables, shape, page_size)
-    fed = itertools.chain.from_iterable(chunk.sequence.tokens[chunk.start : chunk.stop] for chunk in chunks)
+    proposed = np.fromiter((len(chunk.proposals) for chunk in chunks), np.int64, count)
+    batch = ragged_layout(stops - starts + proposed, stops + proposed, page_tables, shape, page_size)
+    fed = itertools.chain.from_iterable(
+        (*chunk.sequence.tokens[chunk.start : chunk.stop], *chunk.proposals) for chunk in chunks
+    )
     total = int(batch.cu_q_lens[count])
     tokens = np.zeros((length,), np.int32)
     tokens[:total] = np.fromiter(fed, np.int32, total)
-    last = np.zeros((seqs,), np.int32)
-    last[:count] = batch.cu_q_lens[1 : count + 1] - 1
+    last = np.zeros(
+        (seqs,), np.int32
+    )  # a row with proposals also draws after each of them (`ProgramShape.draws`)
+    last[:count] = batch.cu_q_lens[1 : count + 1] - 1 - proposed
     params = [request.params for request in requests]
     seeds = np.asarray(
         [p.seed for p in params], np.uint64
@@ -156,7 +161,7 @@ def program_groups(chunks: list[Chunk], max_seqs: int, max_tokens: int) -> list[
     groups: list[list[Chunk]] = []
     tokens = 0
     for chunk in chunks:
-        length = chunk.stop - chunk.start
+        length = chunk.fed
         if not groups or len(groups[-1]) == max_seqs or tokens + length > max_tokens:
             groups.append([])
             tokens = 0
@@ -187,5 +192,5 @@ def with_previous_tokens(
         index, row = drawn_at.get(id(chunk.sequence), (-1, -1))
         if chunk.start <= index < chunk.stop:
             fed_from[start + index - chunk.start] = row
-        start += chunk.stop - chunk.start
+        start += chunk.fed
     return inputs._replace(fed_from=fed_from, previous=drawn)

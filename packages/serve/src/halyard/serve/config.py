@@ -7,6 +7,9 @@ import dataclasses
 from halyard.models import CausalLM
 from halyard.serve.int8_weights import check_quantization
 
+SPECULATIVE_METHODS = ("none", "ngram", "draft")
+"""`EngineConfig.speculative`'s values (`halyard.serve.speculation`)."""
+
 DEFAULT_CONTEXT = 4096
 """The context of a model without a position limit when ``max_context`` is not set."""
 
@@ -74,6 +77,12 @@ class EngineConfig:
             (`halyard.serve.int8_weights`; the embedding lookup reads the model's table). Halves the weight
             bytes decoding reads each step (from bfloat16); not with ``training_arithmetic`` (a trainer's
             log-probs come from the unquantized weights).
+        speculative: ``none``; ``ngram`` (prompt lookup: a decoding row proposes the tokens that followed
+            the latest earlier occurrence of its last ``speculative_ngram`` tokens, or fewer); or ``draft``
+            (a draft model, given to the `halyard.serve.Engine`, proposes them). One step verifies a row's
+            proposals and keeps the tokens it would have drawn one at a time (`halyard.serve.speculation`).
+        speculative_tokens: the most tokens a row proposes a step.
+        speculative_ngram: the longest n-gram prompt lookup matches.
     """
 
     page_size: int = 64
@@ -95,10 +104,14 @@ class EngineConfig:
     compile_threads: int | None = None
     compilation_cache: str | None = None
     quantization: str = "none"
+    speculative: str = "none"
+    speculative_tokens: int = 4
+    speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
         for name in (
             "page_size", "num_pages", "max_running", "chunk_size", "max_prefill_rows", "min_rows", "max_n",
+            "speculative_tokens", "speculative_ngram",
         ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -128,6 +141,10 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.quantization={self.quantization!r} does not go with training_arithmetic (the "
                 "trainer's log-probs come from the unquantized weights); use quantization='none'"
+            )
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"EngineConfig.speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}"
             )
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"EngineConfig.max_context must be at least 2, got {self.max_context}")
@@ -172,11 +189,13 @@ class EngineConfig:
     def step_budget(self) -> tuple[int, int]:
         """``(sequences, tokens)``: the most of one step program. A step holds every running sequence's
         chunk (decoding tokens and at most ``max_prefill_rows`` prefill chunks); in deterministic mode at
-        most ``deterministic_rows`` sequences go into one program (a step runs as many as it needs)."""
+        most ``deterministic_rows`` sequences go into one program (a step runs as many as it needs). With
+        ``speculative``, each decoding row can feed ``speculative_tokens`` proposals more."""
         seqs = self.max_running
         if self.deterministic and self.deterministic_rows is not None:
             seqs = min(self.deterministic_rows, self.max_running)
-        return seqs, seqs + self.max_prefill_rows * self.chunk_size
+        proposed = seqs * self.speculative_tokens if self.speculative != "none" else 0
+        return seqs, seqs + proposed + self.max_prefill_rows * self.chunk_size
 
 
 def _checked_buckets(buckets: object) -> tuple[int, ...]:

@@ -46,6 +46,7 @@ from halyard.serve.program_store import ProgramStore
 from halyard.serve.requests import RequestState, check_prompt, eos_ids_of, new_request_id
 from halyard.serve.runner import ModelRunner, fetched
 from halyard.serve.scheduler import Chunk, Scheduler, SequenceState
+from halyard.serve.speculation import proposer_for, speculated
 from halyard.serve.stats import EngineStats
 from halyard.serve.step_programs import PLACEHOLDER as PLACEHOLDER
 from halyard.serve.step_programs import Dispatched, absorb_program, dispatch
@@ -65,6 +66,7 @@ class Engine:
             stop strings, None for tokens only.
         eos_token_ids: ids that end a sample (unless ``ignore_eos``); default the model config's.
         mesh, layout: run sharded (tensor parallel over ``tensor``; both or neither).
+        draft: the draft model of ``config.speculative == "draft"`` (the same vocabulary).
 
     Raises:
         ValueError: the config does not fit the model (context longer than its positions, a pool smaller
@@ -80,6 +82,7 @@ class Engine:
         eos_token_ids: Seq[int] | None = None,
         mesh: jax.sharding.Mesh | None = None,
         layout: Layout | None = None,
+        draft: CausalLM | None = None,
     ):
         config = EngineConfig() if config is None else config
         self.config = config
@@ -117,6 +120,7 @@ class Engine:
             waits_for=lambda sequence: self._requests[sequence.group].waits(sequence),
             step_room=self._step_room,
         )
+        self.proposer = proposer_for(config, draft, self.vocab_size)
         self._requests: dict[Any, RequestState] = {}
         self._pending: list[Update] = []
         self._in_flight: Dispatched | None = None  # a pipelined step's program, its results not yet fetched
@@ -290,6 +294,12 @@ class Engine:
         started = time.perf_counter()
         updates, self._pending = self._pending, []
         plan = self.scheduler.schedule()
+        if self.proposer is not None:
+            decode = speculated(
+                plan.decode, self._requests.__getitem__, self.proposer,
+                tokens=self.config.speculative_tokens, pages=self.pages,
+            )  # fmt: skip
+            plan = dataclasses.replace(plan, decode=decode)
         self.stats.preemptions += len(plan.preempted)
         if plan.empty and self.scheduler.waiting and not self.scheduler.running and not plan.preempted:
             raise RuntimeError("the engine cannot admit the request at the head of the queue (too few pages)")
@@ -297,8 +307,13 @@ class Engine:
         max_seqs, max_tokens = self.config.step_budget()
         groups = program_groups(plan.decode + plan.prefill, max_seqs, max_tokens)
         # several programs: each would feed from several before it; a grammar's row: its next mask needs the
-        # token this step draws (steps with a constrained row run unpipelined; see the module docstring)
-        pipelined = len(groups) == 1 and not any(self._constrained(group) for group in groups)
+        # token this step draws (steps with a constrained row run unpipelined; see the module docstring);
+        # speculation: the next step's proposals need this step's tokens
+        pipelined = (
+            len(groups) == 1
+            and self.proposer is None
+            and not any(self._constrained(group) for group in groups)
+        )
         dispatched = [self._dispatch(group, previous, pipelined) for group in groups]
         self._in_flight = dispatched.pop() if pipelined else None
         self.stats.steps_pipelined += pipelined
@@ -348,6 +363,7 @@ class Engine:
         return dispatch(
             chunks, requests, previous, pipelined=pipelined,
             runner=self.runner, pages=self.pages, stats=self.stats, prefix_cache=self.config.prefix_cache,
+            speculative_tokens=self.config.speculative_tokens,
         )  # fmt: skip
 
     # -- conveniences --------------------------------------------------------------------------------

@@ -183,6 +183,18 @@ class PageAllocator:
             owned.registered = index + 1
             previous = page
 
+    def truncate(self, owner: Hashable, num_tokens: int) -> None:
+        """Give back ``owner``'s pages past the first ``num_tokens`` tokens' (a speculative step's rejected
+        tokens: never registered, since their keys and values are not the sequence's)."""
+        owned = self._owners[owner]
+        keep = max(self.pages_for(num_tokens), owned.registered)
+        for page in owned.pages[keep:]:
+            self._references[page] -= 1
+            if self._references[page] == 0:
+                self._free.append(page)
+        del owned.pages[keep:]
+        owned.capacity_tokens = len(owned.pages) * self.page_size
+
     def release(self, owner: Hashable) -> None:
         """Drop ``owner``: each of its pages loses one owner; an unowned page is freed, or kept in the
         prefix cache when registered there."""

@@ -104,6 +104,9 @@ class ProgramShape:
         alternatives: whether it computes each drawn token's top alternatives.
         mask_words: the int32 words of a row's token mask (its vocabulary over 32) in a program that takes
             grammar masks and logit biases (`LogitAdjustments`); 0 in one that takes none.
+        draws: the tokens each row draws: after its last token (``StepInputs.last``) and the ``draws - 1``
+            tokens fed after it (a speculative row's proposals, `halyard.serve.speculation`); with more than
+            one, the drawn tokens and their log-probs come back ``[seqs, draws]``.
     """
 
     tokens: int
@@ -112,6 +115,7 @@ class ProgramShape:
     prompt_logprobs: bool
     alternatives: bool = False
     mask_words: int = 0
+    draws: int = 1
 
 
 def mask_words(vocab_size: int) -> int:

@@ -55,7 +55,7 @@ from halyard.serve.program import (
 )
 from halyard.serve.program_store import ProgramStore
 from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
-from halyard.serve.sampler import draw
+from halyard.serve.sampler import Drawn, draw, repeated_rows
 from halyard.shard import Layout, use_layout
 
 
@@ -154,25 +154,33 @@ class ModelRunner:
         prompt_logprobs: bool = False,
         alternatives: bool = False,
         adjusted: bool = False,
+        draws: int = 1,
     ) -> ProgramShape:
         """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
         next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
         sequence as the ``max_tokens`` program does (`rows_agree`). ``adjusted``: a program that takes grammar
-        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`)."""
+        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`); ``draws``: tokens drawn per row
+        (`ProgramShape.draws`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
         sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
         words = mask_words(self.vocab_size) if adjusted else 0
         for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
-            shape = self._shape(size, pages, prompt_logprobs, alternatives, words)
+            shape = self._shape(size, pages, prompt_logprobs, alternatives, words, draws)
             if not self.fixed_tokens or self.rows_agree(shape):
                 return shape
-        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words)
+        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words, draws)
 
     def _shape(
-        self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool, mask_words: int = 0
+        self,
+        tokens: int,
+        pages: int,
+        prompt_logprobs: bool,
+        alternatives: bool,
+        mask_words: int = 0,
+        draws: int = 1,
     ) -> ProgramShape:
         return ProgramShape(
-            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words
+            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words, draws
         )
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
@@ -328,7 +336,9 @@ class ModelRunner:
         started, (compiles, loads) = time.perf_counter(), thread_compiles()
         buffer, previous, packing = pack(self.example_inputs(shape))
         arguments = (self.model, self.paged_kv, self._placed(buffer), self._placed(previous))
-        static = dict(packing=packing, invariant=self.invariant, alternatives=shape.alternatives)
+        static = dict(
+            packing=packing, invariant=self.invariant, alternatives=shape.alternatives, draws=shape.draws
+        )
         with self._placement():
             compiled: Any
             if self.program_store is None:
@@ -382,13 +392,14 @@ def _step(
     packing: Packing,
     invariant: bool,
     alternatives: bool,
+    draws: int = 1,
 ) -> tuple[PagedKV, StepOutputs]:
     with batch_invariant() if invariant else contextlib.nullcontext():
-        return _step_body(model, pages, unpack(buffer, previous, packing), alternatives)
+        return _step_body(model, pages, unpack(buffer, previous, packing), alternatives, draws)
 
 
 def _step_body(
-    model: CausalLM, pages: PagedKV, inputs: StepInputs, alternatives: bool
+    model: CausalLM, pages: PagedKV, inputs: StepInputs, alternatives: bool, draws: int
 ) -> tuple[PagedKV, StepOutputs]:
     fed: Any = inputs.tokens
     if inputs.fed_from is not None:  # the previous program's tokens, without a trip to the host
@@ -397,10 +408,18 @@ def _step_body(
     hidden, pages = model.paged_step(tokens, pages=pages.for_step(inputs.batch))
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("pos", "embed")
-    chosen = plain.array[inputs.last]
+    settings, adjustments, last = inputs.settings, inputs.adjustments, jnp.asarray(inputs.last)
+    if draws > 1:  # each row draws after its last token and after each of the draws - 1 tokens fed after it
+        settings, adjustments, last = repeated_rows(settings, adjustments, last, draws, plain.array.shape[0])
+    chosen = plain.array[last]
     logits = compute.logits(named(chosen, ("batch", "embed"))).unwrap("batch", "vocab")
     num_top = min(MAX_TOP_LOGPROBS, logits.shape[-1])  # a vocabulary smaller than 20 has fewer alternatives
-    drawn = draw(logits, inputs.settings, num_top if alternatives else 0, inputs.adjustments)
+    drawn = draw(logits, settings, num_top if alternatives else 0, adjustments)
+    if draws > 1:
+        drawn = Drawn(
+            *(x.reshape(-1, draws) for x in drawn[:3]),
+            *(None if x is None else x.reshape(-1, draws, x.shape[-1]) for x in drawn[3:]),  # type: ignore[arg-type]
+        )
     prompt: tuple = (None, None, None)
     if inputs.next_tokens is not None:
         all_logits = compute.logits(plain).unwrap("pos", "vocab")
@@ -412,6 +431,7 @@ def _step_body(
         prompt = (next_logprob, top_tokens.astype(jnp.int32), top_logprobs)
     outputs = StepOutputs(*drawn, *prompt)
     if inputs.previous is not None:
-        padded = jnp.zeros_like(inputs.previous).at[: outputs.token.shape[0]].set(outputs.token)
+        token = outputs.token if draws == 1 else outputs.token[:, 0]
+        padded = jnp.zeros_like(inputs.previous).at[: token.shape[0]].set(token)
         outputs = outputs._replace(padded_token=padded)
     return pages.without_step(), outputs

@@ -73,6 +73,20 @@ def adjusted_logits(logits: jax.Array, adjustments: LogitAdjustments) -> jax.Arr
     return masked.at[row, adjustments.bias_tokens].add(adjustments.bias_values, mode="drop")
 
 
+def repeated_rows(
+    settings: RowSettings, adjustments: LogitAdjustments | None, last: jax.Array, draws: int, tokens: int
+) -> tuple[RowSettings, LogitAdjustments | None, jax.Array]:
+    """Each row ``draws`` times over, the copies drawing at the row's next positions: after flat indices
+    ``last + j`` (at most ``tokens - 1``), at ``position + j``, keyed as a row drawing there alone would be
+    (`row_keys`), so a speculative row's draws are the ones it would make a token at a time."""
+    offsets = jnp.tile(jnp.arange(draws, dtype=jnp.int32), last.shape[0])
+    settings = RowSettings(*(jnp.repeat(field, draws, axis=0) for field in settings))
+    settings = settings._replace(position=settings.position + offsets)
+    if adjustments is not None:
+        adjustments = LogitAdjustments(*(jnp.repeat(field, draws, axis=0) for field in adjustments))
+    return settings, adjustments, jnp.minimum(jnp.repeat(last, draws) + offsets, tokens - 1)
+
+
 class Drawn(NamedTuple):
     """What `draw` returns per row: the token, its two log-probabilities and the top alternatives (None
     when none were asked for)."""

@@ -75,6 +75,8 @@ class Chunk:
     """Feed ``sequence.tokens[start:stop]``; a new token is sampled when ``stop`` is the last token.
 
     Attributes:
+        proposals: speculative tokens fed after ``stop`` (`halyard.serve.speculation`): the step draws a
+            token after each of them too, and keeps those that follow the proposals it drew itself.
         samples: whether the step samples a token after this chunk (``stop`` was the sequence's length
             when the chunk was made).
     """
@@ -82,10 +84,16 @@ class Chunk:
     sequence: SequenceState
     start: int
     stop: int
+    proposals: tuple[int, ...] = ()
     samples: bool = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "samples", self.stop == len(self.sequence.tokens))
+
+    @property
+    def fed(self) -> int:
+        """The tokens the step feeds for this chunk (its proposals included)."""
+        return self.stop - self.start + len(self.proposals)
 
 
 @dataclasses.dataclass(frozen=True)

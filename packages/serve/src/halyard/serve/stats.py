@@ -19,6 +19,8 @@ class EngineStats:
         tokens_generated: tokens drawn.
         tokens_computed: tokens fed through the model (prompt, recomputation and decoding).
         preemptions: sequences preempted for lack of pages (recomputed later).
+        tokens_proposed, tokens_accepted: speculative tokens fed to be verified, and those kept
+            (`halyard.serve.speculation`).
         steps: engine steps run.
         steps_pipelined: steps of one program, dispatched before the step before them was fetched (a step
             of several programs, in deterministic mode, fetches its own tokens).
@@ -42,6 +44,8 @@ class EngineStats:
     tokens_generated: int = 0
     tokens_computed: int = 0
     preemptions: int = 0
+    tokens_proposed: int = 0
+    tokens_accepted: int = 0
     steps: int = 0
     steps_pipelined: int = 0
     compile_seconds: float = 0.0

@@ -11,6 +11,9 @@ alternatives, the prompt log-probs of the chunk, and the end of a sample that it
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
 
 from halyard.serve.batching import step_inputs, with_previous_tokens
 from halyard.serve.pages import PageAllocator
@@ -38,6 +41,7 @@ def dispatch(
     pages: PageAllocator,
     stats: EngineStats,
     prefix_cache: bool,
+    speculative_tokens: int = 0,
 ) -> Dispatched:
     """Lay out ``chunks`` as one program's inputs and start it; its outputs stay on the device.
 
@@ -50,6 +54,8 @@ def dispatch(
         pages: the page table (each sequence's pages; the prefix cache).
         stats: counts the tokens fed.
         prefix_cache: register the pages the chunks fill in the prefix cache.
+        speculative_tokens: the most proposals a chunk holds (a program with any draws one more token
+            than that per row: one program shape whatever the step proposed).
     """
     tables = [pages.pages_of(chunk.sequence.key) for chunk in chunks]
     wants_prompt = any(
@@ -58,11 +64,12 @@ def dispatch(
     )
     alternatives = any(r.params.top_logprobs > 0 and c.samples for c, r in zip(chunks, requests))
     shape = runner.shape_for(
-        sum(c.stop - c.start for c in chunks),
+        sum(c.fed for c in chunks),
         max(len(t) for t in tables),
         prompt_logprobs=wants_prompt,
         alternatives=alternatives,
         adjusted=constrained_rows(chunks, requests),
+        draws=1 + speculative_tokens if any(c.proposals for c in chunks) else 1,
     )
     inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
@@ -124,7 +131,7 @@ def absorb_program(
                 row, start, chunk, request, drawn,
                 pages=pages, scheduler=scheduler, stats=stats, prefix_cache=prefix_cache,
             )  # fmt: skip
-        start += chunk.stop - chunk.start
+        start += chunk.fed
     return touched
 
 
@@ -160,17 +167,49 @@ def absorb(
     if outputs.next_logprob is not None and sample.index == 0:
         _absorb_prompt_logprobs(start, chunk, request, outputs)
     if chunk.samples:
-        top: list[tuple[int, float]] = []
-        if request.params.top_logprobs and outputs.top_tokens is not None:
-            pairs = zip(outputs.top_tokens[row], outputs.top_logprobs[row])
-            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
-        token, logprob, sampled = outputs.token[row], outputs.logprob[row], outputs.sampled_logprob[row]
-        request.add_token(sequence, chunk.stop, int(token), float(logprob), float(sampled), top)
-        stats.tokens_generated += 1
+        accepted = _add_drawn(row, chunk, request, outputs)
+        stats.tokens_generated += accepted + 1
+        stats.tokens_proposed += len(chunk.proposals)
+        stats.tokens_accepted += accepted
+        if (
+            chunk.proposals
+        ):  # the keys and values of the proposals it drew itself stay; the others are dropped
+            sequence.computed = chunk.stop + accepted
+            if sequence.running:
+                pages.truncate(sequence.key, len(sequence.tokens))
     if prefix_cache and sequence.running:
         pages.register(sequence.key, sequence.tokens, sequence.computed)  # placeholders resolved
     if sample.finish_reason is not None:
         scheduler.remove(sequence)
+
+
+def _add_drawn(row: int, chunk: Chunk, request: RequestState, outputs: StepOutputs) -> int:
+    """Add the tokens row ``row`` drew to its sample: the first, then, while each equals the proposal fed
+    there, the one drawn after it (a speculative row's outputs are ``[seqs, draws]``). Returns how many
+    proposals were accepted."""
+    sample = request.sample_of(chunk.sequence)
+    spread = isinstance(outputs.token[row], (list, np.ndarray))
+    for index in range(len(chunk.proposals) + 1):
+
+        def at(values: Any, index: int = index) -> Any:
+            return values[row][index] if spread else values[row]
+
+        top: list[tuple[int, float]] = []
+        if request.params.top_logprobs and outputs.top_tokens is not None:
+            pairs = zip(at(outputs.top_tokens), at(outputs.top_logprobs))
+            top = [(int(t), float(v)) for t, v in pairs][: request.params.top_logprobs]
+        token = int(at(outputs.token))
+        request.add_token(
+            chunk.sequence, chunk.stop + index, token, float(at(outputs.logprob)),
+            float(at(outputs.sampled_logprob)), top,
+        )  # fmt: skip
+        if (
+            sample.finish_reason is not None
+            or index == len(chunk.proposals)
+            or token != chunk.proposals[index]
+        ):
+            return index
+    raise AssertionError("unreachable: the last draw returns")
 
 
 def _absorb_prompt_logprobs(start: int, chunk: Chunk, request: RequestState, outputs: StepOutputs) -> None:

@@ -37,6 +37,8 @@ METRICS = {
     "tokens_generated": ("counter", "tokens drawn"),
     "tokens_computed": ("counter", "tokens fed through the model (prompts, recomputation, decoding)"),
     "preemptions": ("counter", "sequences preempted for lack of pages"),
+    "tokens_proposed": ("counter", "speculative tokens verified (--speculative)"),
+    "tokens_accepted": ("counter", "speculative tokens kept"),
     "steps": ("counter", "engine steps"),
     "steps_pipelined": ("counter", "steps dispatched before the step before them was fetched"),
     "compile_seconds": ("counter", "seconds spent compiling step programs"),

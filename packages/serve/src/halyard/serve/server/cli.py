@@ -10,6 +10,7 @@ with code 0; a second Ctrl-C stops at once. Bad options print one line ``error: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -26,6 +27,7 @@ from halyard.serve.server.options import (
     add_server_arguments,
     as_options,
     chat_template_of,
+    draft_source,
     engine_config_of,
 )
 
@@ -131,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype=args.dtype,
             quantization=args.quantization,
         )
+        draft = draft_source(args)
+        if draft is not None:
+            served = dataclasses.replace(served, draft=load_hf_folder(draft, dtype=args.dtype).model)
         return run_server(served, args)
     except (OptionError, HfConversionError, DataInputError) as error:
         return _bad_input(error)

@@ -28,12 +28,14 @@ class ServedModel:
         tokenizer: its tokenizer and chat template.
         eos_token_ids: ids that end a sample: the model config's (config.json and generation_config.json of
             a Hugging Face folder) and the tokenizer's EOS.
+        draft: the draft model of ``--speculative draft=MODEL`` (same tokenizer), or None.
     """
 
     name: str
     model: CausalLM
     tokenizer: TextTokenizer
     eos_token_ids: tuple[int, ...]
+    draft: CausalLM | None = None
 
 
 def served_model(

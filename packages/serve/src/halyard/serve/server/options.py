@@ -37,7 +37,7 @@ ENGINE_OPTIONS = (
 )  # fmt: skip
 
 
-NAMED_FLAGS = ("quantization", "training_arithmetic")
+NAMED_FLAGS = ("quantization", "training_arithmetic", "speculative_tokens")
 """`EngineConfig` fields besides `ENGINE_OPTIONS` that its messages name and that are options of the same name."""
 
 
@@ -86,6 +86,21 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="int8: hold the attention and MLP weights and the output head as int8 with a scale per output "
         "channel (half their bytes); not with --training-arithmetic (default: none)",
+    )
+    engine.add_argument(
+        "--speculative",
+        metavar="ngram|draft=MODEL",
+        default=None,
+        help="speculative decoding: each decoding row proposes --speculative-tokens tokens, verified in one "
+        "step (the same tokens as without): ngram (prompt lookup: what followed the latest occurrence of the "
+        "last tokens in the prompt and output) or draft=MODEL (a small model with the same tokenizer: a run "
+        "folder or a Hugging Face folder) (default: none)",
+    )
+    engine.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=defaults.speculative_tokens,
+        help=f"with --speculative: the most tokens a row proposes a step (default: {defaults.speculative_tokens})",
     )
     engine.add_argument(
         "--no-prefix-cache", action="store_true", help="do not share the pages of common prompt prefixes"
@@ -168,6 +183,7 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
         OptionError: an option out of range (named as on the command line).
     """
     values = {name: getattr(args, name) for name in ENGINE_OPTIONS}
+    speculative = speculative_method(args.speculative)
     try:
         config = EngineConfig(
             **values,
@@ -179,6 +195,8 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
             warmup_logprobs=args.warmup_logprobs,
             compilation_cache=args.compilation_cache,
             quantization=args.quantization,
+            speculative=speculative,
+            speculative_tokens=args.speculative_tokens,
         )
     except ValueError as error:
         raise OptionError(as_options(str(error))) from None
@@ -189,6 +207,37 @@ def engine_config_of(args: argparse.Namespace) -> EngineConfig:
             UNFUSED_FLAG,
         )
     return config
+
+
+def speculative_method(value: str | None) -> str:
+    """`EngineConfig.speculative` of ``--speculative`` (None: ``none``).
+
+    Raises:
+        OptionError: neither ``ngram`` nor ``draft=MODEL``.
+    """
+    if value is None:
+        return "none"
+    if value == "ngram" or (value.startswith("draft=") and len(value) > len("draft=")):
+        return value.split("=", 1)[0]
+    raise OptionError(
+        f"--speculative {value}: give ngram (prompt lookup) or draft=MODEL (a run folder or a Hugging Face folder)"
+    )
+
+
+def draft_source(args: argparse.Namespace) -> Path | None:
+    """The folder of ``--speculative draft=MODEL`` (None without one).
+
+    Raises:
+        OptionError: the folder does not exist.
+    """
+    if args.speculative is None or not args.speculative.startswith("draft="):
+        return None
+    folder = Path(args.speculative.split("=", 1)[1])
+    if not folder.is_dir():
+        raise OptionError(
+            f"--speculative draft={folder}: no such folder; give a run folder or a Hugging Face folder"
+        )
+    return folder
 
 
 def as_options(message: str) -> str:

@@ -49,9 +49,18 @@ def build_engine(
         ValueError: ``config`` does not fit the model (see `halyard.serve.EngineConfig.context_for`).
     """
     text = served.tokenizer
+    if served.draft is not None and (tensor, replicas) != (1, 1):
+        raise OptionError("--speculative draft=MODEL runs on one device: leave --tensor and --replicas at 1")
     if replicas == 1:
         model, placement = tensor_parallel(served.model, tensor)
-        return Engine(model, config, decode=text.decode, eos_token_ids=served.eos_token_ids, **placement)
+        return Engine(
+            model,
+            config,
+            decode=text.decode,
+            eos_token_ids=served.eos_token_ids,
+            draft=served.draft,
+            **placement,
+        )
     if tensor < 1 or replicas < 1 or replicas * tensor > len(jax.devices()):
         raise OptionError(
             f"--replicas {replicas} of --tensor {tensor} device(s) need {replicas * tensor} devices, "

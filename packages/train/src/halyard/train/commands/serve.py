@@ -5,8 +5,10 @@ Face folder (``--hf``) over OpenAI's API, with halyard.serve's server and its op
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -16,6 +18,7 @@ from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
     chat_template_of,
+    draft_source,
     engine_config_of,
 )
 from halyard.train.config.errors import ConfigError
@@ -64,6 +67,21 @@ def serve_main(argv: Sequence[str]) -> int:
                 dtype=args.dtype,
                 quantization=args.quantization,
             )
+        draft = draft_source(args)
+        if draft is not None:
+            served = dataclasses.replace(served, draft=_draft_model(draft, args.dtype))
         return run_server(served, args)
     except OptionError as error:
         raise ConfigError(str(error)) from None
+
+
+def _draft_model(folder: Path, dtype: str) -> Any:
+    """The model of ``--speculative draft=FOLDER``: a run folder's latest checkpoint (it has no config.json)
+    or a Hugging Face folder's weights."""
+    if not (folder / "config.json").exists():
+        from halyard.train.run.loading import load_run_model
+
+        return jax.device_get(load_run_model(folder, None).model)
+    from halyard.serve.server import load_hf_folder
+
+    return load_hf_folder(folder, dtype=dtype).model
