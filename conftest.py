@@ -104,7 +104,9 @@ FILE_SECONDS = {
     "packages/train/tests/test_pipeline_trainer.py": 120,  # 10 steps instead of 20: 74.7 -> 66.2 CPU s alone (estimate)
     "tests/test_benchmarks_smoke.py": 106,
     "tests/test_serve_rl_benchmark_smoke.py": 170,
-    "packages/train/tests/test_rl_packing.py": 110,  # packed GRPO rows: bitwise log-probs, a train run  # the serve, TPU-profile, host-step and RL benchmarks at quick size
+    "packages/train/tests/test_rl_packing.py": 110,
+    "packages/serve/tests/test_speculative_server.py": 45,  # ngram and draft speculation through the openai client
+    "packages/serve/tests/test_speculative.py": 30,  # packed GRPO rows: bitwise log-probs, a train run  # the serve, TPU-profile, host-step and RL benchmarks at quick size
     "packages/train/tests/test_context_parallel_trainer.py": 85,  # 10 steps instead of 20: 76.8 -> 68.5 CPU s alone (estimate)
     "packages/serve/tests/test_engine.py": 82,  # new (halyard-serve's): six families against the full forward
     "tests/reliability/test_training_kill.py": 81,
