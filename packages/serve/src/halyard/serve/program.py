@@ -31,6 +31,8 @@ class StepInputs(NamedTuple):
             (`StepOutputs.padded_token`); None with ``fed_from``.
         adjustments: the rows' grammar masks and logit biases (`LogitAdjustments`); None in a program
             without (`ProgramShape.mask_words` 0).
+        adapters: int32 ``[tokens]``: each token's LoRA adapter (`halyard.serve.adapters`; 0 the base and
+            padding); None in the programs of a model without adapters.
     """
 
     tokens: np.ndarray
@@ -41,6 +43,7 @@ class StepInputs(NamedTuple):
     fed_from: np.ndarray | None = None
     previous: Any = None
     adjustments: LogitAdjustments | None = None
+    adapters: np.ndarray | None = None
 
 
 class StepOutputs(NamedTuple):

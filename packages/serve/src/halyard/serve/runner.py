@@ -40,6 +40,7 @@ from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
+from halyard.serve.adapters import adapter_count, with_rows
 from halyard.serve.compile_events import thread_compiles
 from halyard.serve.packed_inputs import Packing, pack, unpack
 from halyard.serve.params import MAX_TOP_LOGPROBS
@@ -124,6 +125,8 @@ class ModelRunner:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
         self.paged_kv: PagedKV = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
+        self.adapters = adapter_count(model)
+        """The LoRA adapters the model serves besides its base (`halyard.serve.adapters`; 0: none)."""
         self.compile_seconds = 0.0
         self.programs_compiled = 0
         self.programs_loaded = 0  # read from the persistent compilation cache instead
@@ -362,9 +365,14 @@ class ModelRunner:
 
     def _fed_nothing(self, inputs: StepInputs) -> StepInputs:
         """``inputs`` taking no token from a previous program (every program takes ``fed_from`` and
-        ``previous``: the engine dispatches a step before fetching the one before it)."""
+        ``previous``: the engine dispatches a step before fetching the one before it), and with a model that
+        serves adapters, each token's adapter when not given: ``token % (adapters + 1)`` (0 for padding; a
+        row check's random tokens so mix the adapters, the same ones in the small and the full program)."""
         previous = np.zeros((self.max_seqs,), np.int32)
-        return inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
+        inputs = inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
+        if self.adapters and inputs.adapters is None:
+            inputs = inputs._replace(adapters=(inputs.tokens % (self.adapters + 1)).astype(np.int32))
+        return inputs
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:
@@ -394,6 +402,8 @@ def _step_body(
     if inputs.fed_from is not None:  # the previous program's tokens, without a trip to the host
         fed = jnp.where(inputs.fed_from >= 0, inputs.previous[jnp.maximum(inputs.fed_from, 0)], fed)
     tokens = named(fed, ("pos",))
+    if inputs.adapters is not None:
+        model = with_rows(model, named(inputs.adapters, ("pos",)))
     hidden, pages = model.paged_step(tokens, pages=pages.for_step(inputs.batch))
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("pos", "embed")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from halyard.serve.batching import step_inputs, with_previous_tokens
+from halyard.serve.batching import step_inputs, token_adapters, with_previous_tokens
 from halyard.serve.pages import PageAllocator
 from halyard.serve.program import StepOutputs
 from halyard.serve.requests import RequestState
@@ -65,6 +65,8 @@ def dispatch(
         adjusted=constrained_rows(chunks, requests),
     )
     inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
+    if runner.adapters:
+        inputs = inputs._replace(adapters=token_adapters(chunks, shape.tokens))
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
     inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
     outputs = runner.run(shape, inputs)

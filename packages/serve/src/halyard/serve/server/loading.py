@@ -28,12 +28,15 @@ class ServedModel:
         tokenizer: its tokenizer and chat template.
         eos_token_ids: ids that end a sample: the model config's (config.json and generation_config.json of
             a Hugging Face folder) and the tokenizer's EOS.
+        adapters: the names of the LoRA adapters ``model`` serves besides its base (`halyard.serve.adapters`;
+            ``model: adapters[i]`` runs adapter ``i + 1``), in order.
     """
 
     name: str
     model: CausalLM
     tokenizer: TextTokenizer
     eos_token_ids: tuple[int, ...]
+    adapters: tuple[str, ...] = ()
 
 
 def served_model(

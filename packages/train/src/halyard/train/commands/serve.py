@@ -12,6 +12,7 @@ import jax
 
 from halyard.serve.server.backend import start_backend
 from halyard.serve.server.host_transfer import size_host_buffer
+from halyard.serve.server.lora import lora_specs, with_lora
 from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
@@ -40,6 +41,7 @@ def serve_main(argv: Sequence[str]) -> int:
         )
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
+        specs = lora_specs(args.lora)
         chat_template = chat_template_of(args)
         if args.hf is not None:
             size_host_buffer(args.hf, args.dtype)  # the TPU runtime's host buffer, before the runtime starts
@@ -64,6 +66,8 @@ def serve_main(argv: Sequence[str]) -> int:
                 dtype=args.dtype,
                 quantization=args.quantization,
             )
-        return run_server(served, args)
+        from halyard.train.run.loading import load_run_adapters
+
+        return run_server(with_lora(served, specs, load_run_adapters), args)
     except OptionError as error:
         raise ConfigError(str(error)) from None
