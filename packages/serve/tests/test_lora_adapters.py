@@ -182,12 +182,13 @@ def test_deterministic_bits_do_not_depend_on_the_other_rows_adapters() -> None:
     engine = Engine(served, config)
     params = SamplingParams(max_tokens=6, temperature=0.7, seed=3, logprobs=True, adapter=1)
     (alone,) = engine.generate([PROMPT_IDS], params)
-    others = [SamplingParams(max_tokens=6, temperature=0.0, adapter=a) for a in (2, 0, 2)]
-    *mixed, among = engine.generate(
-        [PROMPT_IDS] * 4, [*others, params]
-    )  # the same prompt: other adapters' pages
-    assert among.samples[0].token_ids == alone.samples[0].token_ids
-    assert np.array_equal(among.samples[0].logprobs, alone.samples[0].logprobs)  # bitwise
+    others = [SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, adapter=a) for a in (2, 0, 2)]
+    (base_alone,) = engine.generate([PROMPT_IDS], others[1])  # steps of base rows only: no adapter products
+    # the same prompt under other adapters (their pages apart in the prefix cache), in the same steps
+    *mixed, among = engine.generate([PROMPT_IDS] * 4, [*others, params])
+    for together, apart in ((among, alone), (mixed[1], base_alone)):
+        assert together.samples[0].token_ids == apart.samples[0].token_ids
+        assert np.array_equal(together.samples[0].logprobs, apart.samples[0].logprobs)  # bitwise
     reference = Engine(merge_lora(with_lora(base, second)), config)
     (merged,) = reference.generate([PROMPT_IDS], dataclasses.replace(others[0], adapter=0))
     assert mixed[0].samples[0].token_ids == merged.samples[0].token_ids

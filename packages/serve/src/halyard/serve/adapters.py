@@ -6,7 +6,8 @@ the largest. A step gives each token the index of its request's adapter (``rows`
 base product once for all tokens and adds ``((x · A_all) * select) · B_all``, where ``select`` keeps, per
 token, its own adapter's ``rank`` columns scaled by its ``alpha / rank`` and zeroes the others. Two dense
 products of width ``adapters x rank``, no gather of weights per token: what the other rows ask for never
-enters a row's numbers (their columns are exact zeros in its sums), and a base row adds exact zeros.
+enters a row's numbers (their columns are exact zeros in its sums), and a base row adds exact zeros. A step
+of base rows only runs the program without adapters (``rows`` None: the plain products).
 
     model = with_adapters(base, [("sql", sql_adapters), ("chat", chat_adapters)])   # indices 1 and 2
     model = with_rows(model, named(indices, ("pos",)))                            # inside a step program
@@ -55,12 +56,11 @@ class AdaptedLinear(Linear):
     def __call__(self, x: NamedArray) -> NamedArray:
         y = super().__call__(x)
         if self.rows is None or self.lora_a is None or self.lora_b is None or self.scales is None:
-            return y
+            return y  # a step of base rows only
         Adapters, Rank = self.lora_a.axis(ADAPTERS), self.lora_a.axis(RANK)
         down = Linear(self.lora_a, None, self.In, (Adapters, Rank), self.dot_general)(x)
-        chosen = named(
-            jax.nn.one_hot(self.rows.array, Adapters.size, dtype=jnp.float32), (*self.rows.axes, Adapters)
-        )
+        rows = self.rows
+        chosen = named(jax.nn.one_hot(rows.array, Adapters.size, dtype=jnp.float32), (*rows.axes, Adapters))
         select = (chosen * self.scales.astype(jnp.float32)).astype(down.dtype)
         update = Linear(self.lora_b, None, (Adapters, Rank), self.Out, self.dot_general)(down * select)
         return y + update.astype(y.dtype)

@@ -32,7 +32,7 @@ class StepInputs(NamedTuple):
         adjustments: the rows' grammar masks and logit biases (`LogitAdjustments`); None in a program
             without (`ProgramShape.mask_words` 0).
         adapters: int32 ``[tokens]``: each token's LoRA adapter (`halyard.serve.adapters`; 0 the base and
-            padding); None in the programs of a model without adapters.
+            padding); None in a program without (`ProgramShape.adapters` False).
     """
 
     tokens: np.ndarray
@@ -107,6 +107,8 @@ class ProgramShape:
         alternatives: whether it computes each drawn token's top alternatives.
         mask_words: the int32 words of a row's token mask (its vocabulary over 32) in a program that takes
             grammar masks and logit biases (`LogitAdjustments`); 0 in one that takes none.
+        adapters: whether it runs LoRA adapters (takes `StepInputs.adapters`; `halyard.serve.adapters`): a
+            step whose rows are all the base's runs the program without, which computes no adapter.
     """
 
     tokens: int
@@ -115,6 +117,7 @@ class ProgramShape:
     prompt_logprobs: bool
     alternatives: bool = False
     mask_words: int = 0
+    adapters: bool = False
 
 
 def mask_words(vocab_size: int) -> int:
@@ -150,6 +153,7 @@ def example_inputs(shape: ProgramShape) -> StepInputs:
         settings=settings,
         next_tokens=np.zeros((tokens,), np.int32) if shape.prompt_logprobs else None,
         adjustments=no_adjustments(seqs, shape.mask_words) if shape.mask_words else None,
+        adapters=np.zeros((tokens,), np.int32) if shape.adapters else None,
     )
 
 

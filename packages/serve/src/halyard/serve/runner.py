@@ -157,25 +157,33 @@ class ModelRunner:
         prompt_logprobs: bool = False,
         alternatives: bool = False,
         adjusted: bool = False,
+        adapters: bool = False,
     ) -> ProgramShape:
         """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
         next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
         sequence as the ``max_tokens`` program does (`rows_agree`). ``adjusted``: a program that takes grammar
-        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`)."""
+        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`); ``adapters``: one that runs the
+        model's LoRA adapters (`StepInputs.adapters`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
         sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
         words = mask_words(self.vocab_size) if adjusted else 0
         for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
-            shape = self._shape(size, pages, prompt_logprobs, alternatives, words)
+            shape = self._shape(size, pages, prompt_logprobs, alternatives, words, adapters)
             if not self.fixed_tokens or self.rows_agree(shape):
                 return shape
-        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words)
+        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words, adapters)
 
     def _shape(
-        self, tokens: int, pages: int, prompt_logprobs: bool, alternatives: bool, mask_words: int = 0
+        self,
+        tokens: int,
+        pages: int,
+        prompt_logprobs: bool,
+        alternatives: bool,
+        mask_words: int = 0,
+        adapters: bool = False,
     ) -> ProgramShape:
         return ProgramShape(
-            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words
+            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words, adapters
         )
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
@@ -266,7 +274,7 @@ class ModelRunner:
         each of ``pages`` after it, its outputs)``; the engine's pool is left as it was."""
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
-            stored, outputs = self._call(shape, copy, self._fed_nothing(inputs))
+            stored, outputs = self._call(shape, copy, self._fed_nothing(inputs, shape))
             return [written_pages(stored.pool, self._placed(chosen)) for chosen in pages], outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
@@ -361,16 +369,16 @@ class ModelRunner:
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
-        return self._fed_nothing(example_inputs(shape))
+        return self._fed_nothing(example_inputs(shape), shape)
 
-    def _fed_nothing(self, inputs: StepInputs) -> StepInputs:
+    def _fed_nothing(self, inputs: StepInputs, shape: ProgramShape) -> StepInputs:
         """``inputs`` taking no token from a previous program (every program takes ``fed_from`` and
-        ``previous``: the engine dispatches a step before fetching the one before it), and with a model that
-        serves adapters, each token's adapter when not given: ``token % (adapters + 1)`` (0 for padding; a
-        row check's random tokens so mix the adapters, the same ones in the small and the full program)."""
+        ``previous``: the engine dispatches a step before fetching the one before it), and in a program that
+        runs adapters, each token's adapter when not given: ``token % (adapters + 1)`` (0 for padding; a row
+        check's random tokens so mix the adapters, the same ones in the small and the full program)."""
         previous = np.zeros((self.max_seqs,), np.int32)
         inputs = inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
-        if self.adapters and inputs.adapters is None:
+        if shape.adapters and inputs.adapters is None:
             inputs = inputs._replace(adapters=(inputs.tokens % (self.adapters + 1)).astype(np.int32))
         return inputs
 

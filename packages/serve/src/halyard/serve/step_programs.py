@@ -63,9 +63,10 @@ def dispatch(
         prompt_logprobs=wants_prompt,
         alternatives=alternatives,
         adjusted=constrained_rows(chunks, requests),
+        adapters=any(chunk.sequence.adapter for chunk in chunks),
     )
     inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
-    if runner.adapters:
+    if shape.adapters:
         inputs = inputs._replace(adapters=token_adapters(chunks, shape.tokens))
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
     inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
