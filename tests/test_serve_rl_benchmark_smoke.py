@@ -168,6 +168,20 @@ def test_serve_structured_benchmark_tiny(tmp_path: Path) -> None:
     assert all(ratio > 0 for ratio in result["ratios"].values())
 
 
+def test_serve_lora_benchmark_tiny(tmp_path: Path) -> None:
+    """benchmarks/serving/serve_lora.py at a tiny size: each arm's tokens/s and its ratio to the base."""
+    result = _run(
+        "serving/serve_lora.py", "--requests", "2", "--tokens", "4", "--adapters", "2", "--rank", "4",
+        "--repeats", "1", output=tmp_path / "lora.json",
+    )  # fmt: skip
+    arms = result["results"]
+    assert (
+        set(arms) == {"base", "adapters_base_rows", "adapters_mixed"}
+        and arms["base"]["relative_to_base"] == 1
+    )
+    assert all(arm["tokens_per_second"] > 0 for arm in arms.values())
+
+
 def test_quality_benchmark_quick(tmp_path: Path) -> None:
     result = _run("serving/serve_int8_quality.py", "--quick", output=tmp_path / "quality.json")
     assert set(result["arms"]) == {"bfloat16", "int8"} and "--quick" in result["command"]

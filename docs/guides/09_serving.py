@@ -216,6 +216,46 @@ assert answers[0].samples[0].finish_reason == "stop" and json.loads(constrained)
 # (token id -> bias in [-100, 100]) goes through the same adjustment of the logits, and keeps pipelining.
 
 # %% [markdown]
+# ## LoRA adapters
+#
+# One server can serve several LoRA adapters of one base: `halyard serve --run BASE --lora sql=RUN_OR_PEFT_FOLDER
+# --lora chat=...`, and a request picks one with `model: sql` (the base's name for the base; `/v1/models`
+# lists them all). Requests for different adapters and for the base share one batch: every adapter's A and B
+# are stacked beside the base's projections (index 0: zeros, the base), each token carries its request's
+# adapter index, and two dense products of width `adapters x rank` add each row's own update
+# (`halyard.serve.adapters`). An adapter answers as its merged model does:
+
+# %%
+from halyard.models.lora import LoraConfig, init_lora, merge_lora, with_lora  # noqa: E402
+from halyard.named import NamedArray  # noqa: E402
+from halyard.serve.adapters import with_adapters  # noqa: E402
+
+fresh = init_lora(
+    model, LoraConfig(rank=4, alpha=8, target_modules=("q_proj", "v_proj")), key=jax.random.key(2)
+)
+tuned = {  # B is zero in a fresh adapter (the model unchanged): give it random values, as training would
+    name: type(a)(a.lora_a, NamedArray(jax.random.normal(jax.random.key(3), a.lora_b.array.shape), a.lora_b.axes), a.alpha)
+    for name, a in fresh.items()
+}  # fmt: skip
+served = with_adapters(model, [("tuned", tuned)])  # adapter 1
+adapter_engine = Engine(served, EngineConfig(page_size=16, num_pages=32, max_running=4, max_context=96))
+prompt = tokenizer.encode("1234>").ids
+with_adapter, base_only = adapter_engine.generate(
+    [prompt] * 2, [SamplingParams(max_tokens=6, temperature=0, adapter=1), SamplingParams(max_tokens=6, temperature=0)]
+)  # fmt: skip
+merged_engine = Engine(
+    merge_lora(with_lora(model, tuned)), EngineConfig(page_size=16, num_pages=32, max_context=96)
+)
+(merged,) = merged_engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0))
+print(
+    "adapter:",
+    tokenizer.decode(with_adapter.samples[0].token_ids),
+    "| base:",
+    tokenizer.decode(base_only.samples[0].token_ids),
+)
+assert with_adapter.samples[0].token_ids == merged.samples[0].token_ids
+
+# %% [markdown]
 # ## The server
 #
 # `halyard serve --hf FOLDER` (or `--run RUN_DIR`) listens on 127.0.0.1 (`--host` to change it,

@@ -5,6 +5,7 @@ hold nothing else), a preempted run on a Hugging Face base resumes to the same b
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -215,3 +216,27 @@ def test_mistakes_are_one_line_naming_the_key(
     with pytest.raises(SystemExit) as raised:
         main(["export", "--run", str(plain_run), "--out", str(tmp_path / "x"), "--lora", "adapter"])
     assert raised.value.code == 2 and "trained no adapters (lora.rank is 0)" in capsys.readouterr().err
+
+
+def test_halyard_serve_lora_serves_a_runs_adapters_beside_its_base(scratch_run: tuple[Path, object]) -> None:
+    from halyard.models.lora import merge_lora
+    from halyard.serve import Engine, EngineConfig, SamplingParams
+    from halyard.serve.server.loading import served_model
+    from halyard.serve.server.lora import lora_specs, with_lora
+    from halyard.train.run.loading import load_run_adapters
+
+    run_dir = Path(load_config(scratch_run[0]).trainer.run_dir)
+    loaded = load_run_model(run_dir)
+    assert_bitwise_equal(load_run_adapters(run_dir), jax.device_get(lora_params(loaded.model)))
+    base = served_model(jax.device_get(without_lora(loaded.model)), loaded.tokenizer, "base")
+    # what `halyard serve --run BASE --lora tuned=RUN` serves
+    served = with_lora(base, lora_specs([f"tuned={run_dir}"]), load_run_adapters)
+    assert served.adapters == ("tuned",)
+    config = EngineConfig(page_size=8, num_pages=32, max_context=64, max_running=4)
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, ignore_eos=True)
+    prompt = [3, 1, 4, 1, 5, 9]
+    tuned, plain = Engine(served.model, config).generate([prompt] * 2, [replace(params, adapter=1), params])
+    (merged,) = Engine(jax.device_get(merge_lora(loaded.model)), config).generate([prompt], params)
+    assert tuned.samples[0].token_ids == merged.samples[0].token_ids
+    np.testing.assert_allclose(tuned.samples[0].logprobs, merged.samples[0].logprobs, atol=1e-4, rtol=0)
+    assert not np.array_equal(tuned.samples[0].logprobs, plain.samples[0].logprobs)

@@ -82,6 +82,15 @@ def step_inputs(
     return StepInputs(tokens, batch, last, settings, next_tokens, adjustments=adjustments)
 
 
+def token_adapters(chunks: list[Chunk], tokens: int) -> np.ndarray:
+    """int32 ``[tokens]``: the LoRA adapter of each fed token's sequence (`StepInputs.adapters`; 0 for the
+    base and the padding)."""
+    lengths = [chunk.stop - chunk.start for chunk in chunks]
+    adapters = np.zeros((tokens,), np.int32)
+    adapters[: sum(lengths)] = np.repeat([chunk.sequence.adapter for chunk in chunks], lengths)
+    return adapters
+
+
 def _adjust(adjustments: LogitAdjustments, row: int, request: RequestState, constraint: Any) -> None:
     """Write row ``row``'s grammar mask (its sample's next tokens; ``constraint`` None: all) and biases."""
     if constraint is not None:

@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from halyard.models import CausalLM
+from halyard.serve.adapters import adapter_count
 from halyard.serve.batching import program_groups
 from halyard.serve.config import EngineConfig
 from halyard.serve.detokenizer import Detokenizer
@@ -86,6 +87,16 @@ class Engine:
     ):
         config = EngineConfig() if config is None else config
         self.config = config
+        if adapter_count(model) and config.quantization != "none":
+            raise ValueError(
+                f"quantization={config.quantization!r} with LoRA adapters: int8 projections drop them; "
+                "serve adapters with quantization none"
+            )
+        if adapter_count(model) and config.speculative is not None:
+            raise ValueError(
+                f"speculative={config.speculative!r} with LoRA adapters: not supported together yet; "
+                "serve adapters without speculation"
+            )
         model = quantized(model, config.quantization)
         self.max_context = config.context_for(model)
         self.vocab_size = model.unembedding.axis_size("vocab")
@@ -162,6 +173,11 @@ class Engine:
         """
         prompt = [int(t) for t in prompt]
         check_prompt(prompt, params, vocab_size=self.vocab_size, max_context=self.max_context)
+        if params.adapter > self.runner.adapters:
+            raise ParameterError(
+                "adapter",
+                f"adapter: {params.adapter} is not one of this engine's {self.runner.adapters} adapters",
+            )
         self._check_samples_fit(len(prompt), params)
         if params.stop and self.decode is None:
             raise ParameterError("stop", "stop: stop strings need the engine to have a tokenizer")

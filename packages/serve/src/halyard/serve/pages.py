@@ -19,7 +19,9 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 PrefixKey = tuple[int, tuple[int, ...]]
-"""A cached page's key: ``(the page before it, or -1 for the first, the page's tokens)``."""
+"""A cached page's key: ``(the page before it, or its owner's root for the first, the page's tokens)``: the
+root is -1, or another negative number for prefixes that must not meet (`halyard.serve.scheduler.prefix_root`:
+one per LoRA adapter)."""
 
 
 class OutOfPages(RuntimeError):
@@ -32,6 +34,7 @@ class _Owned:
     capacity_tokens: int
     registered: int = 0  # leading pages cached under this owner's tokens: `register` starts after them
     epoch: int = 0  # the allocator's ``_owned_uncached`` when ``registered`` was counted
+    root: int = -1  # the key of its first page's "page before" (`PrefixKey`)
 
 
 class PageAllocator:
@@ -93,17 +96,18 @@ class PageAllocator:
         """Pages needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.page_size)
 
-    def cached_prefix(self, tokens: Sequence[int], *, limit: int | None = None) -> list[int]:
+    def cached_prefix(self, tokens: Sequence[int], *, limit: int | None = None, root: int = -1) -> list[int]:
         """The cached pages holding the longest prefix of ``tokens`` in whole pages.
 
         Args:
             tokens: the sequence's tokens.
             limit: at most this many tokens may come from the cache (the engine keeps the last prompt
                 token to compute, for its logits).
+            root: the prefixes' root (`PrefixKey`): only pages registered under it are found.
         """
         limit = len(tokens) if limit is None else min(limit, len(tokens))
         pages: list[int] = []
-        previous = -1
+        previous = root
         for start in range(0, limit - self.page_size + 1, self.page_size):
             page = self._page_of.get((previous, tuple(tokens[start : start + self.page_size])))
             if page is None:
@@ -113,8 +117,9 @@ class PageAllocator:
         return pages
 
     # -- changes -----------------------------------------------------------------------------------
-    def add(self, owner: Hashable, shared: Sequence[int] = ()) -> None:
-        """Register a new sequence that starts with the (cached or owned) pages ``shared``.
+    def add(self, owner: Hashable, shared: Sequence[int] = (), *, root: int = -1) -> None:
+        """Register a new sequence that starts with the (cached or owned) pages ``shared``; its pages are
+        cached under ``root`` (`PrefixKey`).
 
         Raises:
             KeyError: ``owner`` already owns pages.
@@ -127,7 +132,9 @@ class PageAllocator:
                 raise ValueError(f"page {page} is neither owned nor cached: it cannot be shared")
         for page in shared:
             self._take(page)
-        self._owners[owner] = _Owned(list(shared), len(shared) * self.page_size, epoch=self._owned_uncached)
+        self._owners[owner] = _Owned(
+            list(shared), len(shared) * self.page_size, epoch=self._owned_uncached, root=root
+        )
 
     def reserve(self, owner: Hashable, num_tokens: int) -> None:
         """Make ``owner``'s pages hold at least ``num_tokens`` tokens, taking new pages as needed.
@@ -167,7 +174,7 @@ class PageAllocator:
         first = owned.registered
         if full <= first:
             return  # no page filled up since the last call (a decoding row's usual step)
-        previous = owned.pages[first - 1] if first else -1
+        previous = owned.pages[first - 1] if first else owned.root
         for index in range(first, full):
             page = owned.pages[index]
             key = (previous, tuple(tokens[index * size : (index + 1) * size]))
@@ -263,7 +270,7 @@ class PageAllocator:
         assert {v: k for k, v in self._page_of.items()} == self._key_of, "cache maps disagree"
         for owned in self._owners.values():
             if owned.epoch == self._owned_uncached:
-                chain = [-1, *owned.pages[: owned.registered]]
+                chain = [owned.root, *owned.pages[: owned.registered]]
                 keys = [self._key_of.get(page, (None,))[0] for page in chain[1:]]
                 assert keys == chain[:-1], (
                     "a page counted as registered is not cached after the one before it"

@@ -52,6 +52,8 @@ class SamplingParams:
         grammar: the grammar every sample's tokens follow (`halyard.serve.grammar.Grammars` compiles it):
             each step masks the tokens it does not allow next; a sample ends (``stop``) when the grammar is
             complete. None: unconstrained.
+        adapter: the LoRA adapter the request runs with: its index among the engine's model's adapters
+            (`halyard.serve.adapters`; 1 the first), 0 the base model.
     """
 
     max_tokens: int = 16
@@ -69,6 +71,7 @@ class SamplingParams:
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: Grammar | None = None
+    adapter: int = 0
 
     def __post_init__(self) -> None:
         def check(ok: bool, parameter: str, message: str) -> None:
@@ -84,6 +87,11 @@ class SamplingParams:
         check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must lie in (0, 1], got {self.top_p}")
         check(0.0 <= self.min_p <= 1.0, "min_p", f"must lie in [0, 1], got {self.min_p}")
+        check(
+            isinstance(self.adapter, int) and self.adapter >= 0,
+            "adapter",
+            f"must be >= 0, got {self.adapter}",
+        )
         check(isinstance(self.n, int) and self.n >= 1, "n", f"must be at least 1, got {self.n}")
         check(
             self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),

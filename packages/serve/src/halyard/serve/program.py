@@ -31,6 +31,8 @@ class StepInputs(NamedTuple):
             (`StepOutputs.padded_token`); None with ``fed_from``.
         adjustments: the rows' grammar masks and logit biases (`LogitAdjustments`); None in a program
             without (`ProgramShape.mask_words` 0).
+        adapters: int32 ``[tokens]``: each token's LoRA adapter (`halyard.serve.adapters`; 0 the base and
+            padding); None in a program without (`ProgramShape.adapters` False).
     """
 
     tokens: np.ndarray
@@ -41,6 +43,7 @@ class StepInputs(NamedTuple):
     fed_from: np.ndarray | None = None
     previous: Any = None
     adjustments: LogitAdjustments | None = None
+    adapters: np.ndarray | None = None
 
 
 class StepOutputs(NamedTuple):
@@ -107,6 +110,8 @@ class ProgramShape:
         draws: the tokens each row draws: after its last token (``StepInputs.last``) and the ``draws - 1``
             tokens fed after it (a speculative row's proposals, `halyard.serve.speculation`); with more than
             one, the drawn tokens and their log-probs come back ``[seqs, draws]``.
+        adapters: whether it runs LoRA adapters (takes `StepInputs.adapters`; `halyard.serve.adapters`): a
+            step whose rows are all the base's runs the program without, which computes no adapter.
     """
 
     tokens: int
@@ -116,6 +121,7 @@ class ProgramShape:
     alternatives: bool = False
     mask_words: int = 0
     draws: int = 1
+    adapters: bool = False
 
 
 def mask_words(vocab_size: int) -> int:
@@ -151,6 +157,7 @@ def example_inputs(shape: ProgramShape) -> StepInputs:
         settings=settings,
         next_tokens=np.zeros((tokens,), np.int32) if shape.prompt_logprobs else None,
         adjustments=no_adjustments(seqs, shape.mask_words) if shape.mask_words else None,
+        adapters=np.zeros((tokens,), np.int32) if shape.adapters else None,
     )
 
 

@@ -111,6 +111,7 @@ class RequestState:
                     arrival=first_arrival + index,
                     use_prefix_cache=not (params.prompt_logprobs and index == 0),
                     caller=caller,
+                    adapter=params.adapter,
                 ),
                 None if params.grammar is None else params.grammar.constraint(),
             )

@@ -40,6 +40,7 @@ from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.named import named
 from halyard.named.nn import batch_invariant, row_log_softmax
+from halyard.serve.adapters import adapter_count, with_rows
 from halyard.serve.compile_events import thread_compiles
 from halyard.serve.packed_inputs import Packing, pack, unpack
 from halyard.serve.params import MAX_TOP_LOGPROBS
@@ -124,6 +125,8 @@ class ModelRunner:
             pages = jax.device_put(pages, layout.shardings(pages, mesh))
         self.paged_kv: PagedKV = pages
         self.vocab_size = model.unembedding.axis_size("vocab")
+        self.adapters = adapter_count(model)
+        """The LoRA adapters the model serves besides its base (`halyard.serve.adapters`; 0: none)."""
         self.compile_seconds = 0.0
         self.programs_compiled = 0
         self.programs_loaded = 0  # read from the persistent compilation cache instead
@@ -155,20 +158,21 @@ class ModelRunner:
         alternatives: bool = False,
         adjusted: bool = False,
         draws: int = 1,
+        adapters: bool = False,
     ) -> ProgramShape:
         """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
         next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
         sequence as the ``max_tokens`` program does (`rows_agree`). ``adjusted``: a program that takes grammar
         masks and logit biases (`halyard.serve.sampler.LogitAdjustments`); ``draws``: tokens drawn per row
-        (`ProgramShape.draws`)."""
+        (`ProgramShape.draws`); ``adapters``: one that runs the model's LoRA adapters (`StepInputs.adapters`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
         sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
         words = mask_words(self.vocab_size) if adjusted else 0
         for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
-            shape = self._shape(size, pages, prompt_logprobs, alternatives, words, draws)
+            shape = self._shape(size, pages, prompt_logprobs, alternatives, words, draws, adapters)
             if not self.fixed_tokens or self.rows_agree(shape):
                 return shape
-        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words, draws)
+        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words, draws, adapters)
 
     def _shape(
         self,
@@ -178,9 +182,10 @@ class ModelRunner:
         alternatives: bool,
         mask_words: int = 0,
         draws: int = 1,
+        adapters: bool = False,
     ) -> ProgramShape:
         return ProgramShape(
-            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words, draws
+            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words, draws, adapters
         )
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
@@ -271,7 +276,7 @@ class ModelRunner:
         each of ``pages`` after it, its outputs)``; the engine's pool is left as it was."""
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
-            stored, outputs = self._call(shape, copy, self._fed_nothing(inputs))
+            stored, outputs = self._call(shape, copy, self._fed_nothing(inputs, shape))
             return [written_pages(stored.pool, self._placed(chosen)) for chosen in pages], outputs
 
     def run(self, shape: ProgramShape, inputs: StepInputs) -> StepOutputs:
@@ -368,13 +373,18 @@ class ModelRunner:
 
     def example_inputs(self, shape: ProgramShape) -> StepInputs:
         """Inputs of ``shape`` that are all padding, as this runner's programs take them."""
-        return self._fed_nothing(example_inputs(shape))
+        return self._fed_nothing(example_inputs(shape), shape)
 
-    def _fed_nothing(self, inputs: StepInputs) -> StepInputs:
+    def _fed_nothing(self, inputs: StepInputs, shape: ProgramShape) -> StepInputs:
         """``inputs`` taking no token from a previous program (every program takes ``fed_from`` and
-        ``previous``: the engine dispatches a step before fetching the one before it)."""
+        ``previous``: the engine dispatches a step before fetching the one before it), and in a program that
+        runs adapters, each token's adapter when not given: ``token % (adapters + 1)`` (0 for padding; a row
+        check's random tokens so mix the adapters, the same ones in the small and the full program)."""
         previous = np.zeros((self.max_seqs,), np.int32)
-        return inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
+        inputs = inputs._replace(fed_from=np.full(inputs.tokens.shape, -1, np.int32), previous=previous)
+        if shape.adapters and inputs.adapters is None:
+            inputs = inputs._replace(adapters=(inputs.tokens % (self.adapters + 1)).astype(np.int32))
+        return inputs
 
 
 def fetched(outputs: StepOutputs) -> StepOutputs:
@@ -405,6 +415,8 @@ def _step_body(
     if inputs.fed_from is not None:  # the previous program's tokens, without a trip to the host
         fed = jnp.where(inputs.fed_from >= 0, inputs.previous[jnp.maximum(inputs.fed_from, 0)], fed)
     tokens = named(fed, ("pos",))
+    if inputs.adapters is not None:
+        model = with_rows(model, named(inputs.adapters, ("pos",)))
     hidden, pages = model.paged_step(tokens, pages=pages.for_step(inputs.batch))
     compute = model.in_compute_dtype()
     plain = hidden.rearrange("pos", "embed")

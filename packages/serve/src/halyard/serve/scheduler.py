@@ -47,6 +47,7 @@ class SequenceState:
         computed: tokens whose keys and values are in pages.
         running: admitted and holding pages.
         preemptions: how many times it was preempted.
+        adapter: the LoRA adapter its tokens run with (0: the base); its cached pages are its adapter's own.
     """
 
     key: Hashable
@@ -59,6 +60,7 @@ class SequenceState:
     computed: int = 0
     running: bool = False
     preemptions: int = 0
+    adapter: int = 0
 
     def __post_init__(self) -> None:
         if self.caller is None:
@@ -255,7 +257,7 @@ class Scheduler:
             shared: list[int] = []
             if sequence.use_prefix_cache:
                 limit = min(len(sequence.tokens), sequence.prompt_length) - 1
-                shared = self.pages.cached_prefix(sequence.tokens, limit=limit)
+                shared = self.pages.cached_prefix(sequence.tokens, limit=limit, root=prefix_root(sequence))
             sequence.computed = len(shared) * self.pages.page_size
             decoding, stop = self._next_stop(sequence, room)
             needed = self.pages.pages_for(stop) - len(shared)
@@ -270,7 +272,7 @@ class Scheduler:
                 self._preempt(victim)
                 preempted.append(victim)
                 running[victim.caller] -= 1  # its pages stay cached: ``shared`` still holds the prefix
-            self.pages.add(sequence.key, shared)
+            self.pages.add(sequence.key, shared, root=prefix_root(sequence))
             self.pages.reserve(sequence.key, stop)
             sequence.running = True
             self.waiting.remove(sequence)
@@ -319,3 +321,9 @@ class Scheduler:
         sequence.computed = 0
         sequence.preemptions += 1
         self.add(sequence)
+
+
+def prefix_root(sequence: SequenceState) -> int:
+    """The prefix cache's root of ``sequence``'s pages: -1 for the base, ``-1 - adapter`` for an adapter's
+    (the same tokens under another adapter hold other keys and values)."""
+    return -1 - sequence.adapter

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from halyard.serve.batching import step_inputs, with_previous_tokens
+from halyard.serve.batching import step_inputs, token_adapters, with_previous_tokens
 from halyard.serve.pages import PageAllocator
 from halyard.serve.program import StepOutputs
 from halyard.serve.requests import RequestState
@@ -70,8 +70,11 @@ def dispatch(
         alternatives=alternatives,
         adjusted=constrained_rows(chunks, requests),
         draws=1 + speculative_tokens if any(c.proposals for c in chunks) else 1,
+        adapters=any(chunk.sequence.adapter for chunk in chunks),
     )
     inputs = step_inputs(chunks, shape, tables, requests, pages.page_size)
+    if shape.adapters:
+        inputs = inputs._replace(adapters=token_adapters(chunks, shape.tokens))
     drawn = None if previous is None else (previous[0], previous[2].padded_token)
     inputs = with_previous_tokens(inputs, chunks, drawn, runner.max_seqs)
     outputs = runner.run(shape, inputs)

@@ -17,7 +17,7 @@ from halyard.serve.replicas import Replicas
 from halyard.serve.server.chat import create_chat_completion
 from halyard.serve.server.completions import create_completion
 from halyard.serve.server.driver import AsyncEngine
-from halyard.serve.server.errors import APIError, install_error_handlers
+from halyard.serve.server.errors import install_error_handlers
 from halyard.serve.server.formatting import now
 from halyard.serve.server.generation import ClientGone
 from halyard.serve.server.loading import ServedModel
@@ -77,7 +77,9 @@ def create_app(
     driver = AsyncEngine(engine)
     vocab = served.model.unembedding.axis_size("vocab")
     grammars = Grammars(served.tokenizer.serialized(), vocab, served.eos_token_ids)  # read on a thread
-    state = ServerState(driver, served.tokenizer, served.name, engine.max_context, now(), api_key, grammars)
+    state = ServerState(
+        driver, served.tokenizer, served.name, engine.max_context, now(), api_key, grammars, served.adapters
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,18 +114,14 @@ def create_app(
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+        return JSONResponse(
+            {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
+        )
 
     @app.get("/v1/models/{name:path}", dependencies=v1)
     async def model(name: str) -> JSONResponse:
-        if name != state.model_name:
-            raise APIError(
-                f"model: {name!r} is not served here; this server serves {state.model_name!r}",
-                "model",
-                status=404,
-                code="model_not_found",
-            )
-        return JSONResponse(_model_card(state))
+        state.adapter_of(name)  # a 404 for a name not served
+        return JSONResponse(_model_card(state, name))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -152,11 +150,15 @@ def prometheus_text(stats: dict[str, float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _model_card(state: ServerState) -> dict:
-    return {
-        "id": state.model_name,
+def _model_card(state: ServerState, name: str) -> dict:
+    """``/v1/models``' card of ``name``: an adapter's names its base (``parent``, ``root`` as vLLM's)."""
+    card = {
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "halyard",
         "max_model_len": state.max_context,
     }
+    if name != state.model_name:
+        card.update(parent=state.model_name, root=state.model_name)
+    return card

@@ -3,6 +3,7 @@ streamed, with log-probs and ``n`` choices."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,18 +24,18 @@ from halyard.serve.server.tools import ToolCall, ToolPlan, tool_plan
 async def create_chat_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body: ChatRequest = parse_body(await request.body(), ChatRequest)
-    state.check_model(body.model)
+    adapter = state.adapter_of(body.model)
     grammar, plan = _grammar_and_tools(state, body)
     messages = [message.as_dict() for message in body.messages]
     text = state.tokenizer.render_chat(messages, None if plan is None else plan.definitions)
     # The template writes the special tokens (BOS...) itself: the tokenizer adds none.
     prompt = state.tokenizer.encode(text, special_tokens=False)
-    params = body.to_sampling(len(prompt), state.max_context, grammar)
+    params = dataclasses.replace(body.to_sampling(len(prompt), state.max_context, grammar), adapter=adapter)
     renamed = {"prompt": "messages", "max_tokens": body.limit_field}
     generation = Generation(state.driver, [prompt], params, renamed)
     await generation.start()
     chat = _Chat(state, body, plan)
-    header = {"id": new_id("chatcmpl"), "created": now(), "model": state.model_name}
+    header = {"id": new_id("chatcmpl"), "created": now(), "model": body.model}
     if body.stream:
         chunks = chat.chunks(generation, {**header, "object": "chat.completion.chunk"}, len(prompt))
         return StreamingResponse(event_stream(chunks, generation.cancel), media_type="text/event-stream")

@@ -22,6 +22,7 @@ import uvicorn
 
 from halyard.serve.server.backend import start_backend
 from halyard.serve.server.host_transfer import size_host_buffer
+from halyard.serve.server.lora import lora_specs
 from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
@@ -116,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
+        specs = lora_specs(args.lora)
     except OptionError as error:
         return _bad_input(error)
     size_host_buffer(args.hf, args.dtype)  # the TPU runtime's host buffer, before the runtime starts
@@ -124,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from halyard.data import DataInputError
     from halyard.export import HfConversionError
     from halyard.serve.server.loading import load_hf_folder
+    from halyard.serve.server.lora import with_lora
 
     try:
         served = load_hf_folder(
@@ -133,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype=args.dtype,
             quantization=args.quantization,
         )
+        served = with_lora(served, specs)
         draft = draft_source(args)
         if draft is not None:
             served = dataclasses.replace(served, draft=load_hf_folder(draft, dtype=args.dtype).model)

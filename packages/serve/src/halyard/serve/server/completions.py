@@ -31,7 +31,7 @@ class _Prompt:
 async def create_completion(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body: CompletionRequest = parse_body(await request.body(), CompletionRequest)
-    state.check_model(body.model)
+    adapter = state.adapter_of(body.model)
     encoded = body.prompts(lambda text: state.tokenizer.encode(text, special_tokens=True))
     grammar = (
         None
@@ -39,12 +39,13 @@ async def create_completion(request: Request) -> Response:
         else response_grammar(body.response_format, lambda: state.grammar_compiler("response_format"))
     )
     params, score_only = body.to_sampling(grammar)
+    params = dataclasses.replace(params, adapter=adapter)
     prompts = [
         _Prompt(ids, text if text is not None else state.tokenizer.decode(ids)) for ids, text in encoded
     ]
     generation = Generation(state.driver, [p.token_ids for p in prompts], params)
     await generation.start()
-    header = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": state.model_name}
+    header = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": body.model}
     completion = _Completion(state, body, prompts, score_only)
     if body.stream:
         chunks = completion.chunks(generation, header)

@@ -29,6 +29,8 @@ class ServedModel:
         eos_token_ids: ids that end a sample: the model config's (config.json and generation_config.json of
             a Hugging Face folder) and the tokenizer's EOS.
         draft: the draft model of ``--speculative draft=MODEL`` (same tokenizer), or None.
+        adapters: the names of the LoRA adapters ``model`` serves besides its base (`halyard.serve.adapters`;
+            ``model: adapters[i]`` runs adapter ``i + 1``), in order.
     """
 
     name: str
@@ -36,6 +38,7 @@ class ServedModel:
     tokenizer: TextTokenizer
     eos_token_ids: tuple[int, ...]
     draft: CausalLM | None = None
+    adapters: tuple[str, ...] = ()
 
 
 def served_model(

@@ -150,6 +150,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     server = parser.add_argument_group("server")
     server.add_argument(
+        "--lora",
+        action="append",
+        metavar="NAME=FOLDER",
+        help="serve a LoRA adapter beside the base: requests with model NAME run it, in the same batches as "
+        "the base's (repeatable; FOLDER: a PEFT adapter folder, or with halyard serve a run trained with LoRA)",
+    )
+    server.add_argument(
         "--model-name", help="the name /v1/models lists and requests give (default: the folder's)"
     )
     server.add_argument("--chat-template", help="a Jinja file replacing the tokenizer's chat template")

@@ -19,12 +19,14 @@ class ServerState:
     Attributes:
         driver: the engine, driven from asyncio.
         tokenizer: the model's tokenizer.
-        model_name: the one model this server serves (what ``model`` must say).
+        model_name: the base model this server serves (what ``model`` says for it).
         max_context: the engine's longest sequence (prompt plus completion), in tokens.
         created: when the server started (seconds since the epoch; ``/v1/models``' ``created``).
         api_key: the bearer token ``/v1`` routes require, or None for none.
         grammars: compiles ``response_format`` and tool grammars against the tokenizer (None: none; such
             requests are refused).
+        adapters: the names of the LoRA adapters served beside the base (``model: adapters[i]`` runs
+            adapter ``i + 1``).
     """
 
     driver: AsyncEngine
@@ -34,6 +36,12 @@ class ServerState:
     created: int
     api_key: str | None = None
     grammars: Grammars | None = None
+    adapters: tuple[str, ...] = ()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """What ``/v1/models`` lists: the base, then the adapters."""
+        return (self.model_name, *self.adapters)
 
     def grammar_compiler(self, param: str) -> Grammars:
         """`grammars`, or a 400 (param ``param``) saying why this server cannot constrain outputs."""
@@ -50,14 +58,19 @@ class ServerState:
             ) from None
         return self.grammars
 
-    def check_model(self, name: str) -> None:
-        """Raises `APIError` (param ``model``) unless ``name`` is the served model."""
-        if name != self.model_name:
+    def adapter_of(self, name: str) -> int:
+        """The adapter a request for model ``name`` runs with (0: the base), or a 404 `APIError` (param
+        ``model``, code ``model_not_found``, as OpenAI's) for a name not served here."""
+        names = self.model_names
+        if name not in names:
+            served = ", ".join(map(repr, names))
             raise APIError(
-                f"model: {name!r} is not served here; this server serves {self.model_name!r} (GET /v1/models)",
+                f"model: {name!r} is not served here; this server serves {served} (GET /v1/models)",
                 "model",
+                status=404,
                 code="model_not_found",
             )
+        return names.index(name)
 
     def check_key(self, authorization: str | None) -> None:
         """Raises a 401 `APIError` unless ``authorization`` is ``Bearer <the key>`` (or no key is set)."""

@@ -14,6 +14,7 @@ import jax
 
 from halyard.serve.server.backend import start_backend
 from halyard.serve.server.host_transfer import size_host_buffer
+from halyard.serve.server.lora import lora_specs, with_lora
 from halyard.serve.server.options import (
     OptionError,
     add_server_arguments,
@@ -43,6 +44,7 @@ def serve_main(argv: Sequence[str]) -> int:
         )
     try:
         engine_config_of(args)  # before the model loads: a bad option costs no loading time
+        specs = lora_specs(args.lora)
         chat_template = chat_template_of(args)
         if args.hf is not None:
             size_host_buffer(args.hf, args.dtype)  # the TPU runtime's host buffer, before the runtime starts
@@ -67,6 +69,9 @@ def serve_main(argv: Sequence[str]) -> int:
                 dtype=args.dtype,
                 quantization=args.quantization,
             )
+        from halyard.train.run.loading import load_run_adapters
+
+        served = with_lora(served, specs, load_run_adapters)
         draft = draft_source(args)
         if draft is not None:
             served = dataclasses.replace(served, draft=_draft_model(draft, args.dtype))

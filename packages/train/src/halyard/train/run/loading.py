@@ -17,6 +17,7 @@ import jax
 
 from halyard.export import import_hf, read_hf_config
 from halyard.models import CausalLM
+from halyard.models.lora import Adapters
 from halyard.shard import Layout
 from halyard.train.checkpoint.manager import CheckpointManager
 from halyard.train.config.errors import ConfigError
@@ -103,6 +104,29 @@ def load_run_model(run_dir: str | Path, step: int | None = None) -> LoadedModel:
             params = join(base.params, params)
     tokenizer = tokenizer_path_of(config.data, run, init=config.trainer.init)
     return LoadedModel(params, tokenizer, step=step, mesh=setup.mesh, layout=setup.layout, config=config)
+
+
+def load_run_adapters(run_dir: str | Path, step: int | None = None) -> Adapters:
+    """The LoRA adapters a run trained (``{"q_proj": LoraAdapter, ...}``) at ``step`` (None: the latest
+    complete checkpoint), on the default device; its base is not read.
+
+    Raises:
+        ConfigError: no ``config.yaml``, a run trained without LoRA, no complete checkpoint or none at ``step``.
+    """
+    run = Path(run_dir)
+    config = load_run_config(run)
+    if not config.lora.enabled:
+        raise ConfigError(
+            f"{run} trained no LoRA adapters (lora.rank is 0): serve it as the base with --run, not with --lora"
+        )
+    setup = RunSetup(config)
+    with CheckpointManager(
+        run / "checkpoints", verify_checksums=config.checkpoint.verify_checksums
+    ) as manager:
+        step = checkpoint_step(run, manager, step)
+        abstract, shardings = setup.abstract_trained
+        adapters = manager.restore_weights(step, abstract, shardings, params_path="params")
+    return jax.device_put(jax.device_get(adapters))  # off the run's mesh, onto the one device serving uses
 
 
 def load_hf_model(folder: str | Path) -> LoadedModel:
