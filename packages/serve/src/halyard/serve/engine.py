@@ -92,7 +92,7 @@ class Engine:
                 f"quantization={config.quantization!r} with LoRA adapters: int8 projections drop them; "
                 "serve adapters with quantization none"
             )
-        if adapter_count(model) and config.speculative is not None:
+        if adapter_count(model) and config.speculative != "none":
             raise ValueError(
                 f"speculative={config.speculative!r} with LoRA adapters: not supported together yet; "
                 "serve adapters without speculation"

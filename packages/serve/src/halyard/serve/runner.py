@@ -185,7 +185,14 @@ class ModelRunner:
         adapters: bool = False,
     ) -> ProgramShape:
         return ProgramShape(
-            tokens, min(tokens, self.max_seqs), pages, prompt_logprobs, alternatives, mask_words, draws, adapters
+            tokens,
+            min(tokens, self.max_seqs),
+            pages,
+            prompt_logprobs,
+            alternatives,
+            mask_words,
+            draws,
+            adapters,
         )
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
