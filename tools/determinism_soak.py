@@ -132,17 +132,30 @@ async def answer(client: openai.AsyncOpenAI, body: dict[str, Any], hang_up_after
 
 
 def compare(number: int, loaded: Answer, alone: Answer, hung_up: bool) -> list[str]:
-    """The mismatches of request ``number`` (a hung-up answer: each choice's text so far must begin the
-    alone one's)."""
+    """The mismatches of request ``number``, one a choice (a hung-up answer: each choice's text so far must
+    begin the alone one's)."""
     if hung_up:
         return [
             f"request {number} choice {index} (hung up): {text!r} does not begin {alone[index][0]!r}"
             for index, (text, *_) in loaded.items()
             if not alone[index][0].startswith(text)
         ]
-    if loaded != alone:
-        return [f"request {number}: {loaded} among others, {alone} alone"]
-    return []
+    lines = []
+    for index in sorted(set(loaded) | set(alone)):
+        among, single = loaded.get(index), alone.get(index)
+        if among != single:
+            lines.append(
+                f"request {number} choice {index}: {_shown(among)} among others, {_shown(single)} alone"
+            )
+    return lines
+
+
+def _shown(choice: tuple[str, str | None, list[str], list[float]] | None) -> str:
+    """A choice in a line: its text, finish reason, tokens and log-probs."""
+    if choice is None:
+        return "no choice"
+    text, finish, tokens, logprobs = choice
+    return f"{text!r} ({finish}; tokens {tokens}; log-probs {logprobs})"
 
 
 async def soak_round(
