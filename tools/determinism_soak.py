@@ -236,7 +236,7 @@ async def soak(url: str, args: argparse.Namespace) -> int:
     bodies = requests(args.requests, args.seed)
     limits = httpx.Limits(max_connections=args.concurrency + 8)
     async with openai.AsyncOpenAI(
-        base_url=url + "/v1", api_key="none", max_retries=0, timeout=900,
+        base_url=url + "/v1", api_key="none", timeout=900,  # the client's retries, as users run it
         http_client=httpx.AsyncClient(limits=limits),
     ) as client:  # fmt: skip
         started = time.perf_counter()
