@@ -76,7 +76,8 @@ pytest: $(STAMP) $(LIBTPU)
 test: lint
 	$(MAKE) --no-print-directory -j2 typecheck pytest
 
-# The multi-device and multi-process files 5 times with a CPU hog on every core beside them (ROUNDS=n to change).
+# The multi-device and multi-process files 5 times with a CPU hog on every core beside them (ROUNDS=n to change),
+# then the determinism soak (tools/determinism_soak.py: 2,000 requests, 3 rounds) beside the same hogs.
 ROUNDS ?= 5
 stress: $(STAMP)
 	tools/stress_suite.sh --rounds $(ROUNDS)

@@ -154,6 +154,8 @@ FILE_SECONDS = {
     "packages/train/tests/test_readme_scripts.py": 30,
     "packages/train/tests/test_optimizer_state_placement.py": 29,  # 32 in the 2026-12-07 clean clone; its offload runs in the worker since
     "packages/serve/tests/test_server_answers.py": 29,
+    # new: a `halyard serve --deterministic` start, 30 requests alone then together (42 CPU s alone, cold cache)
+    "tests/test_determinism_soak_smoke.py": 40,
     "packages/train/tests/test_harness_referee.py": 29,
     "tests/test_serve_start_phases_smoke.py": 28,  # new (2026-12-07 clean clone): fresh `halyard serve` starts, small
     "packages/train/tests/test_dpo_trl_referee.py": 27,

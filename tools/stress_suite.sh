@@ -12,6 +12,11 @@
 #                                            suite's own (conftest.py: AVX), native: this CPU's best
 #   tools/stress_suite.sh -- -k replicas     arguments after -- go to pytest
 #
+# With the stress files (not parity), a determinism soak follows the rounds, the hogs still running:
+# tools/determinism_soak.py sends --soak-requests requests (default 2000) through `halyard serve
+# --deterministic` --soak-rounds times (default 3), each compared with the same request served alone;
+# --soak-requests 0 skips it. Its log: soak.log in --logs.
+#
 # Logs: one per round and instruction set in --logs (default .stress/), kept for reading afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +59,8 @@ WORKERS=3
 ISAS=default
 FILES=stress
 LOGS=.stress
+SOAK_REQUESTS=2000
+SOAK_ROUNDS=3
 PYTHON=${PYTHON:-.venv/bin/python}
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -63,6 +70,8 @@ while [[ $# -gt 0 ]]; do
         --isa) ISAS=$2; shift 2 ;;
         --files) FILES=$2; shift 2 ;;
         --logs) LOGS=$2; shift 2 ;;
+        --soak-requests) SOAK_REQUESTS=$2; shift 2 ;;
+        --soak-rounds) SOAK_ROUNDS=$2; shift 2 ;;
         --) shift; break ;;
         *) echo "stress_suite.sh: unknown argument $1 (see the top of $0)" >&2; exit 2 ;;
     esac
@@ -117,4 +126,14 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 echo "$((runs - failed))/$runs green (logs in $LOGS/)"
+if [[ $FILES == stress && $SOAK_REQUESTS -gt 0 ]]; then
+    start=$(date +%s)
+    soak_status=0
+    "$PYTHON" tools/determinism_soak.py --requests "$SOAK_REQUESTS" --rounds "$SOAK_ROUNDS" \
+        --log "$LOGS/soak-server.log" >"$LOGS/soak.log" 2>&1 || soak_status=$?
+    grep -E "^(round|determinism soak)" "$LOGS/soak.log" | sed 's/^/    /' || true
+    echo "determinism soak ($SOAK_REQUESTS requests, $SOAK_ROUNDS rounds, $HOGS hogs): \
+$([[ $soak_status -eq 0 ]] && echo pass || echo FAIL) in $(($(date +%s) - start)) s (log: $LOGS/soak.log)"
+    [[ $soak_status -eq 0 ]] || failed=$((failed + 1))
+fi
 [[ $failed -eq 0 ]]

@@ -87,13 +87,27 @@ class Detokenizer:
 
     @staticmethod
     def _add_text(update: Update, sample: _SampleText) -> bool:
-        """Set ``update.text`` (and its ending when a stop string appeared); True when one did."""
-        if not update.token_ids:
-            return False
+        """Set ``update.text`` (and its ending when a stop string appeared); True when one did.
+
+        The tokens are taken one at a time, however many one update carries: a step that absorbs two
+        programs hands a sample two tokens at once (the one its pipelined step drew, then its own), and the
+        text and ending must be those of the same tokens arriving one an update. A stop token's text is
+        left out but every token before it counts; a stop string ends the update at the token that
+        completed it (its later tokens are dropped, as the updates after it are)."""
         stop_token = update.finish_reason == "stop" and isinstance(update.stop_reason, int)
-        sample.tokens += update.token_ids[:-1] if stop_token else update.token_ids
-        found = not stop_token and sample.text.update(sample.tokens)
-        if found:
-            update.finish_reason, update.stop_reason = "stop", sample.text.stopped_by
+        texts = update.token_ids[:-1] if stop_token else update.token_ids
+        for count, token in enumerate(texts, start=1):
+            sample.tokens.append(token)
+            if sample.text.update(sample.tokens):
+                _keep_tokens(update, count)
+                update.finish_reason, update.stop_reason = "stop", sample.text.stopped_by
+                update.text = sample.text.stream(final=True)
+                return True
         update.text = sample.text.stream(final=update.finish_reason is not None)
-        return found
+        return False
+
+
+def _keep_tokens(update: Update, count: int) -> None:
+    """Cut ``update`` to its first ``count`` tokens."""
+    del update.token_ids[count:], update.logprobs[count:], update.sampled_logprobs[count:]
+    del update.top_logprobs[count:]

@@ -243,7 +243,7 @@ class Scheduler:
         preemptions go to ``preempted``. With ``room``: one sequence whose chunk is cut to ``room`` tokens,
         past ``max_prefill_rows``, if it finds a free row and pages (preempting nobody). Returns the last
         chunk admitted (None: none)."""
-        passed: set[int] = set()  # waiting for a sibling: skipped this step
+        passed: set[int] = set()  # waiting for a sibling, or just preempted: skipped this step
         admitted = None
         while room is not None or len(prefill) < self.max_prefill_rows:
             candidates = [s for s in self.waiting if id(s) not in passed]
@@ -271,6 +271,7 @@ class Scheduler:
                     return admitted  # nobody overtakes the fairest waiting sequence
                 self._preempt(victim)
                 preempted.append(victim)
+                passed.add(id(victim))  # not readmitted beside the chunk it was planned before this
                 running[victim.caller] -= 1  # its pages stay cached: ``shared`` still holds the prefix
             self.pages.add(sequence.key, shared, root=prefix_root(sequence))
             self.pages.reserve(sequence.key, stop)
