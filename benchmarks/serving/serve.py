@@ -8,10 +8,10 @@ prefix cache; the deterministic / fast cost is the median of the repetitions' ra
 ``generate``, which runs in a subprocess on the checkout of the last commit that had it:
 
 - ``engine``: `halyard.serve.Engine`, fast mode (continuous batching, chunked prefill, 64 running sequences);
-- ``engine_deterministic``: the same, ``deterministic=True`` (programs of fixed row counts);
-- ``engine_training_arithmetic``: deterministic with ``training_arithmetic=True`` (the GRPO trainer's
-  batch-invariant arithmetic; this process keeps XLA's fused multiply-adds, so the figure leaves out what
-  `unfuse_multiply_add` costs);
+- ``engine_deterministic``: the same, ``deterministic=True`` (batch-invariant programs of the fast mode's
+  sizes: products in blocks of 32 rows, sums in a fixed order);
+- ``engine_training_arithmetic``: deterministic with ``training_arithmetic=True``: the same programs (this
+  process keeps XLA's fused multiply-adds, so the figure leaves out what `unfuse_multiply_add` costs);
 - ``transformers``: ``LlamaForCausalLM.generate`` on the same weights (exported with `halyard.export`),
   batches of 32 requests in arrival order, left-padded, each batch run to its longest request's length;
 - ``old_generate``: ``halyard.models.sampling.generate`` as of commit `OLD_GENERATE_COMMIT` (left-padded

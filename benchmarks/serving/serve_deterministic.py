@@ -5,7 +5,10 @@ alone or among other requests, in any arrival order, with its prompt's pages fro
 it is preempted and recomputed. The checks are those of packages/serve/tests/test_deterministic.py, run as a
 benchmark: a target request (a 100-token prompt, 24 tokens at temperature 1 and top-p 0.9, seeded, with
 log-probs) alone, then among 20 random others at a random place, after a request that caches its first page,
-in a pool of 6 pages where it is preempted, among 64 and 1 others, and (prefill chunks of 128) 7 and 63.
+in a pool of 6 pages where it is preempted, among 64 and 1 others, (prefill chunks of 128) 7 and 63, and
+(chunks of 24, ending inside the attention kernel's blocks) 20; then the row checks of the tests
+(`halyard.serve.row_check`: every smaller program against the full-size one, random probes) over the
+chunk-64 engine's program sizes, in this process's compiler settings (the suite compiles at -O0).
 Fast mode's target among 20 others is compared too (it may differ: that is what the mode is for). The cost: the same 32
 random requests in fast and in deterministic mode, each timed on its second run (the first compiles), the
 ratio of their times (the goal on TPU: <= 1.3).
@@ -39,6 +42,7 @@ from serve_tpu import engine_config, make_model
 
 from halyard.models import CausalLM
 from halyard.serve import Engine, SampleOutput, SamplingParams
+from halyard.serve.row_check import rows_agree
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "serve_deterministic.json"
 TARGET = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
@@ -163,6 +167,15 @@ def checks(
         result = compare(run_target(small, prompt, others(6, 5, vocab), 4), state["alone"])
         return dict(result, preemptions=small.stats.preemptions)
 
+    def row_checks(state: dict[str, Any]) -> dict[str, Any]:
+        """`halyard.serve.row_check` over every program size of the chunk-64 engine below the most (at the
+        target's page bucket): each gives every probed sequence the full-size program's bits."""
+        runner = engine(state, 64).runner
+        agree = {
+            str(tokens): rows_agree(runner, runner.shape_for(tokens, 4)) for tokens in runner.token_sizes[:-1]
+        }
+        return dict(bitwise=all(agree.values()), sizes=agree)
+
     def fast_mode(state: dict[str, Any]) -> dict[str, Any]:
         state["fast"] = Engine(model, config(64, deterministic=False, warmup=warmup))
         fast_alone = run_target(state["fast"], prompt, [], 0)
@@ -204,13 +217,17 @@ def checks(
     return [
         ("alone", alone), among_check(20, 64), ("cost", cost), ("prefix_cache_hit", cache_hit),
         ("preempted", preempted), among_check(64, 64), among_check(1, 64), ("fast_mode_among_20", fast_mode),
-        among_check(7, 128), among_check(63, 128),
+        among_check(7, 128), among_check(63, 128), among_check(20, 24), ("row_checks", row_checks),
     ]  # fmt: skip
 
 
 def verdict(results: dict[str, Any]) -> str:
     """One line: whether every deterministic check was bitwise, which were not, which did not run."""
-    promised = [name for name in results["checks"] if name.startswith(("among_", "prefix_", "preempted"))]
+    promised = [
+        name
+        for name in results["checks"]
+        if name.startswith(("among_", "prefix_", "preempted", "row_checks"))
+    ]
     broken = [name for name in promised if not results["checks"][name].get("bitwise")]
     if not promised:
         line = "deterministic mode NOT MEASURED"

@@ -111,10 +111,10 @@ print(f"{stats.tokens_accepted} of {stats.tokens_proposed} proposals kept: 16 to
 # ## Deterministic mode
 #
 # XLA's CPU kernels round a row differently at different row counts, so by default a request's log-probs
-# can differ in their last bits with the other requests of its batch. `deterministic=True` runs each step as
-# a program of the most tokens a step holds (`EngineConfig.step_budget`), or of fewer only where a probe
-# showed, when the program was compiled, the same bits for every row: the request below gets the same tokens
-# and log-probabilities bit for bit alone and among twenty others arriving in another order.
+# can differ in their last bits with the other requests of its batch. `deterministic=True` computes every
+# token with arithmetic whose order does not depend on the batch (products in fixed blocks of 32 rows, sums in
+# a fixed order, attention folded page by page): the request below gets the same tokens and
+# log-probabilities bit for bit alone and among twenty others arriving in another order.
 
 # %%
 deterministic = EngineConfig(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import hypothesis.strategies as st
@@ -19,6 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from halyard.models.rotary import RotaryConfig, apply_rotary, inverse_frequencies
 from halyard.named import named
+from halyard.named.nn import batch_invariant
 
 HEAD_SIZE = 16
 EPS = float(np.finfo(np.float32).eps)
@@ -267,3 +269,33 @@ def test_two_configurations_side_by_side_match_gemma3() -> None:
         np.testing.assert_allclose(actual.array, expected.numpy(), atol=bound, rtol=0)
         results[layer_type] = np.asarray(actual.array)
     assert not np.allclose(results["full_attention"], results["sliding_attention"], atol=1e-3)
+
+
+def test_inside_batch_invariant_a_positions_rotation_does_not_depend_on_the_others() -> None:
+    """Inside `batch_invariant` the rotation runs in the context's blocks of rows (`in_row_blocks`): the first
+    rows of 40 get the bits they get alone or among 8 (a partial rotation too), within rounding of the plain
+    rotation."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    positions = rng.integers(0, 512, 40).astype(np.int32)
+
+    def rotate(config: RotaryConfig, invariant: bool):
+        def apply(x: jax.Array, positions: jax.Array) -> jax.Array:
+            with batch_invariant() if invariant else contextlib.nullcontext():
+                rotated = apply_rotary(
+                    named(x, ("pos", "kv_heads", "head_size")), named(positions, ("pos",)), config,
+                    max_position=512,
+                )  # fmt: skip
+                return rotated.array
+
+        return jax.jit(apply)
+
+    for config in (RotaryConfig(), RotaryConfig(partial_rotary_factor=0.5)):
+        invariant = rotate(config, True)
+        full = np.asarray(invariant(x, positions))
+        for count in (1, 8, 33):
+            assert np.asarray(invariant(x[:count], positions[:count])).tobytes() == full[:count].tobytes()
+        plain = np.asarray(rotate(config, False)(x, positions))
+        np.testing.assert_allclose(
+            full, plain, rtol=0, atol=summation_tolerance(2 * np.abs(x).max(), 2 + FUNCTION_TERMS)
+        )

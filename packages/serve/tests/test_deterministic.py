@@ -179,20 +179,6 @@ def test_fast_mode_agrees_to_rounding_but_not_bitwise(
     assert max(s.seqs for s in shapes) == 32 and max(s.tokens for s in shapes) == runner.max_tokens
 
 
-@pytest.mark.usefixtures("alone")  # the target's run made the row checks read here
-def test_fewer_decoding_rows_only_where_the_row_check_agrees(engines: dict[int, Engine]) -> None:
-    """Deterministic mode runs a program of fewer than the most tokens only once a probe showed that it
-    computes every sequence as the full program does; a size that disagrees is never used. (The bitwise
-    tests above run such programs: the target alone decodes one token a step.)"""
-    runner = engines[64].runner
-    pages = max(shape.seq_pages for shape in runner.row_checks)  # the target's pages as it ends
-    checks = {shape.tokens: agrees for shape, agrees in runner.row_checks.items() if shape.seq_pages == pages}
-    assert checks and all(tokens < runner.max_tokens for tokens in checks)
-    chosen = runner.shape_for(1, pages).tokens
-    assert chosen == min([tokens for tokens, agrees in checks.items() if agrees] + [runner.max_tokens])
-    assert all(not checks[tokens] for tokens in checks if tokens < chosen)
-
-
 def test_by_default_a_step_of_every_running_row_is_one_pipelined_program() -> None:
     """``deterministic_rows`` None (the default): a step is one program of up to ``max_running`` sequences (34
     here, more than the old default of 32), so deterministic steps are pipelined as the fast mode's are, and a

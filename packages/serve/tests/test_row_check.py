@@ -1,5 +1,5 @@
-"""`halyard.serve.row_check`: the probe and the bitwise comparison deterministic mode trusts before it runs a
-program of fewer tokens (the engine's use of it: test_deterministic.py)."""
+"""`halyard.serve.row_check`: the probe and the bitwise comparison that show deterministic mode's programs
+batch-invariant (their use over an engine's programs: test_batch_invariance.py)."""
 
 from __future__ import annotations
 

@@ -35,24 +35,25 @@ class EngineConfig:
             192, ...; `halyard.serve.program.token_ladder`), so a step is at most a third padding.
         token_buckets: the token counts of the step programs below the most one step holds
             (`step_budget`), ascending, instead of ``min_rows``' ladder: a step runs in the smallest
-            that holds its tokens (in deterministic mode, the smallest whose row check passed), else in a
-            program of the most. Empty: ``min_rows``' ladder. An RL engine sets its decoding rows'
-            buckets alone, so steps with prefill chunks run at the most and it compiles (and row-checks)
-            fewer programs.
+            that holds its tokens, else in a program of the most. Empty: ``min_rows``' ladder. An RL engine
+            sets its decoding rows' buckets alone, so steps with prefill chunks run at the most and it
+            compiles fewer programs.
         deterministic: a request's tokens and log-probs are bitwise the same whatever else runs beside
-            it, in whatever order requests arrive, wherever its prefill chunks fall and whether its prefix
-            comes from the cache. XLA's CPU kernels may round a row differently at different row counts, so
-            a step runs in programs of the most tokens (`step_budget`), or of fewer tokens only where a
-            probe showed that such a program gives every sequence the same bits (`halyard.serve.row_check`)
-            (docs: serving, deterministic mode).
+            it, in whatever order requests arrive, wherever its prefill chunks fall, whether its prefix
+            comes from the cache and whether it was preempted. Every step program computes a token with
+            arithmetic whose order does not depend on the batch (`halyard.named.nn.batch_invariant`: products
+            in fixed blocks of rows, row sums in a fixed order; `halyard.serve.runner`), so it runs the
+            programs of the fast mode's sizes and probes nothing when it starts (docs: serving,
+            deterministic mode).
         deterministic_rows: the most sequences of one step program in deterministic mode; None:
             ``max_running`` (a step is one program, pipelined as in the fast mode). Fewer split a step of more
             running sequences into several programs, each step then fetched before the next is scheduled.
-        training_arithmetic: with ``deterministic``, the programs also compute with the training step's
-            batch-invariant arithmetic (`halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo``
-            does), so a token's log-probs equal those of a training forward pass traced inside
-            ``batch_invariant`` bit for bit in a process where XLA fuses no multiply-adds
-            (`halyard.named.nn.unfuse_multiply_add`); costs more (benchmarks/README.md).
+        training_arithmetic: deterministic mode whose log-probs must equal a GRPO trainer's: the programs
+            are deterministic mode's (the training step's batch-invariant arithmetic,
+            `halyard.named.nn.batch_invariant`, as ``trainer.objective: grpo`` computes), and in a process
+            where XLA fuses no multiply-adds (`halyard.named.nn.unfuse_multiply_add`, which ``--training-
+            arithmetic`` calls) a token's log-probs equal those of a training forward pass traced inside
+            ``batch_invariant`` bit for bit. Refuses int8 weights (the trainer's are not).
         prefix_cache: share the pages of common prompt prefixes between requests.
         max_n: the most samples one request may ask for (OpenAI's limit of ``n``, 128). A request's samples
             must also fit the pool together (`halyard.serve.Engine.add_request` refuses one that could
@@ -130,7 +131,7 @@ class EngineConfig:
             )
         if self.training_arithmetic and not self.deterministic:
             raise ValueError(
-                "EngineConfig.training_arithmetic needs deterministic=True (its programs of fixed row counts)"
+                "EngineConfig.training_arithmetic needs deterministic=True (its batch-invariant programs)"
             )
         if self.warmup_logprobs and not self.warmup:
             raise ValueError(

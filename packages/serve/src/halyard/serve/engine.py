@@ -116,8 +116,10 @@ class Engine:
             max_seqs=max_seqs,
             min_tokens=config.min_rows,
             token_buckets=config.token_buckets,
-            fixed_tokens=config.deterministic,
-            invariant=config.training_arithmetic,
+            invariant=config.deterministic,
+            # the XLA kernel of fixed groups and page-by-page folds: the TPU's Pallas kernels choose their
+            # blocks by the program's shape, and a decode program runs another kernel than a mixed one
+            kernel="blocked" if config.deterministic else "auto",
             mesh=mesh,
             layout=layout,
             program_store=ProgramStore.in_cache(config.compilation_cache),

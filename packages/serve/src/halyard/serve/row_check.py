@@ -1,26 +1,24 @@
-"""Whether a program of fewer tokens gives every sequence the same bits as the full-size program
-(deterministic mode).
+"""Whether a program of fewer tokens gives every sequence the same bits as the full-size program: the tests'
+check of deterministic mode's batch invariance (`halyard.serve.runner`).
 
-XLA's CPU kernels pick their blocking and summation order from an operation's shape, so a token's numbers
-can depend on how many tokens share its program. Deterministic mode runs its steps in programs of a fixed
-size; a program of fewer tokens is only used once it has been shown to compute its sequences exactly as
-the full-size one does: both run random probes (decoding tokens and prefill chunks of random sequences over
-random pages of the pool, a mix of greedy, top-k, top-p and min-p sequences), and every output of every probe
-sequence and every page it stores must agree bit for bit. One run of the full program holds several runs of
-the smaller one side by side, each group of sequences on pages of its own and at its own place in the batch
-(as a request sits anywhere among others), then sequences that store nothing. XLA fixes a kernel's summation
-order when it compiles, by shape, not by value. In float32 another order shows in the last bits of nearly
-every random row; in bfloat16 the rounding of the compute dtype hides it in most rows (a 1-token program of a
-bfloat16 Qwen2 differed from the full one in about a quarter of random rows), so the probes go on until
-`PROBE_ROWS` sequences were compared. The answer is kept. The probes read the pool's pages as they are (zeros
-in a fresh engine, the keys of earlier requests later), and a size that disagrees for one page count is not
-tried for another.
+A deterministic engine's programs compute each token with arithmetic whose order does not depend on the batch
+(`halyard.named.nn.batch_invariant`), so any program size gives a sequence the same bits; nothing is probed
+when an engine starts. These probes are how the tests show it: both programs run random probes (decoding
+tokens and prefill chunks of random sequences over random pages of the pool, a mix of greedy, top-k, top-p
+and min-p sequences), and every output of every probe sequence and every page it stores must agree bit for
+bit. One run of the full program holds several runs of the smaller one side by side, each group of sequences
+on pages of its own and at its own place in the batch (as a request sits anywhere among others), then
+sequences that store nothing. In float32 another summation order shows in the last bits of nearly every
+random row; in bfloat16 the rounding of the compute dtype hides it in most rows (a 1-token program of a
+bfloat16 Qwen2 of the fast mode differed from the full one in about a quarter of random rows), so the probes
+go on until `PROBE_ROWS` sequences were compared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +29,9 @@ from halyard.named import NamedArray
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, no_adjustments
 from halyard.serve.sampler import RowSettings
 
+if TYPE_CHECKING:
+    from halyard.serve.runner import ModelRunner
+
 PROBE_SEED = 20261205
 """The first probe's fixed seed (the next ones count up from it): every process of a multi-process engine
 builds the same probes."""
@@ -38,6 +39,26 @@ _PADDED_TOKEN = StepOutputs._fields.index("padded_token")
 PROBE_ROWS = 32
 """Sequences a row check compares at least, over as many probes as that takes (a 1-token program: 32 runs of
 it beside as few runs of the full program as hold 32 groups)."""
+
+
+def rows_agree(runner: ModelRunner, shape: ProgramShape, rows: int = PROBE_ROWS) -> bool:
+    """Whether ``shape``'s program gives every probed sequence the bits the program of ``runner``'s most tokens
+    (at the same pages and variants) gives it, over at least ``rows`` sequences (see the module docstring)."""
+    full = dataclasses.replace(shape, tokens=runner.max_tokens, seqs=min(runner.max_tokens, runner.max_seqs))
+    compared, probe = 0, 0
+    while compared < rows:
+        groups, full_inputs = probe_inputs(
+            full, shape, runner.page_size, runner.num_pages, runner.vocab_size, probe, rows - compared
+        )
+        full_pages, full_outputs = runner.results(full, full_inputs, [group.pages for group in groups])
+        for group, pages in zip(groups, full_pages, strict=True):
+            (small_pages,), small_outputs = runner.results(shape, group.inputs, [group.pages])
+            first = (group.first_seq, group.first_token)
+            if not results_agree((small_pages, small_outputs), (pages, full_outputs), group.inputs, *first):
+                return False
+            compared += int(group.inputs.batch.num_seqs)
+        probe += 1
+    return True
 
 
 class ProbeGroup(NamedTuple):

@@ -11,14 +11,17 @@ one of ``token_buckets``; at most the most one program holds), ``seqs`` follows 
 sequence can read (``seq_pages``) are rounded up to powers of two, so a long-running engine compiles each shape once and never again
 (`ModelRunner.compiled_shapes`, ``programs_compiled``, ``programs_loaded``, ``compile_seconds``; `ModelRunner.shape_set` lists
 every shape, with or without the log-prob variants, which `halyard.serve.warmup` compiles at start, several
-at once: `ModelRunner.compile_shapes`). In deterministic mode
-(``fixed_tokens``) a program has fewer tokens than the most only where `halyard.serve.row_check` showed
-that it computes every sequence as the full-size program does.
+at once: `ModelRunner.compile_shapes`).
 
-With ``invariant`` (`EngineConfig.training_arithmetic`) the programs are traced inside
-`halyard.named.nn.batch_invariant`: in a process without
-fused multiply-adds (`halyard.named.nn.unfuse_multiply_add`) a token's numbers are then those of the same
-token in a training forward pass traced inside `batch_invariant` (``trainer.objective: grpo``), bit for bit.
+With ``invariant`` (deterministic mode) the programs are traced inside `halyard.named.nn.batch_invariant`:
+every product over tokens runs in blocks of the same row count whatever the program's size (one compiled
+``[32, k] x [k, o]`` dot in a loop), the row sums of the norms, the softmaxes and the attention kernel's
+pages are in a fixed order, and attention folds a token's keys page by page in position order
+(`halyard.models.attention.paged`). A token's numbers then do not depend on the other tokens of its program,
+on how many there are, or on where it sits, so every program size gives a sequence the same bits (the row
+checks of `halyard.serve.row_check` compare them in the tests). In a process without fused multiply-adds
+(`halyard.named.nn.unfuse_multiply_add`) they are also those of the same token in a training forward pass
+traced inside `batch_invariant` (``trainer.objective: grpo``), bit for bit.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
-import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -55,7 +57,7 @@ from halyard.serve.program import (
     token_ladder,
 )
 from halyard.serve.program_store import ProgramStore
-from halyard.serve.row_check import PROBE_ROWS, probe_inputs, results_agree, written_pages
+from halyard.serve.row_check import written_pages
 from halyard.serve.sampler import Drawn, draw, repeated_rows
 from halyard.shard import Layout, use_layout
 
@@ -75,9 +77,8 @@ class ModelRunner:
             from it).
         token_buckets: the token counts of programs below ``max_tokens``, ascending, instead of
             ``min_tokens``' ladder (empty: that).
-        fixed_tokens: deterministic mode: a program has ``max_tokens`` tokens, or fewer only where
-            `rows_agree` showed that fewer give every sequence the same bits.
-        invariant: trace the programs inside `batch_invariant` (see the module docstring).
+        invariant: deterministic mode: trace the programs inside `batch_invariant` (see the module
+            docstring).
         kernel: the paged attention kernel (`halyard.models.attention.dispatch.paged_kernel`).
         mesh, layout: run the programs with this activation layout and place the pool by it (both or
             neither; the model's parameters should already be placed by the same layout).
@@ -96,7 +97,6 @@ class ModelRunner:
         max_seqs: int,
         min_tokens: int = 1,
         token_buckets: Sequence[int] = (),
-        fixed_tokens: bool = False,
         invariant: bool = False,
         kernel: str = "auto",
         mesh: jax.sharding.Mesh | None = None,
@@ -117,7 +117,6 @@ class ModelRunner:
             else token_ladder(min_tokens, max_tokens)
         )
         """The token counts of this runner's programs, ascending (the last is ``max_tokens``)."""
-        self.fixed_tokens = fixed_tokens
         self.invariant = invariant
         self.mesh, self.layout = mesh, layout
         pages = model.init_pages(num_pages, page_size, kernel)
@@ -132,7 +131,6 @@ class ModelRunner:
         self.programs_loaded = 0  # read from the persistent compilation cache instead
         self.programs_traced = 0  # the rest were lowered from `program_store`
         self.program_store = program_store if mesh is None else None
-        self.row_checks: dict[ProgramShape, bool] = {}
         self._programs: dict[ProgramShape, tuple[Any, Packing]] = {}
         self._counting = threading.Lock()  # `compile_shapes`' threads add to the counters
 
@@ -143,11 +141,8 @@ class ModelRunner:
 
     def bucket(self, tokens: int) -> int:
         """The tokens of the smallest program a step of ``tokens`` tokens can run in: the smallest of
-        ``token_sizes`` that holds them (``max_tokens`` for more); with ``fixed_tokens``, the smallest whose
-        row check did not fail so far (`rows_agree`: a count that failed over some pages fails for all)."""
-        failed = {shape.tokens for shape, agrees in self.row_checks.items() if not agrees}
-        sizes = (s for s in self.token_sizes if s >= tokens and s not in failed)
-        return next(sizes, self.max_tokens)
+        ``token_sizes`` that holds them (``max_tokens`` for more)."""
+        return next((size for size in self.token_sizes if size >= tokens), self.max_tokens)
 
     def shape_for(
         self,
@@ -161,18 +156,12 @@ class ModelRunner:
         adapters: bool = False,
     ) -> ProgramShape:
         """The program shape that holds ``tokens`` tokens reading ``seq_pages`` pages: tokens rounded up to the
-        next of ``token_sizes``; with ``fixed_tokens``, the smallest such count whose program computes every
-        sequence as the ``max_tokens`` program does (`rows_agree`). ``adjusted``: a program that takes grammar
-        masks and logit biases (`halyard.serve.sampler.LogitAdjustments`); ``draws``: tokens drawn per row
+        next of ``token_sizes``, pages to a power of two. ``adjusted``: a program that takes grammar masks and
+        logit biases (`halyard.serve.sampler.LogitAdjustments`); ``draws``: tokens drawn per row
         (`ProgramShape.draws`); ``adapters``: one that runs the model's LoRA adapters (`StepInputs.adapters`)."""
         pages = min(round_up_power_of_two(seq_pages), self.max_seq_pages)
-        sizes = [size for size in self.token_sizes if size >= tokens] or [self.max_tokens]
         words = mask_words(self.vocab_size) if adjusted else 0
-        for size in sizes[:-1]:  # the last is max_tokens: it needs no row check
-            shape = self._shape(size, pages, prompt_logprobs, alternatives, words, draws, adapters)
-            if not self.fixed_tokens or self.rows_agree(shape):
-                return shape
-        return self._shape(sizes[-1], pages, prompt_logprobs, alternatives, words, draws, adapters)
+        return self._shape(self.bucket(tokens), pages, prompt_logprobs, alternatives, words, draws, adapters)
 
     def _shape(
         self,
@@ -197,7 +186,7 @@ class ModelRunner:
 
     def bucket_shapes(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
         """One shape per token bucket and page bucket (each one's log-prob variants too with
-        ``logprob_variants``): every shape `shape_for` can give, and every one a row check compiles."""
+        ``logprob_variants``): every shape `shape_for` can give without grammar masks."""
         variants = [(False, False), (False, True), (True, False), (True, True)]
         return [
             self._shape(tokens, pages, prompt_logprobs, alternatives)
@@ -207,19 +196,9 @@ class ModelRunner:
         ]
 
     def shape_set(self, *, logprob_variants: bool = False) -> list[ProgramShape]:
-        """Every shape `shape_for` can give without log-prob extras: one per token bucket and page bucket
-        (in deterministic mode this runs the row checks, compiling what they need); with
+        """Every shape `shape_for` can give without log-prob extras (`bucket_shapes`); with
         ``logprob_variants``, also each one's variants with prompt log-probs, top alternatives or both."""
-        shapes: dict[ProgramShape, None] = {}
-        for bucket in self.bucket_shapes(logprob_variants=logprob_variants):
-            shape = self.shape_for(
-                bucket.tokens,
-                bucket.seq_pages,
-                prompt_logprobs=bucket.prompt_logprobs,
-                alternatives=bucket.alternatives,
-            )
-            shapes[shape] = None
-        return list(shapes)
+        return self.bucket_shapes(logprob_variants=logprob_variants)
 
     def compile_shapes(
         self, shapes: Sequence[ProgramShape], threads: int
@@ -250,37 +229,10 @@ class ModelRunner:
         self.programs_loaded += loaded
         self.programs_traced += traced
 
-    def rows_agree(self, shape: ProgramShape) -> bool:
-        """Whether ``shape``'s program gives every sequence the bits the ``max_tokens`` program gives it
-        (`halyard.serve.row_check`; checked once per shape, when first asked, and kept in ``row_checks``)."""
-        if shape in self.row_checks:
-            return self.row_checks[shape]
-        disagreed = {s.tokens for s, agrees in self.row_checks.items() if not agrees}
-        if shape.tokens in disagreed:
-            return False  # this many tokens disagreed over other pages: taken to disagree here too (safe)
-        full = dataclasses.replace(shape, tokens=self.max_tokens, seqs=min(self.max_tokens, self.max_seqs))
-        agrees, compared, probe = True, 0, 0
-        while agrees and compared < PROBE_ROWS:
-            groups, full_inputs = probe_inputs(
-                full, shape, self.page_size, self.num_pages, self.vocab_size, probe, PROBE_ROWS - compared
-            )
-            full_pages, full_outputs = self._results(full, full_inputs, [group.pages for group in groups])
-            for group, pages in zip(groups, full_pages, strict=True):
-                (small_pages,), small_outputs = self._results(shape, group.inputs, [group.pages])
-                first = (group.first_seq, group.first_token)
-                agrees = results_agree(
-                    (small_pages, small_outputs), (pages, full_outputs), group.inputs, *first
-                )
-                compared += int(group.inputs.batch.num_seqs)
-                if not agrees:
-                    break
-            probe += 1
-        self.row_checks[shape] = agrees
-        return agrees
-
-    def _results(self, shape: ProgramShape, inputs: StepInputs, pages: list[np.ndarray]) -> tuple:
+    def results(self, shape: ProgramShape, inputs: StepInputs, pages: Sequence[np.ndarray]) -> tuple:
         """What ``shape``'s program computes for ``inputs`` from a copy of the pool: ``(the pool's arrays at
-        each of ``pages`` after it, its outputs)``; the engine's pool is left as it was."""
+        each of ``pages`` after it, its outputs)``; the engine's pool is left as it was (the row checks of
+        `halyard.serve.row_check` compare programs with it)."""
         with self._placement():
             copy = jax.tree.map(jnp.copy, self.paged_kv)
             stored, outputs = self._call(shape, copy, self._fed_nothing(inputs, shape))

@@ -18,8 +18,10 @@ The flat batch is cut two ways, each a batch of rows over their sequences' pages
 Rows run in groups (``group_rows`` single tokens, ``group_blocks`` blocks, fewer in a program of fewer
 tokens); a group whose rows see nothing of a page (padding, or a short sequence) skips it, and single tokens
 are grouped longest first, so that a group's rows read about as many pages. Where a token falls does not
-change its numbers beyond what XLA's shape-dependent reductions do (inside `halyard.named.nn.batch_invariant`
-none: the row sums are in fixed order).
+change its numbers beyond what XLA's shape-dependent reductions do. Inside `halyard.named.nn.batch_invariant`
+none: the row sums are in fixed order and every program's groups have their full number of rows (padding
+where a program has fewer), so a token's products are the same compiled products whatever the program's
+size (XLA's CPU products of a group of fewer rows summed a row in another order).
 
 Pool layout: keys ``[layers, page, kv_heads, head_size, page_slot]`` (a page's keys of one head are the
 operand of the logits' product as it is read), values ``[layers, page, kv_heads, page_slot, head_size]``.
@@ -38,6 +40,7 @@ from halyard.models.attention.block_pairs import Static, attend_block, finish_st
 from halyard.models.attention.layout import visible
 from halyard.models.attention.ragged_paged import slot_pages, token_sequences
 from halyard.named import Axis, NamedArray
+from halyard.named.nn import invariant_rows
 
 PAGE = "page"
 PAGE_SLOT = "page_slot"
@@ -201,7 +204,10 @@ class _Rows(NamedTuple):
         count, length = members.shape
         if count == 0:
             return output  # a program of fewer tokens than a block has no block rows
-        group = min(group, count)  # a program of fewer rows than a group gathers no pages for rows it lacks
+        if (
+            invariant_rows() is None
+        ):  # a program of fewer rows than a group gathers no pages for rows it lacks
+            group = min(group, count)  # (inside `batch_invariant` the same rows in every program's groups)
         padded = -(-count // group) * group
         members = jnp.pad(members, ((0, padded - count), (0, 0)), constant_values=num_tokens)
         members = members.reshape(padded // group, group, length)

@@ -9,12 +9,14 @@ channels rotate.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 import halyard.named as hn
 from halyard.models.rotary.config import RotaryConfig
 from halyard.models.rotary.frequencies import inverse_frequencies
 from halyard.named import Axis, NamedArray
+from halyard.named.nn import in_row_blocks, invariant_rows
 
 
 def apply_rotary(
@@ -53,15 +55,30 @@ def apply_rotary(
     angles = positions.array.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
     angles = jnp.concatenate([angles, angles], axis=-1)
     RotaryChannels = Axis("head_size", dim)
-    cos = NamedArray((jnp.cos(angles) * attention_factor).astype(x.dtype), (*positions.axes, RotaryChannels))
-    sin = NamedArray((jnp.sin(angles) * attention_factor).astype(x.dtype), (*positions.axes, RotaryChannels))
     ordered = x.rearrange(..., "head_size")
     rotary_axes = (*ordered.axes[:-1], RotaryChannels)
-    cos_array = hn.broadcast_to(cos, rotary_axes).array
-    sin_array = hn.broadcast_to(sin, rotary_axes).array
+    angle_array = hn.broadcast_to(NamedArray(angles, (*positions.axes, RotaryChannels)), rotary_axes).array
     rotating, passing = ordered.array[..., :dim], ordered.array[..., dim:]
-    first, second = rotating[..., : dim // 2], rotating[..., dim // 2 :]
-    rotated_half = jnp.concatenate([-second, first], axis=-1)
-    rotated = rotating * cos_array + rotated_half * sin_array
+    rotated = _rotated(rotating, angle_array, attention_factor)
     result = jnp.concatenate([rotated, passing], axis=-1) if passing.shape[-1] else rotated
     return NamedArray(result, ordered.axes).rearrange(*x.axis_names)
+
+
+def _rotated(x: jax.Array, angles: jax.Array, attention_factor: float) -> jax.Array:
+    """``x`` (its rotary channels) rotated by ``angles`` (float32, as ``x``'s shape). Inside `batch_invariant`
+    computed in its blocks of rows (`in_row_blocks`): XLA contracts the rotation's multiply and add into a
+    fused multiply-add in some programs' loops and not in others', so a token's keys depended on how many
+    tokens its program has."""
+
+    def rotate(x: jax.Array, angles: jax.Array) -> jax.Array:
+        cos = (jnp.cos(angles) * attention_factor).astype(x.dtype)
+        sin = (jnp.sin(angles) * attention_factor).astype(x.dtype)
+        first, second = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+        return x * cos + jnp.concatenate([-second, first], axis=-1) * sin
+
+    rows = invariant_rows()
+    if rows is None:
+        return rotate(x, angles)
+    both = jnp.stack([x.astype(jnp.float32), angles], axis=-2).reshape(-1, 2, x.shape[-1])  # x exact in f32
+    rotated = in_row_blocks(lambda block: rotate(block[:, 0].astype(x.dtype), block[:, 1]), both, rows)
+    return rotated.reshape(x.shape)

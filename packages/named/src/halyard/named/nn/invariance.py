@@ -14,6 +14,8 @@ training step (thousands of rows, other fusions). These rules remove those sourc
 - inside `batch_invariant`, the sums along a row of the normalisations, the attention kernels and the
   (log-)softmaxes over the vocabulary are `row_sum`'s fixed halving order (elementwise adds, which XLA
   computes the same way at every size) instead of XLA's reduction;
+- inside `batch_invariant`, the rotary embedding's ``cos`` and ``sin`` are computed in blocks of ``rows``
+  positions (`in_row_blocks`);
 - inside `batch_invariant`, `inverse_sqrt` is XLA's ``rsqrt`` (which a program that differentiates a
   normalisation would otherwise substitute for ``1 / sqrt`` in its forward pass alone);
 - in a process where `unfuse_multiply_add` ran before JAX started its CPU backend, no program contracts a
@@ -82,6 +84,18 @@ def invariant_matmul(lhs: jax.Array, rhs: jax.Array, rows: int, preferred: Any =
     padded = jnp.pad(lhs, ((0, blocks * rows - count), (0, 0))).reshape(blocks, rows, lhs.shape[1])
     products = jax.lax.map(lambda block: jnp.matmul(block, rhs, preferred_element_type=preferred), padded)
     return products.reshape(blocks * rows, rhs.shape[1])[:count]
+
+
+def in_row_blocks(function: Any, x: jax.Array, rows: int) -> jax.Array:
+    """``function(x)`` for an ``x [n, ...]`` whose rows ``function`` computes independently (elementwise math
+    such as ``sin``), computed ``rows`` rows at a time (``n`` padded up to a multiple): every program runs
+    the same compiled block whatever ``n`` is (XLA's CPU code computes a transcendental of a short array
+    on another path than a long one's, a last bit apart)."""
+    count = x.shape[0]
+    blocks = -(-count // rows)
+    padded = jnp.pad(x, [(0, blocks * rows - count)] + [(0, 0)] * (x.ndim - 1))
+    results = jax.lax.map(function, padded.reshape(blocks, rows, *x.shape[1:]))
+    return results.reshape(blocks * rows, *results.shape[2:])[:count]
 
 
 def row_sum(x: jax.Array) -> jax.Array:

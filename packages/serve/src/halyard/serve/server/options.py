@@ -70,15 +70,15 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--deterministic",
         action="store_true",
-        help="a request's tokens and log-probs are bitwise the same whatever runs beside it: programs of at "
-        "most --deterministic-rows decoding rows (fewer only where a probe showed the same bits), one "
-        "prefilling sequence each",
+        help="a request's tokens and log-probs are bitwise the same whatever runs beside it, wherever its "
+        "prompt's chunks end, whether it was preempted or read its prefix from the cache: batch-invariant "
+        "step programs (products in fixed blocks of rows, sums in a fixed order)",
     )
     engine.add_argument(
         "--training-arithmetic",
         action="store_true",
-        help="--deterministic, computing with the training step's batch-invariant arithmetic in a process "
-        "without fused multiply-adds: log-probs equal a GRPO trainer's bit for bit (costs more)",
+        help="--deterministic in a process without fused multiply-adds: log-probs equal a GRPO trainer's "
+        "(the training step's batch-invariant arithmetic) bit for bit",
     )
     engine.add_argument(
         "--quantization",

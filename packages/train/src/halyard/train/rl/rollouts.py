@@ -7,10 +7,9 @@ prompt's pages; its seed is a pure function of the run's seed, the rollout's ind
 so a resumed run samples exactly what the uninterrupted one did (with the engine's deterministic mode).
 
 In deterministic mode the engine's step programs are those of `decode_buckets` (the decoding rows) and one
-of the most tokens a step holds, which runs every step with prefill chunks: each program below the most
-costs a compile and a row check (`halyard.serve.row_check`) against the full-size one, which compiles
-whether a step uses it or not, so fewer buckets start a run sooner, while decoding steps, most of a
-rollout's, keep programs of their size.
+of the most tokens a step holds, which runs every step with prefill chunks: each program costs a compile, so
+fewer buckets start a run sooner, while decoding steps, most of a rollout's, keep programs of their size
+(every size computes a row with the same bits: the engine's programs are batch-invariant).
 """
 
 from __future__ import annotations
