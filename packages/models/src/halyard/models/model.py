@@ -161,18 +161,7 @@ class CausalLM(eqx.Module):
 
     def logits(self, hidden: NamedArray) -> NamedArray:
         """float32 logits ``(batch..., pos, vocab)`` from final hidden states."""
-        unembedding = self.unembedding.astype(hidden.dtype)
-        if invariant_rows() is None:
-            logits = hn.dot(hidden, unembedding, axis="embed")
-        else:  # `batch_invariant`: the product in fixed blocks of rows, as `Linear`'s
-            ordered = hidden.rearrange(..., "embed")
-            weight = unembedding.rearrange("embed", "vocab")
-            # a tied unembedding is the embedding transposed: materialised here, or XLA folds the transpose
-            # into the product, one way in the engine's step and another in the training step
-            matrix = jax.lax.optimization_barrier(weight.array)
-            product = gemm_dot_general(ordered.array, matrix, (((ordered.ndim - 1,), (0,)), ((), ())))
-            logits = NamedArray(product, (*ordered.axes[:-1], weight.axes[1]))
-        logits = logits.astype(jnp.float32)
+        logits = unembed(hidden, self.unembedding.astype(hidden.dtype)).astype(jnp.float32)
         cap = self.logit_softcap
         return logits if cap is None else hn.tanh(logits / cap) * cap
 
@@ -260,3 +249,23 @@ class CausalLM(eqx.Module):
         """An empty pool of ``num_pages`` pages of ``page_size`` tokens for every layer (compute dtype), for
         the paged kernel ``implementation``."""
         raise NotImplementedError(f"{type(self).__name__} has no paged KV cache")
+
+
+def unembed(hidden: NamedArray, unembedding: NamedArray) -> NamedArray:
+    """``hidden · unembedding`` over ``embed`` in ``hidden``'s dtype: the output head's product (``vocab`` last).
+
+    Inside `halyard.named.nn.batch_invariant` the product runs in fixed blocks of rows, as `Linear`'s.
+
+    Args:
+        hidden: final hidden states with an ``embed`` axis.
+        unembedding: ``vocab`` x ``embed`` (either order), already in the product's dtype.
+    """
+    if invariant_rows() is None:
+        return hn.dot(hidden, unembedding, axis="embed")
+    ordered = hidden.rearrange(..., "embed")
+    weight = unembedding.rearrange("embed", "vocab")
+    # a tied unembedding is the embedding transposed: materialised here, or XLA folds the transpose into the
+    # product, one way in the engine's step and another in the training step
+    matrix = jax.lax.optimization_barrier(weight.array)
+    product = gemm_dot_general(ordered.array, matrix, (((ordered.ndim - 1,), (0,)), ((), ())))
+    return NamedArray(product, (*ordered.axes[:-1], weight.axes[1]))

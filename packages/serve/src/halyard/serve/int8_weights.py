@@ -25,7 +25,7 @@ from halyard.models.attention import AttentionMask
 from halyard.models.layers.mlp import MLP, GatedMLP
 from halyard.models.layers.paged_kv import PagedKV
 from halyard.models.layers.self_attention import SelfAttention
-from halyard.models.model import DecoderOutput
+from halyard.models.model import DecoderOutput, unembed
 from halyard.named import NamedArray
 from halyard.named.nn import Linear, absmax_int8
 
@@ -122,7 +122,7 @@ class Int8HeadModel(CausalLM):
 
     def logits(self, hidden: NamedArray) -> NamedArray:
         """float32 logits: the int8 head converted to ``hidden``'s dtype in the product, then scaled."""
-        product = hn.dot(hidden, self.head.astype(hidden.dtype), axis="embed")
+        product = unembed(hidden, self.head.astype(hidden.dtype))  # batch-invariant where asked
         logits = product.astype(jnp.float32) * self.head_scale.astype(jnp.float32)
         cap = self.logit_softcap
         return logits if cap is None else hn.tanh(logits / cap) * cap
