@@ -17,7 +17,6 @@ go on until `PROBE_ROWS` sequences were compared.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import jax
@@ -25,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from halyard.models.attention.ragged_paged import PADDING_SLOT, ragged_batch
-from halyard.named import NamedArray
 from halyard.serve.program import ProgramShape, StepInputs, StepOutputs, no_adjustments
 from halyard.serve.sampler import RowSettings
 
@@ -199,25 +197,13 @@ def _lengths(rng: np.random.Generator, tokens: int, seqs: int, capacity: int) ->
     return lengths
 
 
-def written_pages(pool: object, pages: jax.Array) -> list[jax.Array]:
-    """Each of the pool's arrays at ``pages`` (along its ``page`` axis), for comparing two programs'
-    stores."""
-    leaves = jax.tree.leaves(pool, is_leaf=lambda x: isinstance(x, NamedArray))
-    return [_take_pages(leaf.array, pages, leaf.axis_names.index("page")) for leaf in leaves]
-
-
-@functools.partial(jax.jit, static_argnums=(2,))
-def _take_pages(array: jax.Array, pages: jax.Array, axis: int) -> jax.Array:
-    return jnp.take(array, pages, axis=axis)
-
-
 def results_agree(
     small: tuple, full: tuple, small_inputs: StepInputs, first_seq: int = 0, first_token: int = 0
 ) -> bool:
     """Whether a program's results for the probe's sequences equal the full-size program's bit for bit.
 
     Args:
-        small, full: each program's ``(written pages, outputs)`` (`written_pages` of the group's pages;
+        small, full: each program's ``(written pages, outputs)`` (`halyard.serve.runner.written_pages` of the group's pages;
             outputs sequences first, or tokens first for prompt log-probs; None where not computed).
         small_inputs: the smaller program's inputs (how many sequences and tokens are compared).
         first_seq, first_token: where those sequences and tokens sit in the full program's outputs.

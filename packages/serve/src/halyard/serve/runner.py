@@ -29,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,7 @@ import numpy as np
 
 from halyard.models import CausalLM
 from halyard.models.layers.paged_kv import PagedKV
-from halyard.named import named
+from halyard.named import NamedArray, named
 from halyard.named.nn import batch_invariant, row_log_softmax
 from halyard.serve.adapters import adapter_count, with_rows
 from halyard.serve.compile_events import thread_compiles
@@ -57,7 +58,6 @@ from halyard.serve.program import (
     token_ladder,
 )
 from halyard.serve.program_store import ProgramStore
-from halyard.serve.row_check import written_pages
 from halyard.serve.sampler import Drawn, draw, repeated_rows
 from halyard.shard import Layout, use_layout
 
@@ -406,3 +406,15 @@ def _step_body(
         padded = jnp.zeros_like(inputs.previous).at[: token.shape[0]].set(token)
         outputs = outputs._replace(padded_token=padded)
     return pages.without_step(), outputs
+
+
+def written_pages(pool: object, pages: jax.Array) -> list[jax.Array]:
+    """Each of the pool's arrays at ``pages`` (along its ``page`` axis), for comparing two programs'
+    stores."""
+    leaves = jax.tree.leaves(pool, is_leaf=lambda x: isinstance(x, NamedArray))
+    return [_take_pages(leaf.array, pages, leaf.axis_names.index("page")) for leaf in leaves]
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _take_pages(array: jax.Array, pages: jax.Array, axis: int) -> jax.Array:
+    return jnp.take(array, pages, axis=axis)
